@@ -1,0 +1,43 @@
+//! `redlite`: run, inspect and build Qwen3-Next (qwen3next) GGUF models.
+
+mod commands;
+mod default_model;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "redlite",
+    version,
+    about = "Inference engine for Qwen3-Next GGUF models"
+)]
+struct Cli {
+    /// Worker threads (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a GGUF file holds (split files too) and what the engine will use.
+    Inspect(commands::inspect::InspectArgs),
+    /// Write a qwen3next GGUF with the real tensor names, shapes and types, filled with
+    /// seeded random data.
+    Synth(Box<commands::synth::SynthArgs>),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
+    }
+    match cli.command {
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Synth(args) => commands::synth::run(*args),
+    }
+}

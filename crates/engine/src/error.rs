@@ -1,0 +1,40 @@
+//! Errors of the engine crate.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] redlite_gguf::GgufError),
+
+    #[error(transparent)]
+    Quant(#[from] redlite_quant::QuantError),
+
+    #[error("architecture {found:?} is not supported (this engine runs \"qwen3next\")")]
+    UnsupportedArchitecture { found: String },
+
+    #[error("bad model configuration: {0}")]
+    BadConfig(String),
+
+    #[error("tensor {name:?} has shape {found:?}, expected {expected:?} from the metadata")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+
+    #[error("tensor {name:?} is missing (the metadata implies it)")]
+    MissingTensor { name: String },
+
+    #[error("synthetic model: {0}")]
+    Synth(String),
+
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;

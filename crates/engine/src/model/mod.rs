@@ -1,0 +1,8 @@
+//! The model: hyperparameters and the tensors they imply.
+
+pub mod config;
+pub mod load;
+pub mod tensors;
+
+pub use config::{DeltaNetLayout, HybridConfig, LayerKind};
+pub use tensors::{expected_tensors, Role, TensorPlan};
