@@ -27,6 +27,8 @@ enum Command {
     /// Write a qwen3next GGUF with the real tensor names, shapes and types, filled with
     /// seeded random data.
     Synth(Box<commands::synth::SynthArgs>),
+    /// Write the logits of every position of a token sequence (for parity tools).
+    Logits(commands::logits::LogitsArgs),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +41,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Synth(args) => commands::synth::run(*args),
+        Command::Logits(args) => commands::logits::run(args),
     }
 }

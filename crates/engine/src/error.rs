@@ -26,6 +26,18 @@ pub enum EngineError {
     #[error("tensor {name:?} is missing (the metadata implies it)")]
     MissingTensor { name: String },
 
+    #[error("the prompt needs {needed} positions but the context holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
+
     #[error("synthetic model: {0}")]
     Synth(String),
 

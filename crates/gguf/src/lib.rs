@@ -15,7 +15,7 @@ mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::GgufFile;
-pub use model::{split_paths, GgufModel, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
+pub use model::{split_paths, GgufModel, TensorRef, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
 pub use parse::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use tensor::TensorInfo;
 pub use types::GgmlType;

@@ -15,9 +15,10 @@ pub const SPLIT_NO: &str = "split.no";
 pub const SPLIT_COUNT: &str = "split.count";
 pub const SPLIT_TENSORS_COUNT: &str = "split.tensors.count";
 
-/// Where one tensor of a model lives.
-#[derive(Clone, Copy, Debug)]
-struct TensorRef {
+/// Where one tensor of a model lives: resolve a name once, then read its bytes without a
+/// lookup on the hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorRef {
     file: usize,
     index: usize,
 }
@@ -144,6 +145,22 @@ impl GgufModel {
         self.tensor(name).ok_or_else(|| GgufError::MissingTensor {
             name: name.to_string(),
         })
+    }
+
+    /// Resolves a name to a reference usable with [`GgufModel::data`].
+    pub fn locate(&self, name: &str) -> Option<TensorRef> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The table entry of a located tensor.
+    pub fn info(&self, r: TensorRef) -> &TensorInfo {
+        &self.files[r.file].tensors()[r.index]
+    }
+
+    /// The bytes of a located tensor, without copying.
+    pub fn data(&self, r: TensorRef) -> &[u8] {
+        let file = &self.files[r.file];
+        file.tensor_data(&file.tensors()[r.index])
     }
 
     /// The bytes of a named tensor, without copying.

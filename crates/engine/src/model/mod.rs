@@ -1,6 +1,7 @@
 //! The model: hyperparameters and the tensors they imply.
 
 pub mod config;
+pub mod forward;
 pub mod load;
 pub mod tensors;
 

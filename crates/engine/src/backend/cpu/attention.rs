@@ -1,0 +1,93 @@
+//! One gated full-attention mixer on the CPU (spec §3.3): per-head interleaved query and gate,
+//! q/k RMSNorm, partial NEOX RoPE, GQA over the KV cache, causal softmax, sigmoid output gate.
+// Index loops mirror the formulas (several arrays share one index).
+#![allow(clippy::needless_range_loop)]
+
+use redlite_gguf::GgufModel;
+
+use crate::backend::cpu::linear::{dot, matmul};
+use crate::backend::cpu::ops::{rms_norm, sigmoid, softmax};
+use crate::backend::cpu::weights::AttentionWeights;
+use crate::backend::Batch;
+use crate::error::Result;
+use crate::model::config::HybridConfig;
+use crate::state::KvCache;
+
+/// Rotates the first `rope_dim` values of a head: pairs `(i, i + rope_dim / 2)`.
+fn rope(x: &mut [f32], pos: usize, rope_dim: usize, base: f32) {
+    let half = rope_dim / 2;
+    for i in 0..half {
+        let inv_freq = 1.0 / f64::from(base).powf(2.0 * i as f64 / rope_dim as f64);
+        let angle = pos as f64 * inv_freq;
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * cos - b * sin;
+        x[i + half] = b * cos + a * sin;
+    }
+}
+
+pub fn forward(
+    c: &HybridConfig,
+    gguf: &GgufModel,
+    w: &AttentionWeights,
+    h: &[f32],
+    b: Batch,
+    kv: &mut KvCache,
+    out: &mut [f32],
+) -> Result<()> {
+    let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
+    let tokens = b.tokens;
+    let mut qg = vec![0f32; tokens * 2 * nh * hd];
+    let mut k = vec![0f32; tokens * nkv * hd];
+    let mut v = vec![0f32; tokens * nkv * hd];
+    matmul(gguf, &w.q, h, tokens, &mut qg)?;
+    matmul(gguf, &w.k, h, tokens, &mut k)?;
+    matmul(gguf, &w.v, h, tokens, &mut v)?;
+
+    let mut tmp = vec![0f32; hd];
+    for t in 0..tokens {
+        let pos = b.pos0 + t;
+        for j in 0..nkv {
+            let kj = &mut k[(t * nkv + j) * hd..][..hd];
+            rms_norm(kj, &w.k_norm, c.rms_eps, &mut tmp);
+            kj.copy_from_slice(&tmp);
+            rope(kj, pos, c.rope_dim, c.rope_base);
+        }
+        kv.write(
+            pos,
+            &k[t * nkv * hd..(t + 1) * nkv * hd],
+            &v[t * nkv * hd..(t + 1) * nkv * hd],
+        );
+    }
+
+    let group = nh / nkv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut o = vec![0f32; tokens * nh * hd];
+    let mut q = vec![0f32; hd];
+    let mut key = vec![0f32; hd];
+    let mut val = vec![0f32; hd];
+    let mut scores = Vec::with_capacity(b.pos0 + tokens);
+    for t in 0..tokens {
+        let pos = b.pos0 + t;
+        for head in 0..nh {
+            let base = (t * nh + head) * 2 * hd;
+            rms_norm(&qg[base..base + hd], &w.q_norm, c.rms_eps, &mut q);
+            rope(&mut q, pos, c.rope_dim, c.rope_base);
+            let kvh = head / group;
+            scores.clear();
+            for p in 0..=pos {
+                kv.read_k(p, kvh * hd, &mut key);
+                scores.push(dot(&q, &key) * scale);
+            }
+            softmax(&mut scores);
+            let oh = &mut o[(t * nh + head) * hd..][..hd];
+            for (p, &s) in scores.iter().enumerate() {
+                kv.read_v(p, kvh * hd, &mut val);
+                oh.iter_mut().zip(&val).for_each(|(a, b)| *a += s * b);
+            }
+            let gate = &qg[base + hd..base + 2 * hd];
+            oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
+        }
+    }
+    matmul(gguf, &w.out, &o, tokens, out)
+}

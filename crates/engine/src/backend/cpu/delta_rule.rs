@@ -1,0 +1,280 @@
+//! The gated delta rule, per v-head, in its two forms: the token loop (decode) and the
+//! chunked WY form (prefill). Both compute, for each token t in order:
+//!
+//! ```text
+//! S ← α_t S                      α_t = exp(g_t), g_t ≤ 0
+//! δ = β_t (v_t − Sᵀ k_t)         the memory's prediction error for key k_t
+//! S ← S + k_t δᵀ                 rank-1 write
+//! o_t = Sᵀ q_t
+//! ```
+//!
+//! Shapes (outermost first): `q`, `k`: `[T][k_heads][dk]`; `v`: `[T][v_heads][dv]`;
+//! `g`, `beta`: `[T][v_heads]`; `state`: `[v_heads][dk][dv]`; `out`: `[T][v_heads][dv]`.
+//! V-head h reads q/k head `h / (v_heads / k_heads)` (repeat-interleave).
+// Index loops mirror the formulas (several arrays share one index).
+#![allow(clippy::needless_range_loop)]
+
+/// Sizes of one layer's recurrence.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaDims {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+pub struct DeltaInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl DeltaInputs<'_> {
+    fn tokens(&self, d: &DeltaDims) -> usize {
+        self.g.len() / d.v_heads
+    }
+
+    fn check(&self, d: &DeltaDims, state: &[f32], out: &[f32]) {
+        let t = self.tokens(d);
+        debug_assert_eq!(self.q.len(), t * d.k_heads * d.dk);
+        debug_assert_eq!(self.k.len(), t * d.k_heads * d.dk);
+        debug_assert_eq!(self.v.len(), t * d.v_heads * d.dv);
+        debug_assert_eq!(self.beta.len(), t * d.v_heads);
+        debug_assert_eq!(state.len(), d.v_heads * d.dk * d.dv);
+        debug_assert_eq!(out.len(), t * d.v_heads * d.dv);
+    }
+}
+
+/// The token loop: exact semantics, used for decode.
+pub fn recurrent(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f32]) {
+    x.check(d, state, out);
+    let (dk, dv) = (d.dk, d.dv);
+    let group = d.v_heads / d.k_heads;
+    let mut delta = vec![0f32; dv];
+    for t in 0..x.tokens(d) {
+        for h in 0..d.v_heads {
+            let kh = h / group;
+            let q = &x.q[(t * d.k_heads + kh) * dk..][..dk];
+            let k = &x.k[(t * d.k_heads + kh) * dk..][..dk];
+            let v = &x.v[(t * d.v_heads + h) * dv..][..dv];
+            let alpha = x.g[t * d.v_heads + h].exp();
+            let beta = x.beta[t * d.v_heads + h];
+            let s = &mut state[h * dk * dv..][..dk * dv];
+            s.iter_mut().for_each(|e| *e *= alpha);
+            delta.copy_from_slice(v);
+            for i in 0..dk {
+                let row = &s[i * dv..][..dv];
+                for j in 0..dv {
+                    delta[j] -= row[j] * k[i];
+                }
+            }
+            delta.iter_mut().for_each(|e| *e *= beta);
+            let o = &mut out[(t * d.v_heads + h) * dv..][..dv];
+            o.iter_mut().for_each(|e| *e = 0.0);
+            for i in 0..dk {
+                let row = &mut s[i * dv..][..dv];
+                for j in 0..dv {
+                    row[j] += k[i] * delta[j];
+                    o[j] += row[j] * q[i];
+                }
+            }
+        }
+    }
+}
+
+/// Tokens per chunk of the WY form.
+pub const CHUNK: usize = 64;
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The chunked form (spec §3.2 step 5′), used for prefill. Agrees with [`recurrent`] up to
+/// rounding: within a chunk the writes are solved for at once through the unit
+/// lower-triangular system `(I + L) U = diag(β) V`, so the work is matrix products.
+pub fn chunked(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f32]) {
+    x.check(d, state, out);
+    let (dk, dv) = (d.dk, d.dv);
+    let group = d.v_heads / d.k_heads;
+    let tokens = x.tokens(d);
+    // Per-chunk scratch, reused for every head and chunk.
+    let mut cum = vec![0f32; CHUNK];
+    let mut kk = vec![0f32; CHUNK * CHUNK];
+    let mut u = vec![0f32; CHUNK * dv];
+    let mut w = vec![0f32; CHUNK * dk];
+    let mut new_v = vec![0f32; CHUNK * dv];
+    for h in 0..d.v_heads {
+        let kh = h / group;
+        let s = &mut state[h * dk * dv..][..dk * dv];
+        let q_of = |t: usize| &x.q[(t * d.k_heads + kh) * dk..][..dk];
+        let k_of = |t: usize| &x.k[(t * d.k_heads + kh) * dk..][..dk];
+        let mut start = 0;
+        while start < tokens {
+            let n = CHUNK.min(tokens - start);
+            // 1. Cumulative log-decay within the chunk.
+            let mut acc = 0f32;
+            for r in 0..n {
+                acc += x.g[(start + r) * d.v_heads + h];
+                cum[r] = acc;
+            }
+            // 2. Key Gram matrix (lower triangle incl. diagonal).
+            for r in 0..n {
+                for c in 0..=r {
+                    kk[r * CHUNK + c] = dot(k_of(start + r), k_of(start + c));
+                }
+            }
+            // 3-4. Forward substitution: U_r = β_r v_r − Σ_{s<r} L_rs U_s,
+            //      W_r = β_r e^{G_r} k_r − Σ_{s<r} L_rs W_s, with L_rs = β_r (k_r·k_s) e^{G_r−G_s}.
+            for r in 0..n {
+                let beta = x.beta[(start + r) * d.v_heads + h];
+                let v = &x.v[((start + r) * d.v_heads + h) * dv..][..dv];
+                let k = k_of(start + r);
+                let eg = cum[r].exp();
+                for j in 0..dv {
+                    u[r * dv + j] = beta * v[j];
+                }
+                for i in 0..dk {
+                    w[r * dk + i] = beta * eg * k[i];
+                }
+                for s_ in 0..r {
+                    let l = beta * kk[r * CHUNK + s_] * (cum[r] - cum[s_]).exp();
+                    for j in 0..dv {
+                        u[r * dv + j] -= l * u[s_ * dv + j];
+                    }
+                    for i in 0..dk {
+                        w[r * dk + i] -= l * w[s_ * dk + i];
+                    }
+                }
+            }
+            // 5. V' = U − W S.
+            for r in 0..n {
+                let nv = &mut new_v[r * dv..][..dv];
+                nv.copy_from_slice(&u[r * dv..][..dv]);
+                for i in 0..dk {
+                    let wi = w[r * dk + i];
+                    let row = &s[i * dv..][..dv];
+                    for j in 0..dv {
+                        nv[j] -= wi * row[j];
+                    }
+                }
+            }
+            // Outputs: O_r = e^{G_r} q_r S + Σ_{s≤r} (q_r·k_s) e^{G_r−G_s} v'_s.
+            for r in 0..n {
+                let q = q_of(start + r);
+                let o = &mut out[((start + r) * d.v_heads + h) * dv..][..dv];
+                o.iter_mut().for_each(|e| *e = 0.0);
+                let eg = cum[r].exp();
+                for i in 0..dk {
+                    let qi = q[i] * eg;
+                    let row = &s[i * dv..][..dv];
+                    for j in 0..dv {
+                        o[j] += qi * row[j];
+                    }
+                }
+                for s_ in 0..=r {
+                    let m = dot(q, k_of(start + s_)) * (cum[r] - cum[s_]).exp();
+                    let nv = &new_v[s_ * dv..][..dv];
+                    for j in 0..dv {
+                        o[j] += m * nv[j];
+                    }
+                }
+            }
+            // New state: e^{G_last} S + Σ_r e^{G_last − G_r} k_r v'_rᵀ.
+            let last = cum[n - 1];
+            let decay = last.exp();
+            s.iter_mut().for_each(|e| *e *= decay);
+            for r in 0..n {
+                let f = (last - cum[r]).exp();
+                let k = k_of(start + r);
+                let nv = &new_v[r * dv..][..dv];
+                for i in 0..dk {
+                    let ki = k[i] * f;
+                    let row = &mut s[i * dv..][..dv];
+                    for j in 0..dv {
+                        row[j] += ki * nv[j];
+                    }
+                }
+            }
+            start += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(seed: &mut u64, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+            })
+            .collect()
+    }
+
+    fn normalize_heads(x: &mut [f32], dim: usize, scale: f32) {
+        for head in x.chunks_mut(dim) {
+            let n = head.iter().map(|v| v * v).sum::<f32>().sqrt();
+            head.iter_mut().for_each(|v| *v *= scale / n);
+        }
+    }
+
+    #[test]
+    fn chunked_matches_the_token_loop() {
+        let d = DeltaDims {
+            k_heads: 2,
+            v_heads: 4,
+            dk: 16,
+            dv: 8,
+        };
+        for tokens in [1, 7, 64, 65, 150] {
+            let mut seed = tokens as u64;
+            let mut q = random(&mut seed, tokens * d.k_heads * d.dk, 1.0);
+            let mut k = random(&mut seed, tokens * d.k_heads * d.dk, 1.0);
+            normalize_heads(&mut q, d.dk, 1.0 / (d.dk as f32).sqrt());
+            normalize_heads(&mut k, d.dk, 1.0);
+            let v = random(&mut seed, tokens * d.v_heads * d.dv, 1.0);
+            let g: Vec<f32> = random(&mut seed, tokens * d.v_heads, 1.0)
+                .iter()
+                .map(|x| -0.3 * x.abs())
+                .collect();
+            let beta: Vec<f32> = random(&mut seed, tokens * d.v_heads, 1.0)
+                .iter()
+                .map(|x| 0.5 + 0.5 * x)
+                .collect();
+            let init = random(&mut seed, d.v_heads * d.dk * d.dv, 0.5);
+            let x = DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
+            let (mut s1, mut s2) = (init.clone(), init);
+            let mut o1 = vec![0f32; tokens * d.v_heads * d.dv];
+            let mut o2 = o1.clone();
+            recurrent(&d, &x, &mut s1, &mut o1);
+            chunked(&d, &x, &mut s2, &mut o2);
+            let rel = |a: &[f32], b: &[f32]| {
+                let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+                let den: f32 = a.iter().map(|x| x * x).sum();
+                (num / den).sqrt()
+            };
+            assert!(
+                rel(&o1, &o2) < 1e-5,
+                "{tokens} tokens: outputs differ by {}",
+                rel(&o1, &o2)
+            );
+            assert!(
+                rel(&s1, &s2) < 1e-5,
+                "{tokens} tokens: states differ by {}",
+                rel(&s1, &s2)
+            );
+        }
+    }
+}

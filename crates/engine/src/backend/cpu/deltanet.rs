@@ -1,0 +1,155 @@
+//! One Gated DeltaNet mixer on the CPU (spec §3.2): projections, causal conv with its rolling
+//! window, SiLU, L2-normalized q/k, gates, the delta rule, gated RMSNorm, output projection.
+// Index loops mirror the formulas (several arrays share one index).
+#![allow(clippy::needless_range_loop)]
+
+use redlite_gguf::GgufModel;
+
+use crate::backend::cpu::delta_rule::{self, DeltaDims, DeltaInputs};
+use crate::backend::cpu::linear::matmul;
+use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
+use crate::backend::cpu::weights::DeltaNetWeights;
+use crate::error::Result;
+use crate::model::config::HybridConfig;
+use crate::state::DeltaNetState;
+
+/// Splits the legacy `ssm_in` output (per key group `[q k v… z…]`) into `qkv` (q | k | v, as
+/// `attn_qkv` lays it out) and `z`.
+fn split_legacy(c: &HybridConfig, p: &[f32], qkv: &mut [f32], z: &mut [f32]) {
+    let (dk, dv) = (c.ssm_head_dim, c.ssm_head_dim);
+    let r = c.ssm_v_heads / c.ssm_k_heads;
+    let key_dim = c.ssm_k_heads * dk;
+    let group = 2 * dk + 2 * r * dv;
+    for g in 0..c.ssm_k_heads {
+        let src = &p[g * group..(g + 1) * group];
+        qkv[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+        qkv[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+        let v_at = 2 * key_dim + g * r * dv;
+        qkv[v_at..v_at + r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
+        z[g * r * dv..(g + 1) * r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+    }
+}
+
+/// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`.
+pub fn forward(
+    c: &HybridConfig,
+    gguf: &GgufModel,
+    w: &DeltaNetWeights,
+    h: &[f32],
+    tokens: usize,
+    state: &mut DeltaNetState,
+    out: &mut [f32],
+) -> Result<()> {
+    let channels = c.conv_channels();
+    let inner = c.ssm_inner();
+    let (nk, nv, dk, dv) = (c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim);
+    let kernel = c.conv_kernel;
+
+    // 1. Projections.
+    let mut qkv = vec![0f32; tokens * channels];
+    let mut z = vec![0f32; tokens * inner];
+    match &w.gate_proj {
+        Some(gate) => {
+            matmul(gguf, &w.in_proj, h, tokens, &mut qkv)?;
+            matmul(gguf, gate, h, tokens, &mut z)?;
+        }
+        None => {
+            let mut p = vec![0f32; tokens * (channels + inner)];
+            matmul(gguf, &w.in_proj, h, tokens, &mut p)?;
+            for t in 0..tokens {
+                split_legacy(
+                    c,
+                    &p[t * (channels + inner)..(t + 1) * (channels + inner)],
+                    &mut qkv[t * channels..(t + 1) * channels],
+                    &mut z[t * inner..(t + 1) * inner],
+                );
+            }
+        }
+    }
+    let mut ba = vec![0f32; tokens * 2 * nv];
+    matmul(gguf, &w.ba, h, tokens, &mut ba)?;
+
+    // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
+    let hist = kernel - 1;
+    let mut seq = Vec::with_capacity((hist + tokens) * channels);
+    seq.extend_from_slice(&state.conv);
+    seq.extend_from_slice(&qkv);
+    for t in 0..tokens {
+        for ch in 0..channels {
+            let taps = &w.conv[ch * kernel..(ch + 1) * kernel];
+            let mut acc = 0f32;
+            for (j, tap) in taps.iter().enumerate() {
+                acc += tap * seq[(t + j) * channels + ch];
+            }
+            qkv[t * channels + ch] = silu(acc);
+        }
+    }
+    state.conv.copy_from_slice(&seq[tokens * channels..]);
+
+    // 3. Split, L2-normalize q and k per head, scale q.
+    let key_dim = nk * dk;
+    let mut q = vec![0f32; tokens * key_dim];
+    let mut k = vec![0f32; tokens * key_dim];
+    let mut v = vec![0f32; tokens * inner];
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    for t in 0..tokens {
+        let row = &qkv[t * channels..(t + 1) * channels];
+        q[t * key_dim..(t + 1) * key_dim].copy_from_slice(&row[..key_dim]);
+        k[t * key_dim..(t + 1) * key_dim].copy_from_slice(&row[key_dim..2 * key_dim]);
+        v[t * inner..(t + 1) * inner].copy_from_slice(&row[2 * key_dim..]);
+    }
+    for head in q.chunks_mut(dk) {
+        l2_norm(head, c.rms_eps);
+        head.iter_mut().for_each(|x| *x *= q_scale);
+    }
+    for head in k.chunks_mut(dk) {
+        l2_norm(head, c.rms_eps);
+    }
+
+    // 4. Gates. `ssm_ba` is grouped per key head: [b × r, a × r].
+    let r = nv / nk;
+    let mut beta = vec![0f32; tokens * nv];
+    let mut g = vec![0f32; tokens * nv];
+    for t in 0..tokens {
+        for hd in 0..nv {
+            let base = t * 2 * nv + 2 * r * (hd / r);
+            let b_val = ba[base + hd % r];
+            let a_val = ba[base + r + hd % r];
+            beta[t * nv + hd] = sigmoid(b_val);
+            g[t * nv + hd] = w.a[hd] * softplus(a_val + w.dt_bias[hd]);
+        }
+    }
+
+    // 5. The delta rule: the token loop for one token, the chunked form for a prompt.
+    let dims = DeltaDims {
+        k_heads: nk,
+        v_heads: nv,
+        dk,
+        dv,
+    };
+    let inputs = DeltaInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+    };
+    let mut o = vec![0f32; tokens * inner];
+    if tokens == 1 {
+        delta_rule::recurrent(&dims, &inputs, &mut state.recurrent, &mut o);
+    } else {
+        delta_rule::chunked(&dims, &inputs, &mut state.recurrent, &mut o);
+    }
+
+    // 6. Gated RMSNorm per head: RMSNorm(o_h) · ssm_norm · silu(z_h).
+    let mut normed = vec![0f32; dv];
+    for (oh, zh) in o.chunks_mut(dv).zip(z.chunks(dv)) {
+        rms_norm(oh, &w.norm, c.rms_eps, &mut normed);
+        for ((x, n), zz) in oh.iter_mut().zip(&normed).zip(zh) {
+            *x = n * silu(*zz);
+        }
+    }
+
+    // 7. Output projection.
+    matmul(gguf, &w.out, &o, tokens, out)
+}

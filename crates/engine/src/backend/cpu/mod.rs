@@ -1,0 +1,181 @@
+//! The CPU backend: the reference every faster backend is checked against.
+
+mod attention;
+pub mod delta_rule;
+mod deltanet;
+pub mod linear;
+mod moe;
+pub mod ops;
+pub mod weights;
+
+use std::sync::Arc;
+
+use redlite_gguf::GgufModel;
+
+use crate::backend::{Backend, Batch, Norm, SeqState};
+use crate::error::{EngineError, Result};
+use crate::model::config::HybridConfig;
+use crate::state::{KvType, SequenceState};
+use weights::{CpuWeights, Mixer};
+
+pub struct CpuBackend {
+    config: HybridConfig,
+    weights: CpuWeights,
+}
+
+impl CpuBackend {
+    pub fn new(gguf: Arc<GgufModel>, config: HybridConfig) -> Result<CpuBackend> {
+        let weights = CpuWeights::load(gguf, &config)?;
+        Ok(CpuBackend { config, weights })
+    }
+}
+
+impl SeqState for SequenceState {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+    fn set_pos(&mut self, pos: usize) {
+        self.pos = pos;
+    }
+    fn check_room(&self, tokens: usize) -> Result<()> {
+        SequenceState::check_room(self, tokens)
+    }
+}
+
+impl Backend for CpuBackend {
+    type Act = Vec<f32>;
+    type State = SequenceState;
+
+    fn config(&self) -> &HybridConfig {
+        &self.config
+    }
+
+    fn new_act(&self, max_tokens: usize, width: usize) -> Vec<f32> {
+        vec![0.0; max_tokens * width]
+    }
+
+    fn new_state(&self, capacity: usize, kv_type: KvType) -> SequenceState {
+        SequenceState::new(&self.config, capacity, kv_type)
+    }
+
+    fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<()> {
+        let e = self.config.n_embd;
+        let w = &self.weights.token_embd;
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= w.rows {
+                return Err(EngineError::BadToken {
+                    id,
+                    n_vocab: w.rows,
+                });
+            }
+            let row = &self.weights.gguf.data(w.loc)[id as usize * w.row_bytes..][..w.row_bytes];
+            redlite_quant::dequantize_row(w.ty, row, &mut x[t * e..(t + 1) * e])?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, norm: Norm, b: Batch, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        let w = match norm {
+            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
+            Norm::Post(l) => &self.weights.layers[l].post_norm,
+            Norm::Output => &self.weights.output_norm,
+        };
+        let e = w.len();
+        for t in 0..b.tokens {
+            ops::rms_norm(
+                &x[t * e..(t + 1) * e],
+                w,
+                self.config.rms_eps,
+                &mut out[t * e..(t + 1) * e],
+            );
+        }
+        Ok(())
+    }
+
+    fn deltanet(
+        &self,
+        layer: usize,
+        b: Batch,
+        h: &Vec<f32>,
+        state: &mut SequenceState,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
+            return Err(EngineError::BadConfig(format!(
+                "layer {layer} is not a DeltaNet layer"
+            )));
+        };
+        let e = self.config.n_embd;
+        deltanet::forward(
+            &self.config,
+            &self.weights.gguf,
+            w,
+            &h[..b.tokens * e],
+            b.tokens,
+            state.deltanet_mut(layer),
+            &mut out[..b.tokens * e],
+        )
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        b: Batch,
+        h: &Vec<f32>,
+        state: &mut SequenceState,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
+            return Err(EngineError::BadConfig(format!(
+                "layer {layer} is not an attention layer"
+            )));
+        };
+        let e = self.config.n_embd;
+        attention::forward(
+            &self.config,
+            &self.weights.gguf,
+            w,
+            &h[..b.tokens * e],
+            b,
+            state.kv_mut(layer),
+            &mut out[..b.tokens * e],
+        )
+    }
+
+    fn moe(&self, layer: usize, b: Batch, h: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        let e = self.config.n_embd;
+        moe::forward(
+            &self.config,
+            &self.weights.gguf,
+            &self.weights.layers[layer].moe,
+            &h[..b.tokens * e],
+            b.tokens,
+            &mut out[..b.tokens * e],
+        )
+    }
+
+    fn add(&self, b: Batch, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        let n = b.tokens * self.config.n_embd;
+        x[..n].iter_mut().zip(&y[..n]).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn logits(&self, b: Batch, first: usize, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        let e = self.config.n_embd;
+        let rows = b.tokens - first;
+        let vocab = self.weights.output.rows;
+        let start = out.len();
+        out.resize(start + rows * vocab, 0.0);
+        linear::matmul(
+            &self.weights.gguf,
+            &self.weights.output,
+            &x[first * e..b.tokens * e],
+            rows,
+            &mut out[start..],
+        )
+    }
+
+    fn to_host(&self, b: Batch, x: &Vec<f32>) -> Vec<f32> {
+        x[..b.tokens * self.config.n_embd].to_vec()
+    }
+}
