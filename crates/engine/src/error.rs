@@ -38,6 +38,9 @@ pub enum EngineError {
     #[error(transparent)]
     Chat(#[from] crate::chat::ChatError),
 
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::SamplingError),
+
     #[error("synthetic model: {0}")]
     Synth(String),
 

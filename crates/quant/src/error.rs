@@ -45,6 +45,16 @@ pub enum QuantError {
         found: usize,
     },
 
+    /// An activation quantized to one format was handed to a dot that needs another
+    /// (`expected` is [`crate::vec_dot_type`] of the weight type `ty`).
+    #[error("{op} {ty}: activation is {found}, expected {expected}")]
+    ActivationType {
+        op: QuantOp,
+        ty: GgmlType,
+        expected: GgmlType,
+        found: GgmlType,
+    },
+
     /// A value count is not a multiple of the type's block size.
     #[error("{op} {ty}: {found} values is not a multiple of the block size {block_values}")]
     PartialBlock {

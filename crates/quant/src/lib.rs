@@ -13,6 +13,9 @@
 //! * [`dot_row`], the reference dot product as ggml's scalar CPU code computes it: the
 //!   activation is first quantized to [`vec_dot_type`] of the weight type, then integer
 //!   sums per block are scaled in ggml's order. SIMD kernels are tested against it.
+//! * [`vec_dot`] and [`matvec`] (module `fast`), the fast kernels for Q8_0, Q2_K, Q4_K,
+//!   Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ1_M, F16 and F32 rows against an activation quantized
+//!   once ([`QuantizedActivation`]); AVX2 or scalar, picked once at run time.
 //!
 //! Scale fields, for writers that fill blocks with random bytes and then need finite
 //! scales ([`scale_fields`]; offsets in bytes from the block start):
@@ -32,6 +35,7 @@
 
 mod block;
 mod error;
+mod fast;
 mod float;
 mod iq3;
 mod iq4;
@@ -44,6 +48,10 @@ pub mod tables;
 
 pub use block::{Block, Dot, Quantize};
 pub use error::{QuantError, QuantOp};
+pub use fast::{
+    available_levels, matvec, matvec_at, simd_level, vec_dot, vec_dot_at, QuantizedActivation,
+    SimdLevel,
+};
 pub use iq3::{BlockIQ3S, BlockIQ3XXS};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use iquants1::{BlockIQ1M, BlockIQ1S};

@@ -3,9 +3,7 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use redlite_gguf::GgufModel;
-
-use crate::backend::cpu::linear::{dot, matmul};
+use crate::backend::cpu::linear::{dot, matmul, MatmulCtx};
 use crate::backend::cpu::ops::{rms_norm, sigmoid, softmax};
 use crate::backend::cpu::weights::AttentionWeights;
 use crate::backend::Batch;
@@ -28,7 +26,7 @@ fn rope(x: &mut [f32], pos: usize, rope_dim: usize, base: f32) {
 
 pub fn forward(
     c: &HybridConfig,
-    gguf: &GgufModel,
+    mm: &MatmulCtx,
     w: &AttentionWeights,
     h: &[f32],
     b: Batch,
@@ -40,9 +38,9 @@ pub fn forward(
     let mut qg = vec![0f32; tokens * 2 * nh * hd];
     let mut k = vec![0f32; tokens * nkv * hd];
     let mut v = vec![0f32; tokens * nkv * hd];
-    matmul(gguf, &w.q, h, tokens, &mut qg)?;
-    matmul(gguf, &w.k, h, tokens, &mut k)?;
-    matmul(gguf, &w.v, h, tokens, &mut v)?;
+    matmul(mm, &w.q, h, tokens, &mut qg)?;
+    matmul(mm, &w.k, h, tokens, &mut k)?;
+    matmul(mm, &w.v, h, tokens, &mut v)?;
 
     let mut tmp = vec![0f32; hd];
     for t in 0..tokens {
@@ -89,5 +87,5 @@ pub fn forward(
             oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
         }
     }
-    matmul(gguf, &w.out, &o, tokens, out)
+    matmul(mm, &w.out, &o, tokens, out)
 }

@@ -3,10 +3,8 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use redlite_gguf::GgufModel;
-
 use crate::backend::cpu::delta_rule::{self, DeltaDims, DeltaInputs};
-use crate::backend::cpu::linear::matmul;
+use crate::backend::cpu::linear::{matmul, MatmulCtx};
 use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
 use crate::backend::cpu::weights::DeltaNetWeights;
 use crate::error::Result;
@@ -33,7 +31,7 @@ fn split_legacy(c: &HybridConfig, p: &[f32], qkv: &mut [f32], z: &mut [f32]) {
 /// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`.
 pub fn forward(
     c: &HybridConfig,
-    gguf: &GgufModel,
+    mm: &MatmulCtx,
     w: &DeltaNetWeights,
     h: &[f32],
     tokens: usize,
@@ -50,12 +48,12 @@ pub fn forward(
     let mut z = vec![0f32; tokens * inner];
     match &w.gate_proj {
         Some(gate) => {
-            matmul(gguf, &w.in_proj, h, tokens, &mut qkv)?;
-            matmul(gguf, gate, h, tokens, &mut z)?;
+            matmul(mm, &w.in_proj, h, tokens, &mut qkv)?;
+            matmul(mm, gate, h, tokens, &mut z)?;
         }
         None => {
             let mut p = vec![0f32; tokens * (channels + inner)];
-            matmul(gguf, &w.in_proj, h, tokens, &mut p)?;
+            matmul(mm, &w.in_proj, h, tokens, &mut p)?;
             for t in 0..tokens {
                 split_legacy(
                     c,
@@ -67,7 +65,7 @@ pub fn forward(
         }
     }
     let mut ba = vec![0f32; tokens * 2 * nv];
-    matmul(gguf, &w.ba, h, tokens, &mut ba)?;
+    matmul(mm, &w.ba, h, tokens, &mut ba)?;
 
     // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
     let hist = kernel - 1;
@@ -151,5 +149,5 @@ pub fn forward(
     }
 
     // 7. Output projection.
-    matmul(gguf, &w.out, &o, tokens, out)
+    matmul(mm, &w.out, &o, tokens, out)
 }

@@ -16,17 +16,39 @@ use crate::backend::{Backend, Batch, Norm, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::{KvType, SequenceState};
+use linear::{MatmulCtx, Precision};
 use weights::{CpuWeights, Mixer};
 
 pub struct CpuBackend {
     config: HybridConfig,
     weights: CpuWeights,
+    precision: Precision,
 }
 
 impl CpuBackend {
+    /// A backend with the precision `REDLITE_CPU_EXACT` selects (ggml-style by default).
     pub fn new(gguf: Arc<GgufModel>, config: HybridConfig) -> Result<CpuBackend> {
+        CpuBackend::with_precision(gguf, config, Precision::from_env())
+    }
+
+    pub fn with_precision(
+        gguf: Arc<GgufModel>,
+        config: HybridConfig,
+        precision: Precision,
+    ) -> Result<CpuBackend> {
         let weights = CpuWeights::load(gguf, &config)?;
-        Ok(CpuBackend { config, weights })
+        Ok(CpuBackend {
+            config,
+            weights,
+            precision,
+        })
+    }
+
+    fn mm(&self) -> MatmulCtx<'_> {
+        MatmulCtx {
+            gguf: &self.weights.gguf,
+            precision: self.precision,
+        }
     }
 }
 
@@ -108,7 +130,7 @@ impl Backend for CpuBackend {
         let e = self.config.n_embd;
         deltanet::forward(
             &self.config,
-            &self.weights.gguf,
+            &self.mm(),
             w,
             &h[..b.tokens * e],
             b.tokens,
@@ -133,7 +155,7 @@ impl Backend for CpuBackend {
         let e = self.config.n_embd;
         attention::forward(
             &self.config,
-            &self.weights.gguf,
+            &self.mm(),
             w,
             &h[..b.tokens * e],
             b,
@@ -146,7 +168,7 @@ impl Backend for CpuBackend {
         let e = self.config.n_embd;
         moe::forward(
             &self.config,
-            &self.weights.gguf,
+            &self.mm(),
             &self.weights.layers[layer].moe,
             &h[..b.tokens * e],
             b.tokens,
@@ -167,7 +189,7 @@ impl Backend for CpuBackend {
         let start = out.len();
         out.resize(start + rows * vocab, 0.0);
         linear::matmul(
-            &self.weights.gguf,
+            &self.mm(),
             &self.weights.output,
             &x[first * e..b.tokens * e],
             rows,

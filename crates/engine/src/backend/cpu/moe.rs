@@ -2,9 +2,7 @@
 //! experts (tokens grouped by expert, so each expert's rows are decoded once per batch) and
 //! the shared expert scaled by its sigmoid gate.
 
-use redlite_gguf::GgufModel;
-
-use crate::backend::cpu::linear::{dot, matmul, matmul_rows};
+use crate::backend::cpu::linear::{matmul, matmul_rows, MatmulCtx};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
@@ -22,7 +20,7 @@ pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
 /// matching slab of down; result `[n][n_embd]`.
 #[allow(clippy::too_many_arguments)]
 fn swiglu(
-    gguf: &GgufModel,
+    mm: &MatmulCtx,
     gate: &Matrix,
     up: &Matrix,
     down: &Matrix,
@@ -34,17 +32,17 @@ fn swiglu(
 ) -> Result<()> {
     let mut g = vec![0f32; n * width];
     let mut u = vec![0f32; n * width];
-    matmul_rows(gguf, gate, slab * width, width, x, n, &mut g)?;
-    matmul_rows(gguf, up, slab * width, width, x, n, &mut u)?;
+    matmul_rows(mm, gate, slab * width, width, x, n, &mut g)?;
+    matmul_rows(mm, up, slab * width, width, x, n, &mut u)?;
     g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
     // Each slab of `down` has one row per hidden value.
     let rows = out.len() / n;
-    matmul_rows(gguf, down, slab * rows, rows, &g, n, out)
+    matmul_rows(mm, down, slab * rows, rows, &g, n, out)
 }
 
 pub fn forward(
     c: &HybridConfig,
-    gguf: &GgufModel,
+    mm: &MatmulCtx,
     w: &MoeWeights,
     h: &[f32],
     tokens: usize,
@@ -52,7 +50,7 @@ pub fn forward(
 ) -> Result<()> {
     let e = c.n_embd;
     let mut logits = vec![0f32; tokens * c.n_expert];
-    matmul(gguf, &w.router, h, tokens, &mut logits)?;
+    matmul(mm, &w.router, h, tokens, &mut logits)?;
 
     // Route: per expert, the tokens it serves and their weights, in token order.
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.n_expert];
@@ -80,7 +78,7 @@ pub fn forward(
         }
         y.resize(n * e, 0.0);
         swiglu(
-            gguf,
+            mm,
             &w.gate_exps,
             &w.up_exps,
             &w.down_exps,
@@ -100,7 +98,7 @@ pub fn forward(
 
     let mut shared = vec![0f32; tokens * e];
     swiglu(
-        gguf,
+        mm,
         &w.shared_gate,
         &w.shared_up,
         &w.shared_down,
@@ -110,8 +108,10 @@ pub fn forward(
         tokens,
         &mut shared,
     )?;
-    for t in 0..tokens {
-        let gate = sigmoid(dot(&w.shared_gate_inp, &h[t * e..(t + 1) * e]));
+    let mut gates = vec![0f32; tokens];
+    matmul(mm, &w.shared_gate_inp, h, tokens, &mut gates)?;
+    for (t, gate) in gates.iter().enumerate() {
+        let gate = sigmoid(*gate);
         out[t * e..(t + 1) * e]
             .iter_mut()
             .zip(&shared[t * e..(t + 1) * e])

@@ -1,8 +1,9 @@
-//! Element-wise and normalization ops shared by the CPU layers.
+//! Element-wise and normalization ops shared by the CPU layers. Reductions accumulate in
+//! f64 (as ggml's CPU ops do), which keeps them close to an f64 reference.
 
 /// `out = x · w / sqrt(mean(x²) + eps)` over one vector.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let ms = (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
     let scale = 1.0 / (ms + eps).sqrt();
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
@@ -20,7 +21,7 @@ pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
 
 /// `x · rsqrt(Σx² + eps)` in place (the L2 normalization HF applies to DeltaNet q and k).
 pub fn l2_norm(x: &mut [f32], eps: f32) {
-    let s = x.iter().map(|v| v * v).sum::<f32>();
+    let s = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() as f32;
     let scale = 1.0 / (s + eps).sqrt();
     x.iter_mut().for_each(|v| *v *= scale);
 }
@@ -45,10 +46,11 @@ pub fn softplus(x: f32) -> f32 {
 /// Softmax in place.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    let mut sum = 0f64;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
-        sum += *v;
+        sum += f64::from(*v);
     }
-    x.iter_mut().for_each(|v| *v /= sum);
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
 }

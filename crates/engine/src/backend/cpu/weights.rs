@@ -78,7 +78,8 @@ pub struct MoeWeights {
     pub gate_exps: Matrix,
     pub up_exps: Matrix,
     pub down_exps: Matrix,
-    pub shared_gate_inp: Vec<f32>,
+    /// The shared expert's scalar gate: one row of `n_embd`.
+    pub shared_gate_inp: Matrix,
     pub shared_gate: Matrix,
     pub shared_up: Matrix,
     pub shared_down: Matrix,
@@ -149,7 +150,7 @@ impl CpuWeights {
                     gate_exps: Matrix::load(g, &name("ffn_gate_exps.weight"))?,
                     up_exps: Matrix::load(g, &name("ffn_up_exps.weight"))?,
                     down_exps: Matrix::load(g, &name("ffn_down_exps.weight"))?,
-                    shared_gate_inp: vector(g, &name("ffn_gate_inp_shexp.weight"))?,
+                    shared_gate_inp: Matrix::load(g, &name("ffn_gate_inp_shexp.weight"))?,
                     shared_gate: Matrix::load(g, &name("ffn_gate_shexp.weight"))?,
                     shared_up: Matrix::load(g, &name("ffn_up_shexp.weight"))?,
                     shared_down: Matrix::load(g, &name("ffn_down_shexp.weight"))?,

@@ -1,0 +1,74 @@
+use std::io::Write;
+
+use anyhow::Result;
+use clap::Args;
+use redlite_engine::chat::{ChatMessage, ChatTemplate, RenderOptions};
+use redlite_engine::generate::{generate, GenerateRequest};
+
+use crate::commands::sampling_args::SamplingArgs;
+use crate::loader::{load, ModelArgs};
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Wrap the prompt as one user turn of the model's chat template.
+    #[arg(long)]
+    chat: bool,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let mut loaded = load(&args.model)?;
+    let text = if args.chat {
+        let source = loaded
+            .gguf
+            .metadata()
+            .str("tokenizer.chat_template")?
+            .to_string();
+        let template = ChatTemplate::new(&source)?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
+        template.render(&[ChatMessage::new("user", args.prompt.clone())], &options)?
+    } else {
+        args.prompt.clone()
+    };
+    let prompt = loaded.tokenizer.encode(&text, true)?;
+    let request = GenerateRequest {
+        prompt,
+        max_tokens: args.n_predict,
+        sampling: args.sampling.params(),
+        stop: args.sampling.stop.clone(),
+        render_special: false,
+    };
+    let mut stdout = std::io::stdout();
+    print!("{}", args.prompt);
+    let stats = generate(
+        &mut loaded.session,
+        &loaded.tokenizer,
+        &request,
+        &mut |piece| {
+            print!("{piece}");
+            stdout.flush().is_ok()
+        },
+    )?;
+    println!();
+    eprintln!(
+        "prompt {} tokens, {:.1} tok/s; generated {} tokens, {:.1} tok/s; stop: {:?}",
+        stats.prompt_tokens,
+        stats.prefill_tokens_per_second(),
+        stats.generated.len(),
+        stats.decode_tokens_per_second(),
+        stats.stop
+    );
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Opening a model for the commands that run it: file, config, tokenizer, backend, session.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use redlite_engine::backend::cpu::CpuBackend;
+use redlite_engine::model::load::config_from_gguf;
+use redlite_engine::session::{Session, DEFAULT_CHUNK};
+use redlite_engine::state::KvType;
+use redlite_engine::tokenizer::Tokenizer;
+use redlite_gguf::GgufModel;
+
+use crate::default_model;
+
+/// Flags shared by every command that runs a model.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF file (any part of a split set). Without it: the default model.
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Context length (positions of the KV cache).
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: usize,
+    /// KV cache type: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub kv: String,
+    /// Prefill chunk size (tokens per forward call).
+    #[arg(long, default_value_t = DEFAULT_CHUNK)]
+    pub chunk: usize,
+}
+
+pub struct Loaded {
+    pub gguf: Arc<GgufModel>,
+    pub tokenizer: Tokenizer,
+    pub session: Session<CpuBackend>,
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_model::path_or_create()?,
+    };
+    let Some(kv_type) = KvType::parse(&args.kv) else {
+        bail!("unknown KV type {:?} (expected f32 or f16)", args.kv)
+    };
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar.set_message(format!("loading {}", path.display()));
+    let start = Instant::now();
+    let gguf =
+        Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
+    let tokenizer = Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?;
+    let backend = CpuBackend::new(gguf.clone(), config)?;
+    let session = Session::new(backend, args.ctx, kv_type, args.chunk)?;
+    bar.finish_and_clear();
+    let name = gguf.metadata().str("general.name").unwrap_or("model");
+    eprintln!(
+        "loaded {} ({}, {:.2} GiB) in {:.2} s",
+        path.display(),
+        name,
+        gguf.file_bytes() as f64 / (1u64 << 30) as f64,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(Loaded {
+        gguf,
+        tokenizer,
+        session,
+    })
+}

@@ -1,0 +1,180 @@
+use super::*;
+
+fn params(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..SamplingParams::default()
+    }
+}
+
+fn histogram(sampler: &mut Sampler, logits: &[f32], draws: usize) -> Vec<usize> {
+    let mut counts = vec![0; logits.len()];
+    for _ in 0..draws {
+        counts[sampler.sample(logits).expect("sample") as usize] += 1;
+    }
+    counts
+}
+
+#[test]
+fn greedy_picks_argmax_lowest_id_on_ties() {
+    let mut s = Sampler::new(SamplingParams::greedy()).expect("sampler");
+    assert_eq!(s.sample(&[0.1, 2.0, -1.0, 2.0]).expect("sample"), 1);
+    assert_eq!(
+        s.sample(&[f32::NEG_INFINITY, f32::NAN, -3.0])
+            .expect("sample"),
+        2
+    );
+    assert!(matches!(s.sample(&[]), Err(SamplingError::EmptyLogits)));
+    assert!(matches!(
+        s.sample(&[f32::NEG_INFINITY, f32::NAN]),
+        Err(SamplingError::NoFiniteLogit { count: 2 })
+    ));
+}
+
+#[test]
+fn same_seed_same_tokens() {
+    let logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 / 20.0).collect();
+    let run = |seed| {
+        let mut s = Sampler::new(SamplingParams {
+            seed,
+            ..SamplingParams::default()
+        })
+        .expect("sampler");
+        (0..50)
+            .map(|_| s.sample(&logits).expect("sample"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
+
+#[test]
+fn temperature_follows_softmax() {
+    // p = softmax([0, ln 2, ln 3] / T); at T = 1: 1/6, 2/6, 3/6.
+    let logits = [0.0, 2f32.ln(), 3f32.ln()];
+    let mut s = Sampler::new(params(1.0)).expect("sampler");
+    let counts = histogram(&mut s, &logits, 60_000);
+    for (count, expected) in counts.iter().zip([1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]) {
+        let p = *count as f64 / 60_000.0;
+        assert!((p - expected).abs() < 0.01, "{counts:?}");
+    }
+    // Low temperature sharpens towards the argmax.
+    let mut s = Sampler::new(params(0.05)).expect("sampler");
+    let counts = histogram(&mut s, &logits, 2_000);
+    assert!(counts[2] > 1_990, "{counts:?}");
+}
+
+#[test]
+fn top_k_top_p_min_p_truncate() {
+    let logits = [3.0, 2.0, 1.0, 0.0, -1.0];
+    let draws = 5_000;
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 2,
+        ..params(1.0)
+    })
+    .expect("sampler");
+    let counts = histogram(&mut s, &logits, draws);
+    assert!(counts[0] > 0 && counts[1] > 0 && counts[2..].iter().all(|&c| c == 0));
+
+    // softmax: 0.636, 0.234, 0.086, ...: top_p 0.8 keeps two tokens, 0.5 keeps one.
+    let mut s = Sampler::new(SamplingParams {
+        top_p: 0.8,
+        ..params(1.0)
+    })
+    .expect("sampler");
+    let counts = histogram(&mut s, &logits, draws);
+    assert!(
+        counts[1] > 0 && counts[2..].iter().all(|&c| c == 0),
+        "{counts:?}"
+    );
+    let mut s = Sampler::new(SamplingParams {
+        top_p: 0.5,
+        ..params(1.0)
+    })
+    .expect("sampler");
+    assert_eq!(histogram(&mut s, &logits, 100)[0], 100);
+
+    // min_p 0.3: keeps p >= 0.3 * p_max, i.e. logit >= 3 + ln 0.3 = 1.80.
+    let mut s = Sampler::new(SamplingParams {
+        min_p: 0.3,
+        ..params(1.0)
+    })
+    .expect("sampler");
+    let counts = histogram(&mut s, &logits, draws);
+    assert!(
+        counts[1] > 0 && counts[2..].iter().all(|&c| c == 0),
+        "{counts:?}"
+    );
+}
+
+#[test]
+fn penalties_follow_llama_cpp() {
+    let base = SamplingParams {
+        repeat_penalty: 2.0,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        ..SamplingParams::greedy()
+    };
+    let mut candidates = vec![(0, 4.0), (1, -1.0), (2, 3.0)];
+    let counts: HashMap<u32, u32> = [(0, 2), (1, 1)].into_iter().collect();
+    apply_penalties(&mut candidates, &counts, &base);
+    // 4 / 2 - 2 * 0.5 - 0.25 = 0.75;  -1 * 2 - 0.5 - 0.25 = -2.75; 3 untouched.
+    assert_eq!(candidates, vec![(0, 0.75), (1, -2.75), (2, 3.0)]);
+
+    let mut s = Sampler::new(base).expect("sampler");
+    let logits = [4.0, -1.0, 3.0];
+    assert_eq!(s.sample(&logits).expect("sample"), 0);
+    s.accept(0);
+    assert_eq!(s.sample(&logits).expect("sample"), 2);
+}
+
+#[test]
+fn penalty_window_forgets_old_tokens() {
+    let mut s = Sampler::new(SamplingParams {
+        repeat_penalty: 10.0,
+        penalty_last_n: 2,
+        ..SamplingParams::greedy()
+    })
+    .expect("sampler");
+    let logits = [5.0, 1.0];
+    s.accept(0);
+    assert_eq!(s.sample(&logits).expect("sample"), 1);
+    s.accept(1);
+    s.accept(1);
+    // Token 0 left the window of two.
+    assert_eq!(s.sample(&logits).expect("sample"), 0);
+}
+
+#[test]
+fn invalid_params_are_refused() {
+    for bad in [
+        SamplingParams {
+            temperature: -1.0,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            min_p: 1.5,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            repeat_penalty: 0.0,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            presence_penalty: f32::NAN,
+            ..SamplingParams::default()
+        },
+    ] {
+        assert!(matches!(
+            Sampler::new(bad),
+            Err(SamplingError::BadParam { .. })
+        ));
+    }
+}

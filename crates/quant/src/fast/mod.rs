@@ -1,0 +1,199 @@
+//! Fast matrix-vector kernels: rows of quantized weights against an activation that was
+//! quantized once ([`QuantizedActivation`]).
+//!
+//! Types: Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ1_M, F32 and F16. Each has a
+//! scalar kernel (ggml's reference integer math in the reference order, bit-identical to
+//! [`crate::dot_row`]) and an AVX2 kernel (AVX2 + FMA + F16C). The kernel table is picked
+//! once per process from the CPU's features ([`simd_level`]); [`vec_dot_at`] and
+//! [`matvec_at`] force a level, for tests and benchmarks.
+//!
+//! The SIMD kernels do the same integer sums per block as the reference (exact), then
+//! accumulate the scaled block sums in another float order: results differ from the
+//! reference by float rounding only (a few ulps of the sum of the magnitudes of the
+//! per-block terms).
+
+mod dispatch;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(test)]
+mod tests;
+
+use crate::{check_bytes, quantize_row, row_bytes, vec_dot_type, QuantError, QuantOp};
+use dispatch::{best, table, RowDot, RowDots};
+use redlite_gguf::GgmlType;
+
+pub use dispatch::{available_levels, SimdLevel};
+
+/// An f32 activation row quantized once to the format ggml dots a weight type with
+/// ([`vec_dot_type`]): Q8_K for the k-quants and IQ types, Q8_0 for Q8_0, F16 for F16,
+/// F32 for F32. The bytes are exactly those [`crate::dot_row`] quantizes internally, so
+/// many rows can be dotted against one activation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedActivation {
+    /// The activation's own format (the vec_dot type, not the weight type).
+    ty: GgmlType,
+    /// Number of activation values (a whole number of `ty` blocks).
+    values: usize,
+    /// `values` values in `ty`'s block layout.
+    bytes: Vec<u8>,
+}
+
+impl QuantizedActivation {
+    /// Quantizes `activation` for dots with rows of `weight_ty`.
+    pub fn new(weight_ty: GgmlType, activation: &[f32]) -> Result<Self, QuantError> {
+        let mut quantized = QuantizedActivation {
+            ty: weight_ty,
+            values: 0,
+            bytes: Vec::new(),
+        };
+        quantized.requantize(weight_ty, activation)?;
+        Ok(quantized)
+    }
+
+    /// Quantizes a new activation into this one's buffer (no allocation once the buffer
+    /// has grown to the largest activation).
+    pub fn requantize(
+        &mut self,
+        weight_ty: GgmlType,
+        activation: &[f32],
+    ) -> Result<(), QuantError> {
+        let ty = vec_dot_type(weight_ty);
+        let bytes = row_bytes(QuantOp::Quantize, ty, activation.len())?;
+        self.bytes.resize(bytes, 0);
+        quantize_row(ty, activation, &mut self.bytes)?;
+        self.ty = ty;
+        self.values = activation.len();
+        Ok(())
+    }
+
+    /// The activation's format.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The number of values.
+    pub fn values(&self) -> usize {
+        self.values
+    }
+
+    /// The quantized blocks.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// The row kernel of `ty` in `kernels` (`None`: a level this CPU lacks), after checking that `act` is in `ty`'s activation
+/// format.
+fn kernel(
+    kernels: Option<&RowDots>,
+    ty: GgmlType,
+    act: &QuantizedActivation,
+) -> Result<RowDot, QuantError> {
+    let op = QuantOp::Dot;
+    let dot = kernels
+        .and_then(|kernels| kernels.get(ty))
+        .ok_or(QuantError::Unsupported { op, ty })?;
+    let expected = vec_dot_type(ty);
+    if act.ty != expected {
+        return Err(QuantError::ActivationType {
+            op,
+            ty,
+            expected,
+            found: act.ty,
+        });
+    }
+    Ok(dot)
+}
+
+/// The name of the SIMD level [`vec_dot`] and [`matvec`] use on this CPU: "avx2" or
+/// "scalar".
+pub fn simd_level() -> &'static str {
+    best().0.name()
+}
+
+/// The dot product of one row of `ty` weights with `act`, with the fastest kernel this
+/// CPU has.
+pub fn vec_dot(ty: GgmlType, row: &[u8], act: &QuantizedActivation) -> Result<f32, QuantError> {
+    let dot = kernel(Some(best().1), ty, act)?;
+    check_bytes(QuantOp::Dot, ty, act.values, row.len())?;
+    Ok(dot(row, &act.bytes))
+}
+
+/// [`vec_dot`] with the kernels of `level`; refuses a level this CPU lacks.
+pub fn vec_dot_at(
+    level: SimdLevel,
+    ty: GgmlType,
+    row: &[u8],
+    act: &QuantizedActivation,
+) -> Result<f32, QuantError> {
+    let dot = kernel(table(level), ty, act)?;
+    check_bytes(QuantOp::Dot, ty, act.values, row.len())?;
+    Ok(dot(row, &act.bytes))
+}
+
+/// `out[r]` = the dot of row r of `weights` (`rows` rows of `ty`, each as long as `act`)
+/// with `act`, with the fastest kernel this CPU has. Single-threaded; callers split rows
+/// across threads.
+pub fn matvec(
+    ty: GgmlType,
+    weights: &[u8],
+    rows: usize,
+    act: &QuantizedActivation,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let dot = kernel(Some(best().1), ty, act)?;
+    matvec_rows(dot, ty, weights, rows, act, out)
+}
+
+/// [`matvec`] with the kernels of `level`; refuses a level this CPU lacks.
+pub fn matvec_at(
+    level: SimdLevel,
+    ty: GgmlType,
+    weights: &[u8],
+    rows: usize,
+    act: &QuantizedActivation,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let dot = kernel(table(level), ty, act)?;
+    matvec_rows(dot, ty, weights, rows, act, out)
+}
+
+fn matvec_rows(
+    dot: RowDot,
+    ty: GgmlType,
+    weights: &[u8],
+    rows: usize,
+    act: &QuantizedActivation,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let op = QuantOp::Dot;
+    let row_len = row_bytes(op, ty, act.values)?;
+    if out.len() != rows {
+        return Err(QuantError::ValueLength {
+            op,
+            ty,
+            expected: rows,
+            found: out.len(),
+        });
+    }
+    let expected = rows * row_len;
+    if weights.len() != expected {
+        return Err(QuantError::ByteLength {
+            op,
+            ty,
+            expected,
+            found: weights.len(),
+        });
+    }
+    if row_len == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    for (y, row) in out.iter_mut().zip(weights.chunks_exact(row_len)) {
+        *y = dot(row, &act.bytes);
+    }
+    Ok(())
+}
