@@ -20,17 +20,20 @@ fn cache_dir() -> PathBuf {
 /// The default model's path, writing it first if needed.
 pub fn path_or_create() -> Result<PathBuf> {
     let dir = cache_dir();
-    let path = dir.join("default-tiny-random-F32.gguf");
+    let path = dir.join("default-tiny-random-F16-qwenvocab.gguf");
     if !path.exists() {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!(
             "no model given: writing the default model, a tiny qwen3next with RANDOM weights (no trained model ships yet), to {}",
             path.display()
         );
+        // The real Qwen vocabulary, so prompts tokenize as they would for the real model.
+        let mut config = Preset::Tiny.config();
+        config.n_vocab = 151_936;
         let opts = SynthOptions {
-            config: Preset::Tiny.config(),
-            recipe: Recipe::F32,
-            vocab: VocabChoice::Tiny,
+            config,
+            recipe: Recipe::F16,
+            vocab: VocabChoice::Qwen,
             seed: 1,
         };
         let partial = path.with_extension("partial");
