@@ -32,6 +32,8 @@ enum Command {
     Generate(Box<commands::generate::GenerateArgs>),
     /// Chat with the model (multi-turn, through its chat template).
     Chat(Box<commands::chat::ChatArgs>),
+    /// Time prompt processing and generation (llama-bench's tests; --json for scripts).
+    Bench(Box<commands::bench::BenchArgs>),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Write the logits of every position of a token sequence (for parity tools).
@@ -52,5 +54,6 @@ fn main() -> Result<()> {
         Command::Generate(args) => commands::generate::run(*args),
         Command::Chat(args) => commands::chat::run(*args),
         Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Bench(args) => commands::bench::run(*args),
     }
 }

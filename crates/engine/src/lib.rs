@@ -2,6 +2,7 @@
 //! file inspection. The forward pass, backends and generation loop build on these.
 
 pub mod backend;
+pub mod bench;
 pub mod chat;
 pub mod error;
 pub mod generate;

@@ -37,6 +37,11 @@ impl<B: Backend> Session<B> {
         self.backend.config().n_vocab
     }
 
+    /// Back to an empty sequence (the cache keeps its size).
+    pub fn reset(&mut self) {
+        self.state.reset_state();
+    }
+
     /// Tokens processed so far.
     pub fn pos(&self) -> usize {
         self.state.pos()

@@ -33,6 +33,8 @@ pub trait SeqState {
     fn set_pos(&mut self, pos: usize);
     /// Refuses a batch that would overflow the cache.
     fn check_room(&self, tokens: usize) -> Result<()>;
+    /// Back to an empty sequence.
+    fn reset_state(&mut self);
 }
 
 pub trait Backend {

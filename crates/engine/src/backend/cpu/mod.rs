@@ -62,6 +62,9 @@ impl SeqState for SequenceState {
     fn check_room(&self, tokens: usize) -> Result<()> {
         SequenceState::check_room(self, tokens)
     }
+    fn reset_state(&mut self) {
+        self.reset();
+    }
 }
 
 impl Backend for CpuBackend {

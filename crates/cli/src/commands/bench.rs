@@ -1,0 +1,67 @@
+use anyhow::Result;
+use clap::Args;
+use redlite_engine::bench::{bench_gen, bench_prompt, BenchResult};
+
+use crate::loader::{load, ModelArgs};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths to time (pp tests); empty to skip.
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    n_prompt: Vec<usize>,
+    /// Tokens to generate (tg tests); 0 to skip.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Context depths before the tg test.
+    #[arg(short = 'd', long = "depth", value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
+    /// Repetitions (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(mut args: BenchArgs) -> Result<()> {
+    let longest_pp = args.n_prompt.iter().copied().max().unwrap_or(0);
+    let longest_tg = args.depth.iter().copied().max().unwrap_or(0) + args.n_gen;
+    args.model.ctx = args.model.ctx.max(longest_pp).max(longest_tg);
+    // One prefill call per pp test, as llama-bench's default batch does.
+    args.model.chunk = args.model.chunk.max(longest_pp);
+    let mut loaded = load(&args.model)?;
+    let mut results: Vec<BenchResult> = Vec::new();
+    for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+        results.push(bench_prompt(&mut loaded.session, p, args.repetitions)?);
+        report(results.last(), args.json);
+    }
+    if args.n_gen > 0 {
+        for &d in &args.depth {
+            results.push(bench_gen(&mut loaded.session, args.n_gen, d, args.repetitions)?);
+            report(results.last(), args.json);
+        }
+    }
+    let threads = rayon::current_num_threads();
+    if args.json {
+        let out = serde_json::json!({
+            "model": loaded.gguf.files()[0].path().display().to_string(),
+            "model_bytes": loaded.gguf.file_bytes(),
+            "backend": "cpu",
+            "simd": redlite_quant::simd_level(),
+            "precision": if std::env::var("REDLITE_CPU_EXACT").as_deref() == Ok("1") { "exact" } else { "ggml" },
+            "threads": threads,
+            "kv": args.model.kv,
+            "results": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+fn report(result: Option<&BenchResult>, json: bool) {
+    if let (Some(r), false) = (result, json) {
+        println!("| {:<16} | {:>10.2} ± {:<8.2} t/s |", r.test, r.avg_ts, r.stddev_ts);
+    }
+}

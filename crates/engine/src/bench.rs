@@ -1,0 +1,100 @@
+//! `redlite bench`: llama-bench's measurements on one session. Prompt processing (`pp`):
+//! `n_prompt` tokens in one prefill from an empty state. Token generation (`tg`): `n_gen`
+//! tokens decoded one at a time after a context of `depth` tokens (not timed). One warm-up
+//! run of each test is excluded; repetitions give a mean and a standard deviation.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::backend::{Backend, SeqState};
+use crate::error::Result;
+use crate::session::Session;
+
+/// One test, as llama-bench names it (`pp512`, `tg128 @ d4096`).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+    pub repetitions: usize,
+    /// Tokens per second of each repetition.
+    pub samples_ts: Vec<f64>,
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+}
+
+/// Token ids for benchmarking: spread over the vocabulary, deterministic.
+fn bench_tokens(n: usize, n_vocab: usize, salt: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + salt * 104_729 + 13) % n_vocab.min(150_000)) as u32).collect()
+}
+
+fn summarize(test: String, n_prompt: usize, n_gen: usize, depth: usize, samples: Vec<f64>) -> BenchResult {
+    let n = samples.len() as f64;
+    let avg = samples.iter().sum::<f64>() / n;
+    let var = if samples.len() > 1 {
+        samples.iter().map(|s| (s - avg).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    BenchResult {
+        test,
+        n_prompt,
+        n_gen,
+        depth,
+        repetitions: samples.len(),
+        samples_ts: samples,
+        avg_ts: avg,
+        stddev_ts: var.sqrt(),
+    }
+}
+
+fn reset<B: Backend>(session: &mut Session<B>) {
+    // Positions are overwritten from 0; the DeltaNet state must start from zero again.
+    session.reset();
+}
+
+/// Prompt processing of `n_prompt` tokens.
+pub fn bench_prompt<B: Backend>(session: &mut Session<B>, n_prompt: usize, reps: usize) -> Result<BenchResult> {
+    let tokens = bench_tokens(n_prompt, session.n_vocab(), 1);
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        reset(session);
+        let start = Instant::now();
+        session.feed(&tokens, false, false)?;
+        let seconds = start.elapsed().as_secs_f64();
+        if rep > 0 {
+            samples.push(n_prompt as f64 / seconds);
+        }
+    }
+    Ok(summarize(format!("pp{n_prompt}"), n_prompt, 0, 0, samples))
+}
+
+/// Generation of `n_gen` tokens after `depth` tokens of context.
+pub fn bench_gen<B: Backend>(session: &mut Session<B>, n_gen: usize, depth: usize, reps: usize) -> Result<BenchResult> {
+    let context = bench_tokens(depth, session.n_vocab(), 2);
+    let gen = bench_tokens(n_gen, session.n_vocab(), 3);
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        reset(session);
+        if depth > 0 {
+            session.feed(&context, false, false)?;
+        }
+        let start = Instant::now();
+        for &t in &gen {
+            session.step(t)?;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        if rep > 0 {
+            samples.push(n_gen as f64 / seconds);
+        }
+        debug_assert_eq!(session.state.pos(), depth + n_gen);
+    }
+    let name = if depth > 0 {
+        format!("tg{n_gen} @ d{depth}")
+    } else {
+        format!("tg{n_gen}")
+    };
+    Ok(summarize(name, 0, n_gen, depth, samples))
+}
