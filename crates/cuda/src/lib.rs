@@ -1,7 +1,38 @@
 //! CUDA backend. Compiled only when the `cuda` feature of the `redlite` binary is on.
 //!
-//! The driver, NVRTC compilation with its on-disk cache and the kernels arrive with the
-//! CUDA backend issue; this crate exists now so the workspace has its final shape.
+//! The CUDA libraries are loaded at run time (cudarc's dynamic loading, CUDA 13 API):
+//! building needs no toolkit, and [`Device::open`] answers [`CudaError::NoDriver`] or
+//! [`CudaError::NoNvrtc`] on a machine without them, so callers fall back to the CPU.
+//!
+//! Kernels are `.cu` files under `kernels/`, embedded in the binary, prefixed with
+//! `common.cuh`, the IQ tables generated from `redlite_quant::tables` and `blocks.cuh`,
+//! and compiled by NVRTC for the device's architecture into a CUBIN cached on disk
+//! ([`cache_dir`]), keyed by source, architecture, options and NVRTC version.
+//!
+//! Every kernel comes in three layers: a templated `__global__` kernel (`kernels/`), a
+//! launcher that sizes the grid and picks the specialization (`launch`), and an op entry
+//! that validates shapes (`ops`). All `unsafe` code is in `raw`.
+//!
+//! Ops so far: [`dequantize`] and [`matvec`] (y = W·x, f32 activation) for F32, F16,
+//! Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS and IQ1_M weights.
+
+mod cache;
+mod compile;
+mod device;
+mod error;
+mod launch;
+mod ops;
+mod raw;
+mod source;
+mod tables;
+
+pub use cache::cache_dir;
+pub use compile::{check_arch, compile_all, nvrtc_version};
+pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+pub use device::Device;
+pub use error::{CudaError, CudaOp};
+pub use ops::{dequantize, matvec, WeightMatrix};
+pub use source::{modules, weight_kind, ModuleSource, WeightKind, WEIGHT_KINDS};
 
 /// Whether this build carries the CUDA backend at all.
 pub const BUILT_WITH_CUDA: bool = true;

@@ -1,0 +1,38 @@
+// Shared by every kernel module: fixed-width types, f16 decoding and aligned loads.
+// NVRTC compiles without the toolkit's headers, so nothing here includes any.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define WARP_SIZE 32
+
+static __device__ __forceinline__ float f16_to_f32(u16 bits) {
+    float value;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
+    return value;
+}
+
+// Little-endian loads at the alignment the block layouts guarantee. Every block size of
+// the supported types is even, so 2-byte loads are always legal; wider ones are used
+// only where the layout (and the 16-byte aligned base the op entry checks) allows.
+static __device__ __forceinline__ u16 load_u16(const u8* p) {
+    return *reinterpret_cast<const u16*>(p);
+}
+
+static __device__ __forceinline__ u32 load_u32_a2(const u8* p) {
+    const u16* q = reinterpret_cast<const u16*>(p);
+    return u32(q[0]) | (u32(q[1]) << 16);
+}
+
+static __device__ __forceinline__ u32 load_u32(const u8* p) {
+    return *reinterpret_cast<const u32*>(p);
+}
+
+static __device__ __forceinline__ uint4 load_u128(const u8* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}

@@ -1,0 +1,102 @@
+//! Compiling the kernel modules with NVRTC for one architecture, through the disk cache.
+//! Needs libnvrtc but no GPU.
+
+use crate::cache::{cache_dir, cache_key, load, store};
+use crate::error::CudaError;
+use crate::raw::{self, Compiled};
+use crate::source::{modules, ModuleSource};
+
+/// Checks `arch` is `sm_` followed by two or three digits and an optional `a` (sm_90a).
+pub fn check_arch(arch: &str) -> Result<(), CudaError> {
+    let digits = arch
+        .strip_prefix("sm_")
+        .map(|rest| rest.strip_suffix('a').unwrap_or(rest));
+    match digits {
+        Some(d) if (2..=3).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
+        _ => Err(CudaError::BadArch {
+            arch: arch.to_string(),
+        }),
+    }
+}
+
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--extra-device-vectorization".to_string(),
+    ]
+}
+
+/// The loaded NVRTC's version, or [`CudaError::NoNvrtc`].
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    if !raw::nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    raw::nvrtc_version()
+}
+
+fn compile_uncached(module: &ModuleSource, arch: &str) -> Result<Compiled, CudaError> {
+    raw::nvrtc_compile(
+        module.name,
+        arch,
+        &module.source,
+        &options(arch),
+        &module.kernels,
+    )
+}
+
+/// Compiles `module` for `arch`, or takes it from the disk cache. A cache that cannot be
+/// written costs a recompile next time, not a failure now.
+pub(crate) fn compile_cached(module: &ModuleSource, arch: &str) -> Result<Compiled, CudaError> {
+    check_arch(arch)?;
+    let version = nvrtc_version()?;
+    let Some(dir) = cache_dir() else {
+        return compile_uncached(module, arch);
+    };
+    let key = cache_key(
+        &module.source,
+        arch,
+        &options(arch),
+        &module.kernels,
+        version,
+    );
+    if let Some(compiled) = load(&dir, &key, &module.kernels) {
+        return Ok(compiled);
+    }
+    let compiled = compile_uncached(module, arch)?;
+    let _ = store(&dir, &key, &compiled);
+    Ok(compiled)
+}
+
+/// Compiles every kernel module for `arch` without the cache (and without a GPU): one
+/// entry per module, `Err` holding the compiler log. The outer error is a bad `arch` or
+/// no NVRTC.
+#[allow(clippy::type_complexity)]
+pub fn compile_all(arch: &str) -> Result<Vec<(String, Result<(), String>)>, CudaError> {
+    check_arch(arch)?;
+    nvrtc_version()?;
+    Ok(modules()
+        .iter()
+        .map(|module| {
+            let result = compile_uncached(module, arch)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            (module.name.to_string(), result)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names() {
+        for good in ["sm_80", "sm_90", "sm_90a", "sm_100", "sm_120a"] {
+            assert!(check_arch(good).is_ok(), "{good}");
+        }
+        for bad in ["", "sm_9", "compute_90", "sm_9x", "90", "sm_1000"] {
+            assert!(check_arch(bad).is_err(), "{bad}");
+        }
+    }
+}

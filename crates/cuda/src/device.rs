@@ -1,0 +1,133 @@
+//! One GPU: its context and stream, its architecture, and every kernel loaded from the
+//! (cached) NVRTC build of the kernel modules.
+
+use crate::compile::compile_cached;
+use crate::error::CudaError;
+use crate::raw;
+use crate::source::modules;
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub struct Device {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: String,
+    multiprocessors: u32,
+    /// Kernel name expression (e.g. `matvec_kernel<Q4K, 4, true>`) to its function.
+    kernels: HashMap<String, CudaFunction>,
+}
+
+impl Device {
+    /// Opens GPU `ordinal`, compiles (or loads from the disk cache) every kernel module for
+    /// its architecture and loads them. [`CudaError::NoDriver`], [`CudaError::NoNvrtc`] and
+    /// [`CudaError::NoDevice`] mean "use the CPU".
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        if !raw::driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        if !raw::nvrtc_present() {
+            return Err(CudaError::NoNvrtc);
+        }
+        let count = CudaContext::device_count().map_err(CudaError::driver("cuDeviceGetCount"))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let context = CudaContext::new(ordinal).map_err(CudaError::driver("cuCtxCreate"))?;
+        let (major, minor) = context.compute_capability().map_err(CudaError::driver(
+            "cuDeviceGetAttribute(compute capability)",
+        ))?;
+        let arch = format!("sm_{major}{minor}");
+        let multiprocessors = context
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::driver("cuDeviceGetAttribute(multiprocessors)"))?;
+        let mut kernels = HashMap::new();
+        for module in modules() {
+            let compiled = compile_cached(&module, &arch)?;
+            let loaded = context
+                .load_module(Ptx::from_binary(compiled.image))
+                .map_err(CudaError::driver("cuModuleLoadData"))?;
+            for (expression, lowered) in compiled.lowered {
+                let function = loaded
+                    .load_function(&lowered)
+                    .map_err(CudaError::driver("cuModuleGetFunction"))?;
+                kernels.insert(expression, function);
+            }
+        }
+        Ok(Device {
+            stream: context.default_stream(),
+            context,
+            arch,
+            multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
+            kernels,
+        })
+    }
+
+    /// The architecture the kernels were built for, e.g. `sm_90`.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    pub fn name(&self) -> Result<String, CudaError> {
+        self.context
+            .name()
+            .map_err(CudaError::driver("cuDeviceGetName"))
+    }
+
+    /// The stream every op of this device is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn kernel(&self, expression: &str) -> Result<&CudaFunction, CudaError> {
+        self.kernels
+            .get(expression)
+            .ok_or_else(|| CudaError::MissingKernel {
+                kernel: expression.to_string(),
+            })
+    }
+
+    /// Copies `data` to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .clone_htod(data)
+            .map_err(CudaError::driver("cuMemcpyHtoD"))
+    }
+
+    /// Copies a device buffer back, waiting for the work queued before it.
+    pub fn download<T: DeviceRepr>(&self, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        self.stream
+            .clone_dtoh(data)
+            .map_err(CudaError::driver("cuMemcpyDtoH"))
+    }
+
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .alloc_zeros(len)
+            .map_err(CudaError::driver("cuMemAlloc"))
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))
+    }
+
+    /// The device address of a buffer, for alignment checks.
+    pub(crate) fn address<T>(&self, buffer: &impl DevicePtr<T>) -> u64 {
+        let (address, _sync) = buffer.device_ptr(&self.stream);
+        address
+    }
+}

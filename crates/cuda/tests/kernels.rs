@@ -1,0 +1,188 @@
+//! Kernel tests against the CPU reference (`redlite_quant::dequantize_row` and an f64 dot).
+//! GPU tests print a message and pass when no driver, NVRTC or GPU is present; the
+//! NVRTC compile check is `--ignored` (it needs libnvrtc, see scripts/ci/nvrtc-check.sh).
+
+use half::f16;
+use redlite_cuda::{
+    compile_all, dequantize, matvec, CudaError, Device, WeightMatrix, WEIGHT_KINDS,
+};
+use redlite_gguf::GgmlType;
+use redlite_quant::{dequantize_row, scale_fields, set_iq1m_scale, ScaleKind};
+
+/// SplitMix64: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// `rows` rows of `cols` values of `ty`: random bytes with finite scales, or random
+/// values for the float types.
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let values = rows * cols;
+    match ty {
+        GgmlType::F32 => (0..values)
+            .flat_map(|_| rng.signed().to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..values)
+            .flat_map(|_| f16::from_f32(rng.signed()).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let block_bytes = ty.block_bytes();
+            let mut bytes: Vec<u8> = (0..values / ty.block_values() * block_bytes)
+                .map(|_| rng.next() as u8)
+                .collect();
+            for block in bytes.chunks_exact_mut(block_bytes) {
+                for field in scale_fields(ty) {
+                    let scale = 0.01 * (0.5 + rng.signed().abs());
+                    let value = match field.kind {
+                        ScaleKind::Dmin => 0.5 * scale,
+                        _ => scale,
+                    };
+                    field.write(block, value);
+                }
+                if ty == GgmlType::IQ1M {
+                    let d = f16::from_f32(0.01 * (0.5 + rng.signed().abs()));
+                    set_iq1m_scale(block, d).unwrap();
+                }
+            }
+            bytes
+        }
+    }
+}
+
+fn reference_rows(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * cols];
+    let row_bytes = bytes.len() / rows.max(1);
+    for (row, ys) in out.chunks_exact_mut(cols.max(1)).enumerate() {
+        dequantize_row(ty, &bytes[row * row_bytes..(row + 1) * row_bytes], ys).unwrap();
+    }
+    out
+}
+
+/// The device, or `None` after printing why the GPU tests are skipped.
+fn device(test: &str) -> Option<Device> {
+    match Device::open(0) {
+        Ok(device) => Some(device),
+        Err(error @ (CudaError::NoDriver | CudaError::NoNvrtc | CudaError::NoDevice { .. })) => {
+            eprintln!("skipping {test}: {error}");
+            None
+        }
+        Err(error) => panic!("{test}: CUDA device failed to open: {error}"),
+    }
+}
+
+/// (rows, cols) swept for each type: odd row counts, one block, and a row wider than the
+/// shared-memory x limit (12,288 floats) so both matvec specializations run.
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let mut shapes = vec![(1, 256), (7, 768), (65, 2048), (33, 12_544)];
+    if ty.block_values() == 1 {
+        shapes.extend([(3, 1), (5, 7), (9, 1001)]);
+    }
+    shapes
+}
+
+#[test]
+fn open_fails_cleanly_without_gpu_or_opens() {
+    match Device::open(0) {
+        Ok(device) => eprintln!("opened {:?} ({})", device.name(), device.arch()),
+        Err(CudaError::NoDriver | CudaError::NoNvrtc | CudaError::NoDevice { .. }) => {}
+        Err(error) => panic!("unexpected error: {error}"),
+    }
+}
+
+#[test]
+fn dequantize_matches_cpu_reference() {
+    let Some(device) = device("dequantize_matches_cpu_reference") else {
+        return;
+    };
+    let mut rng = Rng(1);
+    for kind in WEIGHT_KINDS {
+        for (rows, cols) in shapes(kind.ty) {
+            let bytes = random_matrix(kind.ty, rows, cols, &mut rng);
+            let expected = reference_rows(kind.ty, &bytes, rows, cols);
+            let weights = device.upload(&bytes).unwrap();
+            let mut out = device.alloc_zeros::<f32>(rows * cols).unwrap();
+            let matrix = WeightMatrix {
+                ty: kind.ty,
+                rows,
+                cols,
+                bytes: weights.as_view(),
+            };
+            dequantize(&device, &matrix, &mut out.as_view_mut()).unwrap();
+            let found = device.download(&out).unwrap();
+            let scale = expected.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+            for (i, (&e, &f)) in expected.iter().zip(&found).enumerate() {
+                assert!(
+                    (e - f).abs() <= 1e-6 * scale,
+                    "{:?} {rows}x{cols} value {i}: expected {e}, found {f}",
+                    kind.ty
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_matches_cpu_reference() {
+    let Some(device) = device("matvec_matches_cpu_reference") else {
+        return;
+    };
+    let mut rng = Rng(2);
+    for kind in WEIGHT_KINDS {
+        for (rows, cols) in shapes(kind.ty) {
+            let bytes = random_matrix(kind.ty, rows, cols, &mut rng);
+            let w = reference_rows(kind.ty, &bytes, rows, cols);
+            let x: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
+            let weights = device.upload(&bytes).unwrap();
+            let x_device = device.upload(&x).unwrap();
+            let mut y = device.alloc_zeros::<f32>(rows).unwrap();
+            let matrix = WeightMatrix {
+                ty: kind.ty,
+                rows,
+                cols,
+                bytes: weights.as_view(),
+            };
+            matvec(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
+            let found = device.download(&y).unwrap();
+            for (row, &f) in found.iter().enumerate() {
+                let terms = w[row * cols..(row + 1) * cols].iter().zip(&x);
+                let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
+                    let term = f64::from(a) * f64::from(b);
+                    (dot + term, norm + term.abs())
+                });
+                let error = (f64::from(f) - dot).abs();
+                assert!(
+                    error <= 1e-4 * norm.max(1e-30),
+                    "{:?} {rows}x{cols} row {row}: expected {dot}, found {f} (|terms| {norm})",
+                    kind.ty
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs libnvrtc on the loader path (scripts/ci/nvrtc-check.sh); no GPU needed"]
+fn every_kernel_compiles_for_sm80_and_sm90() {
+    let mut failures = Vec::new();
+    for arch in ["sm_80", "sm_90"] {
+        for (module, result) in compile_all(arch).unwrap() {
+            if let Err(log) = result {
+                failures.push(format!("{arch} {module}:\n{log}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
