@@ -27,10 +27,18 @@ pub struct BenchResult {
 
 /// Token ids for benchmarking: spread over the vocabulary, deterministic.
 fn bench_tokens(n: usize, n_vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i * 7919 + salt * 104_729 + 13) % n_vocab.min(150_000)) as u32).collect()
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % n_vocab.min(150_000)) as u32)
+        .collect()
 }
 
-fn summarize(test: String, n_prompt: usize, n_gen: usize, depth: usize, samples: Vec<f64>) -> BenchResult {
+fn summarize(
+    test: String,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+    samples: Vec<f64>,
+) -> BenchResult {
     let n = samples.len() as f64;
     let avg = samples.iter().sum::<f64>() / n;
     let var = if samples.len() > 1 {
@@ -56,7 +64,11 @@ fn reset<B: Backend>(session: &mut Session<B>) {
 }
 
 /// Prompt processing of `n_prompt` tokens.
-pub fn bench_prompt<B: Backend>(session: &mut Session<B>, n_prompt: usize, reps: usize) -> Result<BenchResult> {
+pub fn bench_prompt<B: Backend>(
+    session: &mut Session<B>,
+    n_prompt: usize,
+    reps: usize,
+) -> Result<BenchResult> {
     let tokens = bench_tokens(n_prompt, session.n_vocab(), 1);
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..=reps {
@@ -72,7 +84,12 @@ pub fn bench_prompt<B: Backend>(session: &mut Session<B>, n_prompt: usize, reps:
 }
 
 /// Generation of `n_gen` tokens after `depth` tokens of context.
-pub fn bench_gen<B: Backend>(session: &mut Session<B>, n_gen: usize, depth: usize, reps: usize) -> Result<BenchResult> {
+pub fn bench_gen<B: Backend>(
+    session: &mut Session<B>,
+    n_gen: usize,
+    depth: usize,
+    reps: usize,
+) -> Result<BenchResult> {
     let context = bench_tokens(depth, session.n_vocab(), 2);
     let gen = bench_tokens(n_gen, session.n_vocab(), 3);
     let mut samples = Vec::with_capacity(reps);

@@ -12,6 +12,7 @@
 //! reference by float rounding only (a few ulps of the sum of the magnitudes of the
 //! per-block terms).
 
+mod decoded;
 mod dispatch;
 mod scalar;
 
@@ -25,6 +26,7 @@ use crate::{check_bytes, quantize_row, row_bytes, vec_dot_type, QuantError, Quan
 use dispatch::{best, table, RowDot, RowDots};
 use redlite_gguf::GgmlType;
 
+pub use decoded::{decodable, decode_row, DecodedRow};
 pub use dispatch::{available_levels, SimdLevel};
 
 /// An f32 activation row quantized once to the format ggml dots a weight type with
@@ -194,6 +196,110 @@ fn matvec_rows(
     }
     for (y, row) in out.iter_mut().zip(weights.chunks_exact(row_len)) {
         *y = dot(row, &act.bytes);
+    }
+    Ok(())
+}
+
+/// Whether [`dot_decoded`] runs on this CPU (it needs AVX2).
+pub fn decoded_dots_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::kernels().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The dot of a row decoded by [`decode_row`] with `act`: bit-identical to [`vec_dot`] on
+/// the original row. Refused where [`decoded_dots_available`] is false.
+pub fn dot_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<f32, QuantError> {
+    let op = QuantOp::Dot;
+    let Some(ty) = row.ty else {
+        return Err(QuantError::Unsupported {
+            op,
+            ty: GgmlType::IQ2XXS,
+        });
+    };
+    if act.ty != GgmlType::Q8K {
+        return Err(QuantError::ActivationType {
+            op,
+            ty,
+            expected: GgmlType::Q8K,
+            found: act.ty,
+        });
+    }
+    if row.w.len() != act.values
+        || row.d.len() * 256 != act.values
+        || row.scales.len() * 2 != act.values
+    {
+        return Err(QuantError::ValueLength {
+            op,
+            ty,
+            expected: act.values,
+            found: row.w.len(),
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v) = avx2::dot_decoded(row, &act.bytes) {
+        return Ok(v);
+    }
+    Err(QuantError::Unsupported { op, ty })
+}
+
+/// [`vec_dot`] of one row with each of `acts` (all of the same type and length), checks and
+/// kernel lookup done once: the form batched products use.
+pub fn vec_dot_many(
+    ty: GgmlType,
+    row: &[u8],
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let Some(first) = acts.first() else {
+        return Ok(());
+    };
+    let dot = kernel(Some(best().1), ty, first)?;
+    check_bytes(QuantOp::Dot, ty, first.values, row.len())?;
+    for (o, act) in out.iter_mut().zip(acts) {
+        if act.ty != first.ty || act.values != first.values {
+            return Err(QuantError::ValueLength {
+                op: QuantOp::Dot,
+                ty,
+                expected: first.values,
+                found: act.values,
+            });
+        }
+        *o = dot(row, &act.bytes);
+    }
+    Ok(())
+}
+
+/// [`dot_decoded`] of one decoded row with each of `acts`, checks done once.
+pub fn dot_decoded_many(
+    row: &DecodedRow,
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let Some(first) = acts.first() else {
+        return Ok(());
+    };
+    // Validates the row against the first activation (and the CPU's support).
+    out[0] = dot_decoded(row, first)?;
+    for (o, act) in out.iter_mut().zip(acts).skip(1) {
+        if act.ty != first.ty || act.values != first.values {
+            return Err(QuantError::ValueLength {
+                op: QuantOp::Dot,
+                ty: GgmlType::Q8K,
+                expected: first.values,
+                found: act.values,
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            // `dot_decoded` above proved AVX2 is present and the lengths agree.
+            *o = avx2::dot_decoded(row, &act.bytes).unwrap_or(f32::NAN);
+        }
     }
     Ok(())
 }

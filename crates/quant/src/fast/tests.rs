@@ -313,3 +313,51 @@ fn errors_name_the_mismatch() {
     );
     assert_eq!(vec_dot(GgmlType::Q4K, &q4k_row, &act), Ok(0.0));
 }
+
+#[test]
+fn decoded_rows_dot_bit_identically() {
+    use crate::{decode_row, decoded_dots_available, dot_decoded, DecodedRow};
+    if !decoded_dots_available() {
+        eprintln!("skipped: decoded-row dots need AVX2");
+        return;
+    }
+    for ty in [GgmlType::IQ2XXS, GgmlType::IQ2XS, GgmlType::IQ1M] {
+        for (seed, blocks) in [(1u64, 1usize), (2, 8), (3, 16)] {
+            let row = decoded_test_row(ty, blocks, seed);
+            let act: Vec<f32> = (0..blocks * 256)
+                .map(|i| ((i * 37 + seed as usize) % 251) as f32 / 125.0 - 1.0)
+                .collect();
+            let act = QuantizedActivation::new(ty, &act).unwrap();
+            let mut decoded = DecodedRow::default();
+            decode_row(ty, &row, &mut decoded).unwrap();
+            let a = dot_decoded(&decoded, &act).unwrap();
+            let b = crate::vec_dot(ty, &row, &act).unwrap();
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{ty}: decoded {a} vs row kernel {b}"
+            );
+        }
+    }
+}
+
+/// Random valid blocks with finite scales.
+fn decoded_test_row(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes: Vec<u8> = (0..blocks * ty.block_bytes())
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        if ty == GgmlType::IQ1M {
+            crate::set_iq1m_scale(block, half::f16::from_f32(0.01)).unwrap();
+        } else {
+            block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
+    }
+    bytes
+}

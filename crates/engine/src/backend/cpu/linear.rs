@@ -5,7 +5,10 @@
 
 use rayon::prelude::*;
 use redlite_gguf::{GgmlType, GgufModel};
-use redlite_quant::{dequantize_row, vec_dot, QuantizedActivation};
+use redlite_quant::{
+    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, vec_dot_many,
+    DecodedRow, QuantizedActivation,
+};
 
 use crate::backend::cpu::weights::Matrix;
 use crate::error::Result;
@@ -57,6 +60,130 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
+/// A batch of activations prepared once for one weight type: f32 rows (exact precision, or
+/// F32 weights), or each token quantized to the type's dot format (ggml precision).
+pub enum Prepared {
+    F32 { x: Vec<f32>, cols: usize },
+    Quantized(Vec<QuantizedActivation>),
+}
+
+impl Prepared {
+    /// Prepares `tokens` rows of `cols` values for dots with rows of `ty`.
+    pub fn new(mm: &MatmulCtx, ty: GgmlType, x: &[f32], cols: usize) -> Result<Prepared> {
+        if mm.precision == Precision::Exact || ty == GgmlType::F32 {
+            return Ok(Prepared::F32 {
+                x: x.to_vec(),
+                cols,
+            });
+        }
+        let acts = x
+            .chunks(cols)
+            .map(|xt| QuantizedActivation::new(ty, xt))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Prepared::Quantized(acts))
+    }
+
+    pub fn tokens(&self) -> usize {
+        match self {
+            Prepared::F32 { x, cols } => x.len() / cols.max(&1),
+            Prepared::Quantized(acts) => acts.len(),
+        }
+    }
+}
+
+/// Per-thread scratch for decoding weight rows.
+#[derive(Default)]
+struct RowScratch {
+    f32_row: Vec<f32>,
+    decoded: DecodedRow,
+}
+
+/// Rows `first..first + n` of `w` against every prepared token, serially, into `by_row`
+/// (`[n][tokens]`, weight-row major).
+fn rows_serial(
+    mm: &MatmulCtx,
+    w: &Matrix,
+    first: usize,
+    n: usize,
+    prep: &Prepared,
+    by_row: &mut [f32],
+    scratch: &mut RowScratch,
+) -> Result<()> {
+    let bytes = mm.gguf.data(w.loc);
+    let tokens = prep.tokens();
+    for (k, row_out) in by_row.chunks_mut(tokens).take(n).enumerate() {
+        let r = first + k;
+        let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
+        match prep {
+            Prepared::F32 { x, cols } => {
+                let decoded = &mut scratch.f32_row;
+                decoded.resize(*cols, 0.0);
+                if w.ty == GgmlType::F32 {
+                    decoded
+                        .iter_mut()
+                        .zip(row.chunks_exact(4))
+                        .for_each(|(d, b)| *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                } else {
+                    dequantize_row(w.ty, row, decoded)?;
+                }
+                for (t, o) in row_out.iter_mut().enumerate() {
+                    *o = dot(decoded, &x[t * cols..(t + 1) * cols]);
+                }
+            }
+            // With several tokens, grid rows are decoded once and reused (bit-identical dots).
+            Prepared::Quantized(acts)
+                if tokens > 1 && decodable(w.ty) && decoded_dots_available() =>
+            {
+                decode_row(w.ty, row, &mut scratch.decoded)?;
+                dot_decoded_many(&scratch.decoded, acts, row_out)?;
+            }
+            Prepared::Quantized(acts) => vec_dot_many(w.ty, row, acts, row_out)?,
+        }
+    }
+    Ok(())
+}
+
+/// One product of a batch of products: rows `first..first + n` of `w` against `prep`,
+/// written to `out` as `[n][tokens]`.
+pub struct RowJob<'a> {
+    pub w: &'a Matrix,
+    pub first: usize,
+    pub n: usize,
+    pub prep: &'a Prepared,
+    pub out: &'a mut [f32],
+}
+
+/// Runs many products in one parallel region, split into pieces of at least `ROWS_PER_TASK`
+/// rows (fewer regions and better balance than one region per product).
+pub fn run_jobs(mm: &MatmulCtx, jobs: Vec<RowJob<'_>>) -> Result<()> {
+    let threads = rayon::current_num_threads().max(1);
+    let total_rows: usize = jobs.iter().map(|j| j.n).sum();
+    let piece_rows = (total_rows / (threads * 8)).max(ROWS_PER_TASK);
+    let mut pieces = Vec::new();
+    for job in jobs {
+        let tokens = job.prep.tokens();
+        for (i, out) in job.out.chunks_mut(piece_rows * tokens).enumerate() {
+            let first = job.first + i * piece_rows;
+            let n = out.len() / tokens.max(1);
+            pieces.push((job.w, first, n, job.prep, out));
+        }
+    }
+    pieces
+        .into_par_iter()
+        .try_for_each_init(RowScratch::default, |scratch, (w, first, n, prep, out)| {
+            rows_serial(mm, w, first, n, prep, out, scratch)
+        })
+}
+
+/// Scatters `[rows][tokens]` into token-major `[tokens][rows]`.
+pub fn transpose_into(by_row: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
+    for r in 0..rows {
+        for t in 0..tokens {
+            out[t * rows + r] = by_row[r * tokens + t];
+        }
+    }
+}
+
 /// `out[t * n_rows + r] = W[first_row + r] · x[t]` for `t < tokens`, where `x` holds `tokens`
 /// rows of `w.cols` values. `first_row`/`n_rows` select a slab (one expert of a stack).
 pub fn matmul_rows(
@@ -68,81 +195,21 @@ pub fn matmul_rows(
     tokens: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let bytes = mm.gguf.data(w.loc);
-    let cols = w.cols;
-    debug_assert_eq!(x.len(), tokens * cols);
+    debug_assert_eq!(x.len(), tokens * w.cols);
     debug_assert_eq!(out.len(), tokens * n_rows);
-    if mm.precision == Precision::Ggml && w.ty != GgmlType::F32 {
-        return matmul_rows_quantized(bytes, w, first_row, n_rows, x, tokens, out);
-    }
-    // Row-major by weight row, then scattered to token-major order.
+    let prep = Prepared::new(mm, w.ty, x, w.cols)?;
     let mut by_row = vec![0f32; n_rows * tokens];
-    by_row
-        .par_chunks_mut(ROWS_PER_TASK * tokens)
-        .enumerate()
-        .try_for_each(|(task, chunk)| -> Result<()> {
-            let mut decoded = vec![0f32; cols];
-            for (k, row_out) in chunk.chunks_mut(tokens).enumerate() {
-                let r = first_row + task * ROWS_PER_TASK + k;
-                let row_bytes = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-                let row: &[f32] = if w.ty == GgmlType::F32 {
-                    decoded
-                        .iter_mut()
-                        .zip(row_bytes.chunks_exact(4))
-                        .for_each(|(d, b)| *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                    &decoded
-                } else {
-                    dequantize_row(w.ty, row_bytes, &mut decoded)?;
-                    &decoded
-                };
-                for (t, o) in row_out.iter_mut().enumerate() {
-                    *o = dot(row, &x[t * cols..(t + 1) * cols]);
-                }
-            }
-            Ok(())
-        })?;
-    for r in 0..n_rows {
-        for t in 0..tokens {
-            out[t * n_rows + r] = by_row[r * tokens + t];
-        }
-    }
-    Ok(())
-}
-
-/// The whole matrix.
-/// The ggml-style product: each token's activation quantized once, rows dotted in SIMD.
-fn matmul_rows_quantized(
-    bytes: &[u8],
-    w: &Matrix,
-    first_row: usize,
-    n_rows: usize,
-    x: &[f32],
-    tokens: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let acts: Vec<QuantizedActivation> = x
-        .chunks(w.cols)
-        .map(|xt| QuantizedActivation::new(w.ty, xt))
-        .collect::<std::result::Result<_, _>>()?;
-    let mut by_row = vec![0f32; n_rows * tokens];
-    by_row
-        .par_chunks_mut(ROWS_PER_TASK * tokens)
-        .enumerate()
-        .try_for_each(|(task, chunk)| -> Result<()> {
-            for (k, row_out) in chunk.chunks_mut(tokens).enumerate() {
-                let r = first_row + task * ROWS_PER_TASK + k;
-                let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-                for (o, act) in row_out.iter_mut().zip(&acts) {
-                    *o = vec_dot(w.ty, row, act)?;
-                }
-            }
-            Ok(())
-        })?;
-    for r in 0..n_rows {
-        for t in 0..tokens {
-            out[t * n_rows + r] = by_row[r * tokens + t];
-        }
-    }
+    run_jobs(
+        mm,
+        vec![RowJob {
+            w,
+            first: first_row,
+            n: n_rows,
+            prep: &prep,
+            out: &mut by_row,
+        }],
+    )?;
+    transpose_into(&by_row, n_rows, tokens, out);
     Ok(())
 }
 

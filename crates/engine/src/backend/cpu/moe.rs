@@ -2,7 +2,7 @@
 //! experts (tokens grouped by expert, so each expert's rows are decoded once per batch) and
 //! the shared expert scaled by its sigmoid gate.
 
-use crate::backend::cpu::linear::{matmul, matmul_rows, MatmulCtx};
+use crate::backend::cpu::linear::{matmul, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
@@ -16,28 +16,18 @@ pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
     idx.into_iter().map(|i| (i, p[i])).collect()
 }
 
-/// SwiGLU of `x` (`[n][n_embd]`) through rows `[first, first + width)` of gate/up and the
-/// matching slab of down; result `[n][n_embd]`.
-#[allow(clippy::too_many_arguments)]
-fn swiglu(
-    mm: &MatmulCtx,
-    gate: &Matrix,
-    up: &Matrix,
-    down: &Matrix,
+/// One SwiGLU feed-forward to run: a routed expert (a slab of the stacks) or the shared
+/// expert, with the tokens it serves and their weights.
+struct Unit<'w> {
+    gate: &'w Matrix,
+    up: &'w Matrix,
+    down: &'w Matrix,
+    /// Slab index within the stacks (0 for the shared expert's own matrices).
     slab: usize,
     width: usize,
-    x: &[f32],
-    n: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let mut g = vec![0f32; n * width];
-    let mut u = vec![0f32; n * width];
-    matmul_rows(mm, gate, slab * width, width, x, n, &mut g)?;
-    matmul_rows(mm, up, slab * width, width, x, n, &mut u)?;
-    g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
-    // Each slab of `down` has one row per hidden value.
-    let rows = out.len() / n;
-    matmul_rows(mm, down, slab * rows, rows, &g, n, out)
+    served: Vec<(usize, f32)>,
+    /// The served tokens' inputs, `[n][n_embd]`.
+    x: Vec<f32>,
 }
 
 pub fn forward(
@@ -51,6 +41,8 @@ pub fn forward(
     let e = c.n_embd;
     let mut logits = vec![0f32; tokens * c.n_expert];
     matmul(mm, &w.router, h, tokens, &mut logits)?;
+    let mut shared_gates = vec![0f32; tokens];
+    matmul(mm, &w.shared_gate_inp, h, tokens, &mut shared_gates)?;
 
     // Route: per expert, the tokens it serves and their weights, in token order.
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.n_expert];
@@ -63,59 +55,115 @@ pub fn forward(
             routes[expert].push((t, weight / sum));
         }
     }
+    let gather = |served: &[(usize, f32)]| -> Vec<f32> {
+        served
+            .iter()
+            .flat_map(|&(t, _)| h[t * e..(t + 1) * e].iter().copied())
+            .collect()
+    };
+    // Routed experts in ascending order, then the shared expert (the order of the sum).
+    let mut units: Vec<Unit> = routes
+        .into_iter()
+        .enumerate()
+        .filter(|(_, served)| !served.is_empty())
+        .map(|(expert, served)| Unit {
+            gate: &w.gate_exps,
+            up: &w.up_exps,
+            down: &w.down_exps,
+            slab: expert,
+            width: c.expert_ff,
+            x: gather(&served),
+            served,
+        })
+        .collect();
+    let shared: Vec<(usize, f32)> = shared_gates
+        .iter()
+        .enumerate()
+        .map(|(t, g)| (t, sigmoid(*g)))
+        .collect();
+    units.push(Unit {
+        gate: &w.shared_gate,
+        up: &w.shared_up,
+        down: &w.shared_down,
+        slab: 0,
+        width: c.shared_ff,
+        x: h.to_vec(),
+        served: shared,
+    });
+
+    // Gate and up projections of every unit in one parallel region.
+    let preps = units
+        .iter()
+        .map(|u| {
+            Ok((
+                Prepared::new(mm, u.gate.ty, &u.x, e)?,
+                Prepared::new(mm, u.up.ty, &u.x, e)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut gates: Vec<Vec<f32>> = units
+        .iter()
+        .map(|u| vec![0f32; u.width * u.served.len()])
+        .collect();
+    let mut ups = gates.clone();
+    let mut jobs = Vec::with_capacity(2 * units.len());
+    for (((u, (pg, pu)), g), up) in units.iter().zip(&preps).zip(&mut gates).zip(&mut ups) {
+        let first = u.slab * u.width;
+        jobs.push(RowJob {
+            w: u.gate,
+            first,
+            n: u.width,
+            prep: pg,
+            out: g,
+        });
+        jobs.push(RowJob {
+            w: u.up,
+            first,
+            n: u.width,
+            prep: pu,
+            out: up,
+        });
+    }
+    run_jobs(mm, jobs)?;
+
+    // SwiGLU, token-major, then the down projections in one region.
+    let mut down_preps = Vec::with_capacity(units.len());
+    for ((u, g), up) in units.iter().zip(&gates).zip(&ups) {
+        let n = u.served.len();
+        let mut a = vec![0f32; n * u.width];
+        for r in 0..u.width {
+            for t in 0..n {
+                a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
+            }
+        }
+        down_preps.push(Prepared::new(mm, u.down.ty, &a, u.width)?);
+    }
+    let mut downs: Vec<Vec<f32>> = units
+        .iter()
+        .map(|u| vec![0f32; e * u.served.len()])
+        .collect();
+    let jobs = units
+        .iter()
+        .zip(&down_preps)
+        .zip(&mut downs)
+        .map(|((u, prep), out)| RowJob {
+            w: u.down,
+            first: u.slab * e,
+            n: e,
+            prep,
+            out,
+        })
+        .collect();
+    run_jobs(mm, jobs)?;
 
     out.iter_mut().for_each(|v| *v = 0.0);
-    let mut gathered = Vec::new();
-    let mut y = Vec::new();
-    for (expert, served) in routes.iter().enumerate() {
-        if served.is_empty() {
-            continue;
+    for (u, d) in units.iter().zip(&downs) {
+        let n = u.served.len();
+        for (i, &(t, weight)) in u.served.iter().enumerate() {
+            for r in 0..e {
+                out[t * e + r] += weight * d[r * n + i];
+            }
         }
-        let n = served.len();
-        gathered.clear();
-        for &(t, _) in served {
-            gathered.extend_from_slice(&h[t * e..(t + 1) * e]);
-        }
-        y.resize(n * e, 0.0);
-        swiglu(
-            mm,
-            &w.gate_exps,
-            &w.up_exps,
-            &w.down_exps,
-            expert,
-            c.expert_ff,
-            &gathered,
-            n,
-            &mut y,
-        )?;
-        for (i, &(t, weight)) in served.iter().enumerate() {
-            out[t * e..(t + 1) * e]
-                .iter_mut()
-                .zip(&y[i * e..(i + 1) * e])
-                .for_each(|(o, v)| *o += weight * v);
-        }
-    }
-
-    let mut shared = vec![0f32; tokens * e];
-    swiglu(
-        mm,
-        &w.shared_gate,
-        &w.shared_up,
-        &w.shared_down,
-        0,
-        c.shared_ff,
-        h,
-        tokens,
-        &mut shared,
-    )?;
-    let mut gates = vec![0f32; tokens];
-    matmul(mm, &w.shared_gate_inp, h, tokens, &mut gates)?;
-    for (t, gate) in gates.iter().enumerate() {
-        let gate = sigmoid(*gate);
-        out[t * e..(t + 1) * e]
-            .iter_mut()
-            .zip(&shared[t * e..(t + 1) * e])
-            .for_each(|(o, s)| *o += gate * s);
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! scale (→ i32), exact for every format here; the scaled block sums are accumulated in
 //! eight f32 lanes and summed once at the end.
 
+mod decoded;
 mod iquants;
 mod kquants;
 
@@ -178,4 +179,10 @@ fn f16_avx2(row: &[u8], act: &[u8]) -> f32 {
         tail += f16_at(w, 0) * f16_at(a, 0);
     }
     hsum_f32x8(sum) + tail
+}
+
+/// The decoded-row dot, or `None` where the CPU lacks AVX2, FMA or F16C.
+pub(super) fn dot_decoded(row: &super::decoded::DecodedRow, act: &[u8]) -> Option<f32> {
+    // SAFETY: the features the kernel is compiled for were detected just before.
+    kernels().map(|_| unsafe { decoded::dot_decoded(row, act) })
 }
