@@ -9,13 +9,23 @@ pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt lengths to time (pp tests); empty to skip.
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     n_prompt: Vec<usize>,
     /// Tokens to generate (tg tests); 0 to skip.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
     /// Context depths before the tg test.
-    #[arg(short = 'd', long = "depth", value_delimiter = ',', default_value = "0")]
+    #[arg(
+        short = 'd',
+        long = "depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
     depth: Vec<usize>,
     /// Repetitions (after one warm-up run).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
@@ -39,7 +49,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     }
     if args.n_gen > 0 {
         for &d in &args.depth {
-            results.push(bench_gen(&mut loaded.session, args.n_gen, d, args.repetitions)?);
+            results.push(bench_gen(
+                &mut loaded.session,
+                args.n_gen,
+                d,
+                args.repetitions,
+            )?);
             report(results.last(), args.json);
         }
     }
@@ -62,6 +77,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 
 fn report(result: Option<&BenchResult>, json: bool) {
     if let (Some(r), false) = (result, json) {
-        println!("| {:<16} | {:>10.2} ± {:<8.2} t/s |", r.test, r.avg_ts, r.stddev_ts);
+        println!(
+            "| {:<16} | {:>10.2} ± {:<8.2} t/s |",
+            r.test, r.avg_ts, r.stddev_ts
+        );
     }
 }
