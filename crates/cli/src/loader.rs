@@ -47,6 +47,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let Some(kv_type) = KvType::parse(&args.kv) else {
         bail!("unknown KV type {:?} (expected f32 or f16)", args.kv)
     };
+    let gguf_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    if let Some(available) = available_memory() {
+        if gguf_bytes > available {
+            eprintln!(
+                "note: the model ({:.1} GiB) is larger than the memory available ({:.1} GiB): it runs, but weights stream from disk on every token (slow)",
+                gguf_bytes as f64 / (1u64 << 30) as f64,
+                available as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
     let bar = ProgressBar::new_spinner();
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
     bar.enable_steady_tick(Duration::from_millis(100));
@@ -72,4 +82,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         tokenizer,
         session,
     })
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes (Linux; `None` elsewhere).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
