@@ -9,7 +9,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::model::load::config_from_gguf;
-use redlite_engine::session::{Session, DEFAULT_CHUNK};
+use redlite_engine::model::HybridConfig;
+use redlite_engine::session::{Runner, Session, DEFAULT_CHUNK};
 use redlite_engine::state::KvType;
 use redlite_engine::tokenizer::Tokenizer;
 use redlite_gguf::GgufModel;
@@ -31,12 +32,62 @@ pub struct ModelArgs {
     /// Prefill chunk size (tokens per forward call).
     #[arg(long, default_value_t = DEFAULT_CHUNK)]
     pub chunk: usize,
+    /// Where to run: cpu, or cuda (a build with `--features cuda`; falls back to the CPU
+    /// with a message when no GPU, driver or NVRTC is found).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 pub struct Loaded {
     pub gguf: Arc<GgufModel>,
     pub tokenizer: Tokenizer,
-    pub session: Session<CpuBackend>,
+    pub session: Box<dyn Runner>,
+    /// The backend that runs: "cpu" or "cuda".
+    pub device: &'static str,
+}
+
+fn cpu_session(
+    gguf: &Arc<GgufModel>,
+    config: HybridConfig,
+    args: &ModelArgs,
+    kv: KvType,
+) -> Result<Box<dyn Runner>> {
+    let backend = CpuBackend::new(gguf.clone(), config)?;
+    Ok(Box::new(Session::new(backend, args.ctx, kv, args.chunk)?))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_session(
+    gguf: &Arc<GgufModel>,
+    config: HybridConfig,
+    args: &ModelArgs,
+    kv: KvType,
+) -> Result<Box<dyn Runner>> {
+    let backend = redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), config)?;
+    Ok(Box::new(Session::new(backend, args.ctx, kv, args.chunk)?))
+}
+
+/// The session on the device asked for, or on the CPU when the GPU cannot be used.
+fn session(
+    gguf: &Arc<GgufModel>,
+    config: HybridConfig,
+    args: &ModelArgs,
+    kv: KvType,
+) -> Result<(Box<dyn Runner>, &'static str)> {
+    match args.device.as_str() {
+        "cpu" => Ok((cpu_session(gguf, config, args, kv)?, "cpu")),
+        #[cfg(feature = "cuda")]
+        "cuda" => match cuda_session(gguf, config.clone(), args, kv) {
+            Ok(s) => Ok((s, "cuda")),
+            Err(e) => {
+                eprintln!("CUDA unavailable ({e}); running on the CPU");
+                Ok((cpu_session(gguf, config, args, kv)?, "cpu"))
+            }
+        },
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => bail!("this redlite was built without CUDA: rebuild with `cargo build --release --features cuda`"),
+        other => bail!("unknown device {other:?} (expected cpu or cuda)"),
+    }
 }
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
@@ -66,21 +117,22 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
     let tokenizer = Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?;
-    let backend = CpuBackend::new(gguf.clone(), config)?;
-    let session = Session::new(backend, args.ctx, kv_type, args.chunk)?;
+    let (session, device) = session(&gguf, config, args, kv_type)?;
     bar.finish_and_clear();
     let name = gguf.metadata().str("general.name").unwrap_or("model");
     eprintln!(
-        "loaded {} ({}, {:.2} GiB) in {:.2} s",
+        "loaded {} ({}, {:.2} GiB) on {} in {:.2} s",
         path.display(),
         name,
         gguf.file_bytes() as f64 / (1u64 << 30) as f64,
+        device,
         start.elapsed().as_secs_f64()
     );
     Ok(Loaded {
         gguf,
         tokenizer,
         session,
+        device,
     })
 }
 

@@ -7,9 +7,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::backend::{Backend, SeqState};
 use crate::error::Result;
-use crate::session::Session;
+use crate::session::Runner;
 
 /// One test, as llama-bench names it (`pp512`, `tg128 @ d4096`).
 #[derive(Clone, Debug, Serialize)]
@@ -58,21 +57,12 @@ fn summarize(
     }
 }
 
-fn reset<B: Backend>(session: &mut Session<B>) {
-    // Positions are overwritten from 0; the DeltaNet state must start from zero again.
-    session.reset();
-}
-
 /// Prompt processing of `n_prompt` tokens.
-pub fn bench_prompt<B: Backend>(
-    session: &mut Session<B>,
-    n_prompt: usize,
-    reps: usize,
-) -> Result<BenchResult> {
+pub fn bench_prompt(session: &mut dyn Runner, n_prompt: usize, reps: usize) -> Result<BenchResult> {
     let tokens = bench_tokens(n_prompt, session.n_vocab(), 1);
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..=reps {
-        reset(session);
+        session.reset();
         let start = Instant::now();
         session.feed(&tokens, false, false)?;
         let seconds = start.elapsed().as_secs_f64();
@@ -84,8 +74,8 @@ pub fn bench_prompt<B: Backend>(
 }
 
 /// Generation of `n_gen` tokens after `depth` tokens of context.
-pub fn bench_gen<B: Backend>(
-    session: &mut Session<B>,
+pub fn bench_gen(
+    session: &mut dyn Runner,
     n_gen: usize,
     depth: usize,
     reps: usize,
@@ -94,7 +84,7 @@ pub fn bench_gen<B: Backend>(
     let gen = bench_tokens(n_gen, session.n_vocab(), 3);
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..=reps {
-        reset(session);
+        session.reset();
         if depth > 0 {
             session.feed(&context, false, false)?;
         }
@@ -106,7 +96,7 @@ pub fn bench_gen<B: Backend>(
         if rep > 0 {
             samples.push(n_gen as f64 / seconds);
         }
-        debug_assert_eq!(session.state.pos(), depth + n_gen);
+        debug_assert_eq!(session.pos(), depth + n_gen);
     }
     let name = if depth > 0 {
         format!("tg{n_gen} @ d{depth}")

@@ -2,10 +2,9 @@
 
 use std::time::Instant;
 
-use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampler, SamplingParams, StopMatcher};
-use crate::session::Session;
+use crate::session::Runner;
 use crate::tokenizer::Tokenizer;
 
 /// What to generate.
@@ -59,8 +58,8 @@ impl GenerateStats {
 
 /// Runs one generation. `on_text` receives text as it becomes safe to show (whole UTF-8
 /// characters, never part of a stop string) and returns `false` to cancel.
-pub fn generate<B: Backend>(
-    session: &mut Session<B>,
+pub fn generate(
+    session: &mut dyn Runner,
     tokenizer: &Tokenizer,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str) -> bool,

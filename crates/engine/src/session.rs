@@ -87,3 +87,35 @@ impl<B: Backend> Session<B> {
         Ok(self.feed(&[token], false, false)?.logits)
     }
 }
+
+/// A session seen without its backend type: what the generation loop, the benchmarks and
+/// the CLI need, so one code path drives any backend.
+pub trait Runner {
+    /// See [`Session::feed`].
+    fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output>;
+    /// Logits after one more token.
+    fn step(&mut self, token: u32) -> Result<Vec<f32>>;
+    /// Back to an empty sequence.
+    fn reset(&mut self);
+    /// Tokens processed so far.
+    fn pos(&self) -> usize;
+    fn n_vocab(&self) -> usize;
+}
+
+impl<B: Backend> Runner for Session<B> {
+    fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output> {
+        Session::feed(self, tokens, all, capture_hidden)
+    }
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        Session::step(self, token)
+    }
+    fn reset(&mut self) {
+        Session::reset(self)
+    }
+    fn pos(&self) -> usize {
+        Session::pos(self)
+    }
+    fn n_vocab(&self) -> usize {
+        Session::n_vocab(self)
+    }
+}

@@ -44,13 +44,13 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let mut loaded = load(&args.model)?;
     let mut results: Vec<BenchResult> = Vec::new();
     for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
-        results.push(bench_prompt(&mut loaded.session, p, args.repetitions)?);
+        results.push(bench_prompt(loaded.session.as_mut(), p, args.repetitions)?);
         report(results.last(), args.json);
     }
     if args.n_gen > 0 {
         for &d in &args.depth {
             results.push(bench_gen(
-                &mut loaded.session,
+                loaded.session.as_mut(),
                 args.n_gen,
                 d,
                 args.repetitions,
@@ -63,7 +63,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let out = serde_json::json!({
             "model": loaded.gguf.files()[0].path().display().to_string(),
             "model_bytes": loaded.gguf.file_bytes(),
-            "backend": "cpu",
+            "backend": loaded.device,
             "simd": redlite_quant::simd_level(),
             "precision": if std::env::var("REDLITE_CPU_EXACT").as_deref() == Ok("1") { "exact" } else { "ggml" },
             "threads": threads,

@@ -80,7 +80,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             "/reset" => {
                 conv.messages.clear();
                 conv.fed.clear();
-                loaded.session.state.reset();
+                loaded.session.reset();
                 eprintln!("(conversation reset)");
                 continue;
             }
@@ -90,7 +90,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             conv.system = Some(system.trim().to_string());
             conv.messages.clear();
             conv.fed.clear();
-            loaded.session.state.reset();
+            loaded.session.reset();
             eprintln!("(system prompt set; conversation reset)");
             continue;
         }
@@ -119,7 +119,7 @@ fn answer(
     let new = if tokens.starts_with(&conv.fed) && tokens.len() > conv.fed.len() {
         tokens[conv.fed.len()..].to_vec()
     } else {
-        loaded.session.state.reset();
+        loaded.session.reset();
         tokens.clone()
     };
     let request = GenerateRequest {
@@ -132,7 +132,7 @@ fn answer(
     let mut reply = String::new();
     let mut stdout = std::io::stdout();
     let stats = generate(
-        &mut loaded.session,
+        loaded.session.as_mut(),
         &loaded.tokenizer,
         &request,
         &mut |piece| {

@@ -53,7 +53,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout();
     print!("{}", args.prompt);
     let stats = generate(
-        &mut loaded.session,
+        loaded.session.as_mut(),
         &loaded.tokenizer,
         &request,
         &mut |piece| {
