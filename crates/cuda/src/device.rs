@@ -7,7 +7,8 @@ use crate::raw;
 use crate::source::modules;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -117,6 +118,38 @@ impl Device {
         self.stream
             .alloc_zeros(len)
             .map_err(CudaError::driver("cuMemAlloc"))
+    }
+
+    /// Copies `src` into an existing device buffer of the same length (queued on the stream).
+    pub fn copy_to_device<T: DeviceRepr>(
+        &self,
+        src: &[T],
+        dst: &mut CudaViewMut<'_, T>,
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_htod(src, dst)
+            .map_err(CudaError::driver("cuMemcpyHtoD"))
+    }
+
+    /// Copies a device buffer into `dst` of the same length, waiting for the work before it.
+    pub fn copy_to_host<T: DeviceRepr>(
+        &self,
+        src: &CudaView<'_, T>,
+        dst: &mut [T],
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_dtoh(src, dst)
+            .map_err(CudaError::driver("cuMemcpyDtoH"))
+    }
+
+    /// Sets a device buffer to zero bits (queued on the stream).
+    pub fn zero<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        dst: &mut CudaSlice<T>,
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memset_zeros(dst)
+            .map_err(CudaError::driver("cuMemsetD8"))
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {

@@ -10,6 +10,17 @@ use std::path::PathBuf;
 pub enum CudaOp {
     Dequantize,
     Matvec,
+    Embed,
+    RmsNorm,
+    Add,
+    Matmul,
+    MoeRoute,
+    MoeGateUp,
+    MoeDown,
+    DeltaNet,
+    DeltaRule,
+    AttentionPrep,
+    Attention,
 }
 
 impl fmt::Display for CudaOp {
@@ -17,6 +28,17 @@ impl fmt::Display for CudaOp {
         f.write_str(match self {
             CudaOp::Dequantize => "cuda dequantize",
             CudaOp::Matvec => "cuda matvec",
+            CudaOp::Embed => "cuda embed",
+            CudaOp::RmsNorm => "cuda rms_norm",
+            CudaOp::Add => "cuda add",
+            CudaOp::Matmul => "cuda matmul",
+            CudaOp::MoeRoute => "cuda moe_route",
+            CudaOp::MoeGateUp => "cuda moe_gate_up",
+            CudaOp::MoeDown => "cuda moe_down",
+            CudaOp::DeltaNet => "cuda deltanet",
+            CudaOp::DeltaRule => "cuda delta_rule",
+            CudaOp::AttentionPrep => "cuda attention_prep",
+            CudaOp::Attention => "cuda attention",
         })
     }
 }
@@ -86,6 +108,13 @@ pub enum CudaError {
         what: &'static str,
         limit: usize,
         found: usize,
+    },
+    #[error("{op}: {what} = {found} has no kernel (built for {supported})")]
+    NoSpecialization {
+        op: CudaOp,
+        what: &'static str,
+        found: usize,
+        supported: &'static str,
     },
     #[error("{op}: {what} device address {address:#x} is not {alignment}-byte aligned")]
     Misaligned {

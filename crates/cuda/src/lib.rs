@@ -13,14 +13,20 @@
 //! launcher that sizes the grid and picks the specialization (`launch`), and an op entry
 //! that validates shapes (`ops`). All `unsafe` code is in `raw`.
 //!
-//! Ops so far: [`dequantize`] and [`matvec`] (y = W·x, f32 activation) for F32, F16,
-//! Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS and IQ1_M weights.
+//! Ops: [`dequantize`] and [`matvec`] (y = W·x, f32 activation) for F32, F16,
+//! Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS and IQ1_M weights; and the qwen3next
+//! layer ops (`layer_ops`): embedding gather, RMSNorm, add, batched matmul, the DeltaNet
+//! steps (conv, q/k norm and gates, the recurrent delta rule, gated norm), attention
+//! (q/k norm + RoPE + KV write, attention over the cache with the output gate) and the
+//! MoE (routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum).
 
 mod cache;
 mod compile;
 mod device;
 mod error;
 mod launch;
+mod layer_launch;
+mod layer_ops;
 mod ops;
 mod raw;
 mod source;
@@ -31,6 +37,11 @@ pub use compile::{check_arch, compile_all, nvrtc_version};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
+pub use layer_ops::{
+    add, attention, attention_prep, delta_rule, deltanet_conv, deltanet_prep, deltanet_split,
+    embed, gated_norm, matmul, moe_down, moe_gate_up, moe_route, rms_norm, AttentionShape,
+    DeltaNetShape, KvElement,
+};
 pub use ops::{dequantize, matvec, WeightMatrix};
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, WEIGHT_KINDS};
 

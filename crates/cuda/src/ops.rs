@@ -17,13 +17,18 @@ pub struct WeightMatrix<'a> {
 }
 
 /// The largest grid x dimension of a launch.
-const MAX_GRID: u64 = i32::MAX as u64;
+pub(crate) const MAX_GRID: u64 = i32::MAX as u64;
 
 /// Widest load the kernels issue (a 16-byte vector in Q4_K / Q5_K), so every matrix must
 /// start at that alignment; every supported block size keeps rows 2-byte aligned.
 const WEIGHT_ALIGNMENT: u64 = 16;
 
-fn shape(op: CudaOp, what: &'static str, expected: usize, found: usize) -> Result<(), CudaError> {
+pub(crate) fn shape(
+    op: CudaOp,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), CudaError> {
     if expected == found {
         Ok(())
     } else {
@@ -36,7 +41,12 @@ fn shape(op: CudaOp, what: &'static str, expected: usize, found: usize) -> Resul
     }
 }
 
-fn fits(op: CudaOp, what: &'static str, found: u64, limit: u64) -> Result<(), CudaError> {
+pub(crate) fn fits(
+    op: CudaOp,
+    what: &'static str,
+    found: u64,
+    limit: u64,
+) -> Result<(), CudaError> {
     if found <= limit {
         Ok(())
     } else {
@@ -51,7 +61,7 @@ fn fits(op: CudaOp, what: &'static str, found: u64, limit: u64) -> Result<(), Cu
 
 /// Checks the matrix against its type and returns the kernel kind and the thread items
 /// of the whole matrix.
-fn check_matrix(
+pub(crate) fn check_matrix(
     device: &Device,
     op: CudaOp,
     matrix: &WeightMatrix<'_>,

@@ -221,3 +221,6 @@ pub(crate) fn launch_matvec(
         .map(|_| ())
         .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
+
+mod layers;
+pub(crate) use layers::*;

@@ -8,6 +8,12 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const BLOCKS: &str = include_str!("../kernels/blocks.cuh");
 const DEQUANTIZE: &str = include_str!("../kernels/dequantize.cu");
 const MATVEC: &str = include_str!("../kernels/matvec.cu");
+const REDUCE: &str = include_str!("../kernels/reduce.cuh");
+const ELEMENTWISE: &str = include_str!("../kernels/elementwise.cu");
+const MATMUL: &str = include_str!("../kernels/matmul.cu");
+const DELTANET: &str = include_str!("../kernels/deltanet.cu");
+const ATTENTION: &str = include_str!("../kernels/attention.cu");
+const MOE: &str = include_str!("../kernels/moe.cu");
 
 /// A weight type the kernels decode: its GGUF type, the struct in `blocks.cuh`, and the
 /// number of thread items per block (`ITEMS` there).
@@ -58,6 +64,63 @@ pub(crate) fn matvec_kernel(kind: WeightKind, x_shared: bool) -> String {
     )
 }
 
+/// Rows (warps) per CTA of the layer matvecs (matmul, MoE gate/up and down).
+pub(crate) const LAYER_WARPS: u32 = 4;
+/// Value columns per CTA of the delta-rule kernel (one thread each).
+pub(crate) const DELTA_COLS: u32 = 32;
+/// Key dims the delta-rule kernel is built for (the state column lives in registers).
+pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
+/// Causal conv widths the conv kernel is built for.
+pub(crate) const CONV_KERNELS: [usize; 1] = [4];
+/// Attention head dims the attention kernel is built for (32 x values per lane).
+pub(crate) const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Warps per CTA of the attention kernel.
+pub(crate) const ATTENTION_WARPS: u32 = 4;
+/// KV-cache element types in CUDA spelling: f32 and f16 bits.
+pub(crate) const KV_CUDA_TYPES: [&str; 2] = ["float", "u16"];
+
+pub(crate) fn embed_kernel(kind: WeightKind) -> String {
+    format!("embed_kernel<{}>", kind.cuda_name)
+}
+
+pub(crate) fn matmul_kernel(kind: WeightKind, x_shared: bool) -> String {
+    format!(
+        "matmul_kernel<{}, {LAYER_WARPS}, {x_shared}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_gate_up_kernel(kind: WeightKind) -> String {
+    format!("moe_gate_up_kernel<{}, {LAYER_WARPS}>", kind.cuda_name)
+}
+
+pub(crate) fn moe_down_kernel(kind: WeightKind) -> String {
+    format!("moe_down_kernel<{}, {LAYER_WARPS}>", kind.cuda_name)
+}
+
+pub(crate) fn conv_kernel(width: usize) -> String {
+    format!("conv_silu_kernel<{width}>")
+}
+
+pub(crate) fn delta_rule_kernel(dk: usize) -> String {
+    format!("delta_rule_kernel<{dk}, {DELTA_COLS}>")
+}
+
+pub(crate) fn gated_norm_kernel() -> String {
+    format!("gated_norm_kernel<{LAYER_WARPS}>")
+}
+
+pub(crate) fn attn_prep_kernel(kv: &str) -> String {
+    format!("attn_prep_kernel<{kv}>")
+}
+
+pub(crate) fn attention_kernel(kv: &str, head_dim: usize) -> String {
+    format!(
+        "attention_kernel<{kv}, {}, {ATTENTION_WARPS}>",
+        head_dim / 32
+    )
+}
+
 /// One NVRTC program: its full source and the kernels (name expressions) it exports.
 pub struct ModuleSource {
     pub name: &'static str,
@@ -67,6 +130,10 @@ pub struct ModuleSource {
 
 fn with_prelude(body: &str) -> String {
     [COMMON, &tables_header(), BLOCKS, body].join("\n")
+}
+
+fn with_reduce(body: &str) -> String {
+    with_prelude(&[REDUCE, body].join("\n"))
 }
 
 /// Every kernel module of the crate.
@@ -83,6 +150,60 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [matvec_kernel(k, true), matvec_kernel(k, false)])
+                .collect(),
+        },
+        ModuleSource {
+            name: "elementwise",
+            source: with_reduce(ELEMENTWISE),
+            kernels: WEIGHT_KINDS
+                .iter()
+                .map(|&k| embed_kernel(k))
+                .chain(["rms_norm_kernel".to_string(), "add_kernel".to_string()])
+                .collect(),
+        },
+        ModuleSource {
+            name: "matmul",
+            source: with_reduce(MATMUL),
+            kernels: WEIGHT_KINDS
+                .iter()
+                .flat_map(|&k| [matmul_kernel(k, true), matmul_kernel(k, false)])
+                .collect(),
+        },
+        ModuleSource {
+            name: "moe",
+            source: with_reduce(MOE),
+            kernels: WEIGHT_KINDS
+                .iter()
+                .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
+                .chain(["moe_route_kernel".to_string()])
+                .collect(),
+        },
+        ModuleSource {
+            name: "deltanet",
+            source: with_reduce(DELTANET),
+            kernels: CONV_KERNELS
+                .iter()
+                .map(|&w| conv_kernel(w))
+                .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
+                .chain([
+                    "deltanet_split_kernel".to_string(),
+                    "deltanet_prep_kernel".to_string(),
+                    gated_norm_kernel(),
+                ])
+                .collect(),
+        },
+        ModuleSource {
+            name: "attention",
+            source: with_reduce(ATTENTION),
+            kernels: KV_CUDA_TYPES
+                .iter()
+                .flat_map(|&kv| {
+                    std::iter::once(attn_prep_kernel(kv)).chain(
+                        ATTENTION_HEAD_DIMS
+                            .iter()
+                            .map(move |&hd| attention_kernel(kv, hd)),
+                    )
+                })
                 .collect(),
         },
     ]

@@ -44,12 +44,24 @@ pub enum EngineError {
     #[error("synthetic model: {0}")]
     Synth(String),
 
+    /// A CUDA backend failure (driver, kernel launch, shape check, allocation).
+    #[cfg(feature = "cuda")]
+    #[error("CUDA: {0}")]
+    Cuda(String),
+
     #[error("{path}: {source}")]
     Io {
         path: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
+}
+
+#[cfg(feature = "cuda")]
+impl From<redlite_cuda::CudaError> for EngineError {
+    fn from(error: redlite_cuda::CudaError) -> EngineError {
+        EngineError::Cuda(error.to_string())
+    }
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

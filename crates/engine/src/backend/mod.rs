@@ -3,6 +3,8 @@
 //! later) implements them with its own buffers, weights and per-sequence state.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::error::Result;
 use crate::model::config::HybridConfig;

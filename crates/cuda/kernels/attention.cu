@@ -1,0 +1,122 @@
+// Gated full attention between its projections (spec §3.3): per-head RMSNorm and NEOX
+// partial RoPE of q and k, the KV-cache write, attention over the cache with an online
+// f32 softmax, and the sigmoid output gate. KV element KV is float or u16 (f16 bits).
+// Shapes: qg [T][heads][2][hd] (query | gate per head); k, v [T][kv_heads][hd];
+// q [T][heads][hd]; caches [capacity][kv_heads][hd]; o [T][heads][hd].
+// Needs the prelude and reduce.cuh.
+
+static __device__ __forceinline__ float kv_load(const float* p) { return *p; }
+static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f32(*p); }
+static __device__ __forceinline__ void kv_store(float* p, float value) { *p = value; }
+static __device__ __forceinline__ void kv_store(u16* p, float value) {
+    u16 bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    *p = bits;
+}
+
+// Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
+// y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the
+// value head copied to the v cache. RoPE angles in f64 as the CPU reference computes them.
+template <class KV>
+__global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __restrict__ k,
+                                 const float* __restrict__ v, const float* __restrict__ q_norm,
+                                 const float* __restrict__ k_norm, float* __restrict__ q,
+                                 KV* __restrict__ k_cache, KV* __restrict__ v_cache, int pos0,
+                                 int heads, int kv_heads, int hd, int rope_dim, float rope_base,
+                                 float eps) {
+    extern __shared__ float buf[];
+    const int t = blockIdx.x, y = blockIdx.y, lane = threadIdx.x;
+    const bool is_query = y < heads;
+    const int kvh = y - heads;
+    const float* src = is_query ? qg + (i64(t) * heads + y) * 2 * hd
+                                : k + (i64(t) * kv_heads + kvh) * hd;
+    const float* w = is_query ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += WARP_SIZE) ss += src[i] * src[i];
+    ss = warp_reduce_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / float(hd) + eps);
+    for (int i = lane; i < hd; i += WARP_SIZE) buf[i] = src[i] * scale * w[i];
+    __syncwarp();
+    const int pos = pos0 + t, half = rope_dim / 2;
+    for (int i = lane; i < half; i += WARP_SIZE) {
+        const double inv_freq = 1.0 / pow(double(rope_base), 2.0 * double(i) / double(rope_dim));
+        const double angle = double(pos) * inv_freq;
+        const float sn = float(sin(angle)), cs = float(cos(angle));
+        const float a = buf[i], b = buf[i + half];
+        buf[i] = a * cs - b * sn;
+        buf[i + half] = b * cs + a * sn;
+    }
+    __syncwarp();
+    if (is_query) {
+        float* out = q + (i64(t) * heads + y) * hd;
+        for (int i = lane; i < hd; i += WARP_SIZE) out[i] = buf[i];
+    } else {
+        const i64 at = (i64(pos) * kv_heads + kvh) * hd;
+        const float* vr = v + (i64(t) * kv_heads + kvh) * hd;
+        for (int i = lane; i < hd; i += WARP_SIZE) {
+            kv_store(k_cache + at + i, buf[i]);
+            kv_store(v_cache + at + i, vr[i]);
+        }
+    }
+}
+
+// Grid (tokens, heads), WARPS warps. Warp w walks positions w, w + WARPS, … ≤ pos0 + t with
+// an online softmax (running max, sum and VPL values per lane of the weighted V sum); the
+// warps' partials are merged in shared memory; o = (Σ p v) ⊙ sigmoid(gate). hd = 32 VPL.
+template <class KV, int VPL, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
+                 const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+                 float* __restrict__ o, int pos0, int heads, int kv_heads, float scale) {
+    constexpr int HD = VPL * WARP_SIZE;
+    __shared__ float m_part[WARPS], l_part[WARPS];
+    __shared__ float acc_part[WARPS][HD];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int kvh = h / (heads / kv_heads);
+    const int last = pos0 + t;
+    const float* qr = q + (i64(t) * heads + h) * HD;
+    float qv[VPL], acc[VPL];
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) {
+        qv[e] = qr[lane + WARP_SIZE * e];
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int p = warp; p <= last; p += WARPS) {
+        const i64 at = (i64(p) * kv_heads + kvh) * HD;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) d += qv[e] * kv_load(k_cache + at + lane + WARP_SIZE * e);
+        const float score = warp_reduce_sum(d) * scale;
+        const float m_new = fmaxf(m, score);
+        const float correction = expf(m - m_new), weight = expf(score - m_new);
+        l = l * correction + weight;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) {
+            acc[e] = acc[e] * correction + weight * kv_load(v_cache + at + lane + WARP_SIZE * e);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        m_part[warp] = m;
+        l_part[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
+    __syncthreads();
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+    float l_all = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) l_all += l_part[w] * expf(m_part[w] - m_all);
+    const float* gate = qg + (i64(t) * heads + h) * 2 * HD + HD;
+    float* out = o + (i64(t) * heads + h) * HD;
+    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) total += acc_part[w][i] * expf(m_part[w] - m_all);
+        out[i] = total / l_all * sigmoidf(gate[i]);
+    }
+}

@@ -1,0 +1,149 @@
+// The Gated DeltaNet mixer between its projections (spec §3.2 steps 2-6): legacy split,
+// causal conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule, gated RMSNorm.
+// Shapes (outermost first): qkv [T][channels] = q [k_heads][dk] | k [k_heads][dk] |
+// v [v_heads][dv]; z, o [T][v_heads][dv]; ba [T][k_heads][2 r] ([b × r, a × r], r =
+// v_heads / k_heads); beta, g [T][v_heads]; conv state [kernel - 1][channels]; recurrent
+// state [v_heads][dk][dv]. Needs the prelude and reduce.cuh.
+
+// Legacy `ssm_in` output p [T][channels + inner] (per key group [q k v… z…]) to qkv and z.
+__global__ void deltanet_split_kernel(const float* __restrict__ p, float* __restrict__ qkv,
+                                      float* __restrict__ z, int k_heads, int dk, int r, int dv) {
+    const int t = blockIdx.y;
+    const int key_dim = k_heads * dk, inner = k_heads * r * dv;
+    const int channels = 2 * key_dim + inner, width = channels + inner;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    const int group = 2 * dk + 2 * r * dv;
+    const int g = i / group, o = i % group;
+    const float value = p[i64(t) * width + i];
+    float* q_row = qkv + i64(t) * channels;
+    if (o < dk) {
+        q_row[g * dk + o] = value;
+    } else if (o < 2 * dk) {
+        q_row[key_dim + g * dk + (o - dk)] = value;
+    } else if (o < 2 * dk + r * dv) {
+        q_row[2 * key_dim + g * r * dv + (o - 2 * dk)] = value;
+    } else {
+        z[i64(t) * inner + g * r * dv + (o - 2 * dk - r * dv)] = value;
+    }
+}
+
+// One thread per channel, tokens in order: out_t = silu(Σ_j w[c][j] window[j]) over the
+// window [conv state; raw inputs], written over qkv in place; the state keeps the last
+// KERNEL - 1 raw inputs.
+template <int KERNEL>
+__global__ void conv_silu_kernel(float* __restrict__ qkv, float* __restrict__ state,
+                                 const float* __restrict__ w, int channels, int tokens) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float window[KERNEL], taps[KERNEL];
+#pragma unroll
+    for (int j = 0; j < KERNEL; ++j) taps[j] = w[c * KERNEL + j];
+#pragma unroll
+    for (int j = 0; j < KERNEL - 1; ++j) window[j] = state[j * channels + c];
+    for (int t = 0; t < tokens; ++t) {
+        float* x = qkv + i64(t) * channels + c;
+        window[KERNEL - 1] = *x;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KERNEL; ++j) acc += taps[j] * window[j];
+        *x = siluf(acc);
+#pragma unroll
+        for (int j = 0; j < KERNEL - 1; ++j) window[j] = window[j + 1];
+    }
+#pragma unroll
+    for (int j = 0; j < KERNEL - 1; ++j) state[j * channels + c] = window[j];
+}
+
+// One CTA per token: each q and k head of qkv L2-normalized in place (x · rsqrt(Σx² + eps)),
+// q then scaled by q_scale; per v-head β = sigmoid(b), g = a · softplus(a_in + dt_bias).
+__global__ void deltanet_prep_kernel(float* __restrict__ qkv, const float* __restrict__ ba,
+                                     const float* __restrict__ a, const float* __restrict__ dt_bias,
+                                     float* __restrict__ beta, float* __restrict__ g,
+                                     int channels, int k_heads, int v_heads, int dk, float eps,
+                                     float q_scale) {
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    float* row = qkv + i64(t) * channels;
+    for (int h = warp; h < 2 * k_heads; h += warps) {
+        float* x = row + h * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += WARP_SIZE) ss += x[i] * x[i];
+        ss = warp_reduce_sum(ss);
+        const float scale = 1.0f / sqrtf(ss + eps);
+        for (int i = lane; i < dk; i += WARP_SIZE) {
+            const float v = x[i] * scale;
+            x[i] = h < k_heads ? v * q_scale : v;
+        }
+    }
+    const int r = v_heads / k_heads;
+    for (int h = threadIdx.x; h < v_heads; h += blockDim.x) {
+        const int base = t * 2 * v_heads + 2 * r * (h / r);
+        const float b_in = ba[base + h % r], a_in = ba[base + r + h % r] + dt_bias[h];
+        const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+        beta[t * v_heads + h] = sigmoidf(b_in);
+        g[t * v_heads + h] = a[h] * softplus;
+    }
+}
+
+// The recurrent delta rule, tokens in order. Grid (v_heads, dv / COLS), COLS threads; thread
+// j owns column j of the head's state (DK rows, in registers) — columns are independent:
+// S ← αS; δ_j = β (v_j − Σ_i S_ij k_i); S_ij += k_i δ_j; o_j = Σ_i S_ij q_i. V-head h reads
+// q/k head h / (v_heads / k_heads).
+template <int DK, int COLS>
+__global__ void __launch_bounds__(COLS)
+delta_rule_kernel(const float* __restrict__ qkv, const float* __restrict__ beta,
+                  const float* __restrict__ g, float* __restrict__ state, float* __restrict__ out,
+                  int tokens, int k_heads, int v_heads, int dv) {
+    __shared__ float qs[DK], ks[DK];
+    const int h = blockIdx.x, j = blockIdx.y * COLS + threadIdx.x;
+    const int kh = h / (v_heads / k_heads);
+    const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * dv;
+    float* s = state + i64(h) * DK * dv + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * dv];
+    for (int t = 0; t < tokens; ++t) {
+        const float* row = qkv + i64(t) * channels;
+        for (int i = threadIdx.x; i < DK; i += COLS) {
+            qs[i] = row[kh * DK + i];
+            ks[i] = row[key_dim + kh * DK + i];
+        }
+        __syncthreads();
+        const float alpha = expf(g[t * v_heads + h]), b = beta[t * v_heads + h];
+        float delta = row[2 * key_dim + h * dv + j];
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            col[i] *= alpha;
+            delta -= col[i] * ks[i];
+        }
+        delta *= b;
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            col[i] += ks[i] * delta;
+            o += col[i] * qs[i];
+        }
+        out[(i64(t) * v_heads + h) * dv + j] = o;
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i * dv] = col[i];
+}
+
+// One warp per (token, v-head) row of o: o ← RMSNorm(o) · w · silu(z), WARPS rows per CTA.
+template <int WARPS>
+__global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict__ z,
+                                  const float* __restrict__ w, int rows, int dv, float eps) {
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= rows) return;
+    float* x = o + i64(row) * dv;
+    const float* zr = z + i64(row) * dv;
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += WARP_SIZE) ss += x[i] * x[i];
+    ss = warp_reduce_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / float(dv) + eps);
+    for (int i = lane; i < dv; i += WARP_SIZE) x[i] = x[i] * scale * w[i] * siluf(zr[i]);
+}

@@ -1,0 +1,138 @@
+// The MoE block: routing on the GPU (softmax, top-k, renormalize, shared-expert gate),
+// gate/up matvecs with SwiGLU fused, and the down matvec with the weighted sum over the
+// selected experts fused. Expert ids are read from device memory: no host round trip.
+// Needs the prelude and reduce.cuh.
+
+// One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
+// index) in descending order; weights = p / Σ_top p; shared_weight = sigmoid(shared_logit).
+// Dynamic shared memory: n_expert floats.
+__global__ void moe_route_kernel(const float* __restrict__ logits,
+                                 const float* __restrict__ shared_logit, int* __restrict__ ids,
+                                 float* __restrict__ weights, float* __restrict__ shared_weight,
+                                 int n_expert, int used) {
+    extern __shared__ float p[];
+    __shared__ float scratch[32];
+    __shared__ float best_value[32];
+    __shared__ int best_index[32];
+    __shared__ float chosen_value;
+    __shared__ int chosen_index;
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    const float* l = logits + i64(t) * n_expert;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) m = fmaxf(m, l[i]);
+    m = block_reduce_max(m, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+        p[i] = expf(l[i] - m);
+        sum += p[i];
+    }
+    sum = block_reduce_sum(sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) p[i] *= inv;
+    __syncthreads();
+    float total = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        float v = -1.0f;
+        int index = n_expert;
+        for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+            if (p[i] > v) {
+                v = p[i];
+                index = i;
+            }
+        }
+#pragma unroll
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
+            if (ov > v || (ov == v && oi < index)) {
+                v = ov;
+                index = oi;
+            }
+        }
+        if (lane == 0) {
+            best_value[warp] = v;
+            best_index[warp] = index;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bv = best_value[0];
+            int bi = best_index[0];
+            for (int w = 1; w < warps; ++w) {
+                if (best_value[w] > bv || (best_value[w] == bv && best_index[w] < bi)) {
+                    bv = best_value[w];
+                    bi = best_index[w];
+                }
+            }
+            chosen_value = bv;
+            chosen_index = bi;
+            ids[t * used + k] = bi;
+            weights[t * used + k] = bv;
+            if (bi < n_expert) p[bi] = -1.0f;  // NaN logits select nothing valid
+        }
+        __syncthreads();
+        total += chosen_value;
+        __syncthreads();
+    }
+    for (int k = threadIdx.x; k < used; k += blockDim.x) weights[t * used + k] /= total;
+    if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+}
+
+// act[t][k][r] = silu(gate_e[r] · x[t]) * (up_e[r] · x[t]) with e = ids[t][k]; gate and up
+// are stacks of n_expert experts of `ff` rows each (an id out of range yields 0). Grid (ceil(ff / WARPS), used, tokens); one warp
+// per row; x[t] staged in dynamic shared memory (cols floats).
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                   const int* __restrict__ ids, const float* __restrict__ x,
+                   float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    extern __shared__ float xs[];
+    const int k = blockIdx.y, t = blockIdx.z;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i64(t) * cols + i];
+    __syncthreads();
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= ff) return;
+    const i64 expert = ids[t * used + k];
+    if (expert < 0 || expert >= n_expert) {
+        if (lane == 0) act[(i64(t) * used + k) * ff + row] = 0.0f;
+        return;
+    }
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const i64 at = (expert * ff + row) * row_bytes;
+    const float g = warp_reduce_sum(row_dot_lane<B>(gate + at, xs, cols, lane));
+    const float u = warp_reduce_sum(row_dot_lane<B>(up + at, xs, cols, lane));
+    if (lane == 0) act[(i64(t) * used + k) * ff + row] = siluf(g) * u;
+}
+
+// out[t][r] = (accumulate ? out[t][r] : 0) + Σ_k weights[t][k] · (down_e[r] · act[t][k])
+// with e = ids[t][k]; down is a stack of experts of `rows` rows of `ff` values. Grid
+// (ceil(rows / WARPS), tokens); act[t] (used * ff floats) staged in dynamic shared memory.
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                const float* __restrict__ weights, const float* __restrict__ act,
+                float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                int accumulate) {
+    extern __shared__ float as[];
+    const int t = blockIdx.y;
+    for (int i = threadIdx.x; i < used * ff; i += blockDim.x) as[i] = act[i64(t) * used * ff + i];
+    __syncthreads();
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= rows) return;
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    float total = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        const i64 expert = ids[t * used + k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const u8* w = down + (expert * rows + row) * row_bytes;
+        const float d = warp_reduce_sum(row_dot_lane<B>(w, as + k * ff, ff, lane));
+        total += weights[t * used + k] * d;
+    }
+    if (lane == 0) {
+        float* o = out + i64(t) * rows + row;
+        *o = (accumulate ? *o : 0.0f) + total;
+    }
+}

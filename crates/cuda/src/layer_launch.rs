@@ -1,0 +1,375 @@
+//! Launchers of the layer kernels: pick the specialization, size the grid and the dynamic
+//! shared memory for a shape the op entry (`layer_ops`) already validated.
+
+use crate::device::Device;
+use crate::error::CudaError;
+use crate::raw;
+use crate::source::{self, WeightKind, ATTENTION_WARPS, DELTA_COLS, LAYER_WARPS};
+use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
+
+/// Threads of the one-CTA-per-row kernels (embed, rms_norm, deltanet_prep, moe_route).
+const ROW_THREADS: u32 = 256;
+/// Threads per CTA of the flat element-wise kernels.
+const FLAT_THREADS: u32 = 256;
+/// x is staged in shared memory up to the default 48 KiB dynamic limit.
+pub(crate) const SHARED_MAX_BYTES: usize = 48 * 1024;
+
+fn to_i32(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn to_u32(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn config(grid: (usize, usize, usize), threads: u32, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (to_u32(grid.0), to_u32(grid.1), to_u32(grid.2)),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: to_u32(shared),
+    }
+}
+
+fn warps_grid(rows: usize) -> usize {
+    rows.div_ceil(LAYER_WARPS as usize)
+}
+
+pub(crate) fn embed(
+    device: &Device,
+    kind: WeightKind,
+    table: &CudaView<'_, u8>,
+    tokens: &CudaView<'_, u32>,
+    x: &mut CudaViewMut<'_, f32>,
+    (rows, cols): (usize, usize),
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::embed_kernel(kind))?;
+    let cfg = config((tokens.len(), 1, 1), ROW_THREADS, 0);
+    let shape = (to_i32(rows), to_i32(cols));
+    raw::launch_embed(device.stream(), kernel, cfg, table, tokens, x, shape)
+}
+
+pub(crate) fn rms_norm(
+    device: &Device,
+    x: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("rms_norm_kernel")?;
+    let cfg = config((x.len() / w.len(), 1, 1), ROW_THREADS, 0);
+    raw::launch_rms_norm(
+        device.stream(),
+        kernel,
+        cfg,
+        x,
+        w,
+        out,
+        to_i32(w.len()),
+        eps,
+    )
+}
+
+pub(crate) fn add(
+    device: &Device,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("add_kernel")?;
+    let n = x.len();
+    let cfg = config((n.div_ceil(FLAT_THREADS as usize), 1, 1), FLAT_THREADS, 0);
+    raw::launch_add(device.stream(), kernel, cfg, x, y, to_i32(n))
+}
+
+pub(crate) fn matmul(
+    device: &Device,
+    kind: WeightKind,
+    weights: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    (rows, cols, tokens): (usize, usize, usize),
+) -> Result<(), CudaError> {
+    let x_bytes = cols * size_of::<f32>();
+    let x_shared = x_bytes <= SHARED_MAX_BYTES;
+    let kernel = device.kernel(&source::matmul_kernel(kind, x_shared))?;
+    let shared = if x_shared { x_bytes } else { 0 };
+    let cfg = config((warps_grid(rows), tokens, 1), LAYER_WARPS * 32, shared);
+    let shape = (to_i32(rows), to_i32(cols));
+    raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_route(
+    device: &Device,
+    logits: &CudaView<'_, f32>,
+    shared_logit: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+    (tokens, n_expert, used): (usize, usize, usize),
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("moe_route_kernel")?;
+    let cfg = config((tokens, 1, 1), ROW_THREADS, n_expert * size_of::<f32>());
+    let dims = (to_i32(n_expert), to_i32(used));
+    raw::launch_moe_route(
+        device.stream(),
+        kernel,
+        cfg,
+        logits,
+        shared_logit,
+        ids,
+        weights,
+        shared_weight,
+        dims,
+    )
+}
+
+/// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
+pub(crate) type MoeCounts = (usize, usize, usize);
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_gate_up(
+    device: &Device,
+    kind: WeightKind,
+    gate: &CudaView<'_, u8>,
+    up: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    x: &CudaView<'_, f32>,
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols): (usize, usize),
+    (tokens, used, n_expert): MoeCounts,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::moe_gate_up_kernel(kind))?;
+    let cfg = config(
+        (warps_grid(ff), used, tokens),
+        LAYER_WARPS * 32,
+        cols * size_of::<f32>(),
+    );
+    let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
+    raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_down(
+    device: &Device,
+    kind: WeightKind,
+    down: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    weights: &CudaView<'_, f32>,
+    act: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, accumulate): (usize, usize, bool),
+    (tokens, used, n_expert): MoeCounts,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::moe_down_kernel(kind))?;
+    let cfg = config(
+        (warps_grid(rows), tokens, 1),
+        LAYER_WARPS * 32,
+        used * ff * size_of::<f32>(),
+    );
+    let dims = (
+        to_i32(rows),
+        to_i32(ff),
+        to_i32(used),
+        to_i32(n_expert),
+        i32::from(accumulate),
+    );
+    raw::launch_moe_down(
+        device.stream(),
+        kernel,
+        cfg,
+        down,
+        ids,
+        weights,
+        act,
+        out,
+        dims,
+    )
+}
+
+pub(crate) struct DeltaDims {
+    pub tokens: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub head_dim: usize,
+}
+
+impl DeltaDims {
+    fn channels(&self) -> usize {
+        2 * self.k_heads * self.head_dim + self.v_heads * self.head_dim
+    }
+}
+
+pub(crate) fn deltanet_split(
+    device: &Device,
+    d: &DeltaDims,
+    p: &CudaView<'_, f32>,
+    qkv: &mut CudaViewMut<'_, f32>,
+    z: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("deltanet_split_kernel")?;
+    let width = d.channels() + d.v_heads * d.head_dim;
+    let cfg = config(
+        (width.div_ceil(FLAT_THREADS as usize), d.tokens, 1),
+        FLAT_THREADS,
+        0,
+    );
+    let r = d.v_heads / d.k_heads;
+    let dims = [d.k_heads, d.head_dim, r, d.head_dim].map(to_i32);
+    raw::launch_deltanet_split(device.stream(), kernel, cfg, p, qkv, z, dims)
+}
+
+pub(crate) fn deltanet_conv(
+    device: &Device,
+    d: &DeltaDims,
+    width: usize,
+    w: &CudaView<'_, f32>,
+    state: &mut CudaViewMut<'_, f32>,
+    qkv: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::conv_kernel(width))?;
+    let channels = d.channels();
+    let cfg = config(
+        (channels.div_ceil(FLAT_THREADS as usize), 1, 1),
+        FLAT_THREADS,
+        0,
+    );
+    let dims = (to_i32(channels), to_i32(d.tokens));
+    raw::launch_conv(device.stream(), kernel, cfg, qkv, state, w, dims)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn deltanet_prep(
+    device: &Device,
+    d: &DeltaDims,
+    eps: f32,
+    qkv: &mut CudaViewMut<'_, f32>,
+    ba: &CudaView<'_, f32>,
+    a: &CudaView<'_, f32>,
+    dt_bias: &CudaView<'_, f32>,
+    beta: &mut CudaViewMut<'_, f32>,
+    g: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("deltanet_prep_kernel")?;
+    let cfg = config((d.tokens, 1, 1), ROW_THREADS, 0);
+    let dims = [d.channels(), d.k_heads, d.v_heads, d.head_dim].map(to_i32);
+    let q_scale = 1.0 / (d.head_dim as f32).sqrt();
+    raw::launch_deltanet_prep(
+        device.stream(),
+        kernel,
+        cfg,
+        qkv,
+        ba,
+        a,
+        dt_bias,
+        beta,
+        g,
+        dims,
+        (eps, q_scale),
+    )
+}
+
+pub(crate) fn delta_rule(
+    device: &Device,
+    d: &DeltaDims,
+    (qkv, beta, g): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
+    state: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::delta_rule_kernel(d.head_dim))?;
+    let cfg = config(
+        (d.v_heads, d.head_dim / DELTA_COLS as usize, 1),
+        DELTA_COLS,
+        0,
+    );
+    let dims = [d.tokens, d.k_heads, d.v_heads, d.head_dim].map(to_i32);
+    raw::launch_delta_rule(device.stream(), kernel, cfg, qkv, beta, g, state, out, dims)
+}
+
+pub(crate) fn gated_norm(
+    device: &Device,
+    d: &DeltaDims,
+    eps: f32,
+    o: &mut CudaViewMut<'_, f32>,
+    z: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::gated_norm_kernel())?;
+    let rows = d.tokens * d.v_heads;
+    let cfg = config((warps_grid(rows), 1, 1), LAYER_WARPS * 32, 0);
+    let dims = (to_i32(rows), to_i32(d.head_dim));
+    raw::launch_gated_norm(device.stream(), kernel, cfg, o, z, w, dims, eps)
+}
+
+pub(crate) struct AttnDims {
+    pub tokens: usize,
+    pub pos0: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub rope_base: f32,
+    pub eps: f32,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_prep<T: DeviceRepr>(
+    device: &Device,
+    kv_type: &str,
+    d: &AttnDims,
+    inputs: [&CudaView<'_, f32>; 5],
+    q: &mut CudaViewMut<'_, f32>,
+    k_cache: &mut CudaViewMut<'_, T>,
+    v_cache: &mut CudaViewMut<'_, T>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::attn_prep_kernel(kv_type))?;
+    let cfg = config(
+        (d.tokens, d.heads + d.kv_heads, 1),
+        32,
+        d.head_dim * size_of::<f32>(),
+    );
+    let dims = [d.pos0, d.heads, d.kv_heads, d.head_dim, d.rope_dim].map(to_i32);
+    let rope = raw::RopeArgs {
+        rope_base: d.rope_base,
+        eps: d.eps,
+    };
+    raw::launch_attn_prep(
+        device.stream(),
+        kernel,
+        cfg,
+        inputs,
+        q,
+        k_cache,
+        v_cache,
+        dims,
+        rope,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention<T: DeviceRepr>(
+    device: &Device,
+    kv_type: &str,
+    d: &AttnDims,
+    q: &CudaView<'_, f32>,
+    qg: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, T>,
+    v_cache: &CudaView<'_, T>,
+    o: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::attention_kernel(kv_type, d.head_dim))?;
+    let cfg = config((d.tokens, d.heads, 1), ATTENTION_WARPS * 32, 0);
+    let dims = [d.pos0, d.heads, d.kv_heads].map(to_i32);
+    let scale = 1.0 / (d.head_dim as f32).sqrt();
+    raw::launch_attention(
+        device.stream(),
+        kernel,
+        cfg,
+        q,
+        qg,
+        k_cache,
+        v_cache,
+        o,
+        dims,
+        scale,
+    )
+}

@@ -1,0 +1,599 @@
+//! Op entries of the qwen3next layer kernels: validate shapes, types and the limits of each
+//! specialization, then hand over to `layer_launch`. Buffers are exact-length views;
+//! shapes are outermost first (`[tokens][width]`).
+
+use crate::device::Device;
+use crate::error::{CudaError, CudaOp};
+use crate::layer_launch::{self as launch, AttnDims, DeltaDims, SHARED_MAX_BYTES};
+use crate::ops::{check_matrix, fits, shape, WeightMatrix};
+use crate::source::{ATTENTION_HEAD_DIMS, CONV_KERNELS, DELTA_DK};
+use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
+
+/// Grid y and z dimensions (tokens, experts per token) are at most this.
+const MAX_GRID_YZ: u64 = 65_535;
+
+fn supported(
+    op: CudaOp,
+    what: &'static str,
+    found: usize,
+    list: &[usize],
+    text: &'static str,
+) -> Result<(), CudaError> {
+    if list.contains(&found) {
+        Ok(())
+    } else {
+        Err(CudaError::NoSpecialization {
+            op,
+            what,
+            found,
+            supported: text,
+        })
+    }
+}
+
+fn tokens_fit(op: CudaOp, tokens: usize) -> Result<(), CudaError> {
+    fits(op, "tokens", tokens as u64, MAX_GRID_YZ)?;
+    if tokens == 0 {
+        return Err(CudaError::Shape {
+            op,
+            what: "tokens (at least 1)",
+            expected: 1,
+            found: 0,
+        });
+    }
+    Ok(())
+}
+
+/// `x[t] = table[tokens[t]]` decoded to f32; `x` is tokens x cols. Ids past the table give
+/// zeros (refuse them before calling).
+pub fn embed(
+    device: &Device,
+    table: &WeightMatrix<'_>,
+    tokens: &CudaView<'_, u32>,
+    x: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::Embed;
+    let (kind, _) = check_matrix(device, op, table)?;
+    fits(op, "tokens", tokens.len() as u64, i32::MAX as u64)?;
+    shape(
+        op,
+        "x length (tokens x cols)",
+        tokens.len() * table.cols,
+        x.len(),
+    )?;
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    launch::embed(
+        device,
+        kind,
+        &table.bytes,
+        tokens,
+        x,
+        (table.rows, table.cols),
+    )
+}
+
+/// Row-wise `out = x · w / sqrt(mean(x²) + eps)`; rows of `w.len()` values.
+pub fn rms_norm(
+    device: &Device,
+    x: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let op = CudaOp::RmsNorm;
+    let cols = w.len().max(1);
+    shape(op, "x length (whole rows)", x.len() / cols * cols, x.len())?;
+    shape(op, "out length", x.len(), out.len())?;
+    fits(op, "rows", (x.len() / cols) as u64, i32::MAX as u64)?;
+    if x.is_empty() || w.is_empty() {
+        return Ok(());
+    }
+    launch::rms_norm(device, x, w, out, eps)
+}
+
+/// `x += y`.
+pub fn add(
+    device: &Device,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::Add;
+    shape(op, "y length", x.len(), y.len())?;
+    fits(op, "length", x.len() as u64, i32::MAX as u64)?;
+    if x.is_empty() {
+        return Ok(());
+    }
+    launch::add(device, x, y)
+}
+
+/// `y[t] = W x[t]` for every token: x is tokens x cols, y tokens x rows.
+pub fn matmul(
+    device: &Device,
+    matrix: &WeightMatrix<'_>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::Matmul;
+    let (kind, _) = check_matrix(device, op, matrix)?;
+    let tokens = x.len() / matrix.cols.max(1);
+    tokens_fit(op, tokens)?;
+    shape(
+        op,
+        "x length (tokens x cols)",
+        tokens * matrix.cols,
+        x.len(),
+    )?;
+    shape(
+        op,
+        "y length (tokens x rows)",
+        tokens * matrix.rows,
+        y.len(),
+    )?;
+    if matrix.rows == 0 {
+        return Ok(());
+    }
+    launch::matmul(
+        device,
+        kind,
+        &matrix.bytes,
+        x,
+        y,
+        (matrix.rows, matrix.cols, tokens),
+    )
+}
+
+/// MoE routing per token: softmax of `logits` (tokens x n_expert), the `used` best experts
+/// in descending order into `ids`, their renormalized probabilities into `weights` (both
+/// tokens x used), and `shared_weight[t] = sigmoid(shared_logit[t])`.
+pub fn moe_route(
+    device: &Device,
+    logits: &CudaView<'_, f32>,
+    shared_logit: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::MoeRoute;
+    let tokens = shared_logit.len();
+    tokens_fit(op, tokens)?;
+    let n_expert = logits.len() / tokens;
+    let used = ids.len() / tokens;
+    shape(
+        op,
+        "logits length (tokens x n_expert)",
+        tokens * n_expert,
+        logits.len(),
+    )?;
+    shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
+    shape(op, "weights length", ids.len(), weights.len())?;
+    shape(op, "shared_weight length", tokens, shared_weight.len())?;
+    fits(op, "experts used", used as u64, n_expert as u64)?;
+    fits(
+        op,
+        "experts (shared memory bytes)",
+        (n_expert * 4) as u64,
+        SHARED_MAX_BYTES as u64,
+    )?;
+    launch::moe_route(
+        device,
+        logits,
+        shared_logit,
+        ids,
+        weights,
+        shared_weight,
+        (tokens, n_expert, used),
+    )
+}
+
+fn expert_stack(
+    device: &Device,
+    op: CudaOp,
+    matrix: &WeightMatrix<'_>,
+    rows_per_expert: usize,
+) -> Result<(crate::WeightKind, usize), CudaError> {
+    let (kind, _) = check_matrix(device, op, matrix)?;
+    let n_expert = matrix.rows / rows_per_expert.max(1);
+    shape(
+        op,
+        "stack rows (experts x rows per expert)",
+        n_expert * rows_per_expert,
+        matrix.rows,
+    )?;
+    Ok((kind, n_expert))
+}
+
+/// `act[t][k] = silu(gate_e · x[t]) ⊙ (up_e · x[t])` for `e = ids[t][k]`: gate and up are
+/// stacks of experts of `ff` rows (the same block type); x is tokens x cols, ids tokens x
+/// used, act tokens x used x ff. An id outside the stack gives zeros.
+pub fn moe_gate_up(
+    device: &Device,
+    gate: &WeightMatrix<'_>,
+    up: &WeightMatrix<'_>,
+    ff: usize,
+    ids: &CudaView<'_, i32>,
+    x: &CudaView<'_, f32>,
+    act: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::MoeGateUp;
+    let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
+    check_matrix(device, op, up)?;
+    if up.ty != gate.ty {
+        return Err(CudaError::UnsupportedType { op, ty: up.ty });
+    }
+    shape(op, "up rows", gate.rows, up.rows)?;
+    shape(op, "up cols", gate.cols, up.cols)?;
+    let cols = gate.cols;
+    let tokens = x.len() / cols.max(1);
+    tokens_fit(op, tokens)?;
+    shape(op, "x length (tokens x cols)", tokens * cols, x.len())?;
+    let used = ids.len() / tokens;
+    fits(op, "experts per token", used as u64, MAX_GRID_YZ)?;
+    shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
+    shape(
+        op,
+        "act length (tokens x used x ff)",
+        tokens * used * ff,
+        act.len(),
+    )?;
+    fits(
+        op,
+        "cols (shared memory bytes)",
+        (cols * 4) as u64,
+        SHARED_MAX_BYTES as u64,
+    )?;
+    if used == 0 || ff == 0 {
+        return Ok(());
+    }
+    launch::moe_gate_up(
+        device,
+        kind,
+        &gate.bytes,
+        &up.bytes,
+        ids,
+        x,
+        act,
+        (ff, cols),
+        (tokens, used, n_expert),
+    )
+}
+
+/// `out[t] (+)= Σ_k weights[t][k] · down_e · act[t][k]` for `e = ids[t][k]`: down is a stack of
+/// experts of `rows` rows of ff values; act is tokens x used x ff, out tokens x rows. With
+/// `accumulate` the sum is added to `out`, else it replaces it.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down(
+    device: &Device,
+    down: &WeightMatrix<'_>,
+    rows: usize,
+    ids: &CudaView<'_, i32>,
+    weights: &CudaView<'_, f32>,
+    act: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    accumulate: bool,
+) -> Result<(), CudaError> {
+    let op = CudaOp::MoeDown;
+    let (kind, n_expert) = expert_stack(device, op, down, rows)?;
+    let ff = down.cols;
+    let tokens = out.len() / rows.max(1);
+    tokens_fit(op, tokens)?;
+    shape(op, "out length (tokens x rows)", tokens * rows, out.len())?;
+    let used = ids.len() / tokens;
+    shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
+    shape(op, "weights length", ids.len(), weights.len())?;
+    shape(
+        op,
+        "act length (tokens x used x ff)",
+        tokens * used * ff,
+        act.len(),
+    )?;
+    fits(
+        op,
+        "used x ff (shared memory bytes)",
+        (used * ff * 4) as u64,
+        SHARED_MAX_BYTES as u64,
+    )?;
+    launch::moe_down(
+        device,
+        kind,
+        &down.bytes,
+        ids,
+        weights,
+        act,
+        out,
+        (rows, ff, accumulate),
+        (tokens, used, n_expert),
+    )
+}
+
+/// Sizes of one DeltaNet call (dk = dv = head_dim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub tokens: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub head_dim: usize,
+}
+
+impl DeltaNetShape {
+    /// q | k | v channels of the conv.
+    pub fn channels(&self) -> usize {
+        2 * self.k_heads * self.head_dim + self.inner()
+    }
+
+    /// v (and z, o) width.
+    pub fn inner(&self) -> usize {
+        self.v_heads * self.head_dim
+    }
+
+    fn check(&self, op: CudaOp) -> Result<DeltaDims, CudaError> {
+        tokens_fit(op, self.tokens)?;
+        if self.k_heads == 0 || !self.v_heads.is_multiple_of(self.k_heads) {
+            return Err(CudaError::Shape {
+                op,
+                what: "v_heads (a multiple of k_heads)",
+                expected: self.k_heads * (self.v_heads / self.k_heads.max(1)).max(1),
+                found: self.v_heads,
+            });
+        }
+        fits(op, "channels", self.channels() as u64, i32::MAX as u64)?;
+        Ok(DeltaDims {
+            tokens: self.tokens,
+            k_heads: self.k_heads,
+            v_heads: self.v_heads,
+            head_dim: self.head_dim,
+        })
+    }
+}
+
+/// Legacy `ssm_in` output `p` (tokens x (channels + inner), grouped per key head) split into
+/// `qkv` (tokens x channels) and `z` (tokens x inner).
+pub fn deltanet_split(
+    device: &Device,
+    s: &DeltaNetShape,
+    p: &CudaView<'_, f32>,
+    qkv: &mut CudaViewMut<'_, f32>,
+    z: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaNet;
+    let d = s.check(op)?;
+    shape(
+        op,
+        "p length",
+        s.tokens * (s.channels() + s.inner()),
+        p.len(),
+    )?;
+    shape(op, "qkv length", s.tokens * s.channels(), qkv.len())?;
+    shape(op, "z length", s.tokens * s.inner(), z.len())?;
+    launch::deltanet_split(device, &d, p, qkv, z)
+}
+
+/// Causal depthwise conv + SiLU over qkv (tokens x channels) in place, continuing from and
+/// updating `state` ((width - 1) x channels); `w` is channels x width.
+pub fn deltanet_conv(
+    device: &Device,
+    s: &DeltaNetShape,
+    w: &CudaView<'_, f32>,
+    state: &mut CudaViewMut<'_, f32>,
+    qkv: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaNet;
+    let d = s.check(op)?;
+    let channels = s.channels();
+    let width = w.len() / channels.max(1);
+    supported(op, "conv kernel width", width, &CONV_KERNELS, "4")?;
+    shape(op, "conv weight length", channels * width, w.len())?;
+    shape(op, "conv state length", channels * (width - 1), state.len())?;
+    shape(op, "qkv length", s.tokens * channels, qkv.len())?;
+    launch::deltanet_conv(device, &d, width, w, state, qkv)
+}
+
+/// In place on qkv: L2-normalized q and k heads (q scaled by 1/sqrt(head_dim)); from `ba`
+/// (tokens x 2 v_heads, grouped per key head) `beta = sigmoid(b)` and
+/// `g = a · softplus(a_in + dt_bias)` (tokens x v_heads).
+#[allow(clippy::too_many_arguments)]
+pub fn deltanet_prep(
+    device: &Device,
+    s: &DeltaNetShape,
+    eps: f32,
+    qkv: &mut CudaViewMut<'_, f32>,
+    ba: &CudaView<'_, f32>,
+    a: &CudaView<'_, f32>,
+    dt_bias: &CudaView<'_, f32>,
+    beta: &mut CudaViewMut<'_, f32>,
+    g: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaNet;
+    let d = s.check(op)?;
+    shape(op, "qkv length", s.tokens * s.channels(), qkv.len())?;
+    shape(op, "ba length", s.tokens * 2 * s.v_heads, ba.len())?;
+    shape(op, "ssm_a length", s.v_heads, a.len())?;
+    shape(op, "dt_bias length", s.v_heads, dt_bias.len())?;
+    shape(op, "beta length", s.tokens * s.v_heads, beta.len())?;
+    shape(op, "g length", s.tokens * s.v_heads, g.len())?;
+    launch::deltanet_prep(device, &d, eps, qkv, ba, a, dt_bias, beta, g)
+}
+
+/// The recurrent delta rule over the tokens in order: reads q, k, v from qkv, updates
+/// `state` (v_heads x dk x dv) and writes `out` (tokens x v_heads x dv).
+pub fn delta_rule(
+    device: &Device,
+    s: &DeltaNetShape,
+    qkv: &CudaView<'_, f32>,
+    beta: &CudaView<'_, f32>,
+    g: &CudaView<'_, f32>,
+    state: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaRule;
+    let d = s.check(op)?;
+    supported(op, "head dim", s.head_dim, &DELTA_DK, "32, 64, 128")?;
+    shape(op, "qkv length", s.tokens * s.channels(), qkv.len())?;
+    shape(op, "beta length", s.tokens * s.v_heads, beta.len())?;
+    shape(op, "g length", s.tokens * s.v_heads, g.len())?;
+    shape(
+        op,
+        "state length",
+        s.v_heads * s.head_dim * s.head_dim,
+        state.len(),
+    )?;
+    shape(op, "out length", s.tokens * s.inner(), out.len())?;
+    launch::delta_rule(device, &d, (qkv, beta, g), state, out)
+}
+
+/// Per (token, v-head): `o ← RMSNorm(o) · w · silu(z)`; o and z tokens x inner, w head_dim.
+pub fn gated_norm(
+    device: &Device,
+    s: &DeltaNetShape,
+    eps: f32,
+    o: &mut CudaViewMut<'_, f32>,
+    z: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaNet;
+    let d = s.check(op)?;
+    shape(op, "o length", s.tokens * s.inner(), o.len())?;
+    shape(op, "z length", s.tokens * s.inner(), z.len())?;
+    shape(op, "norm length", s.head_dim, w.len())?;
+    launch::gated_norm(device, &d, eps, o, z, w)
+}
+
+/// An element type of the KV cache: f32, or f16 stored as its bits (`u16`).
+pub trait KvElement: DeviceRepr {
+    /// The kernels' spelling of the type.
+    const CUDA_TYPE: &'static str;
+}
+
+impl KvElement for f32 {
+    const CUDA_TYPE: &'static str = "float";
+}
+
+impl KvElement for u16 {
+    const CUDA_TYPE: &'static str = "u16";
+}
+
+/// Sizes of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    pub tokens: usize,
+    /// Position of the first token.
+    pub pos0: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub rope_base: f32,
+    pub eps: f32,
+    /// Positions the caches hold.
+    pub capacity: usize,
+}
+
+impl AttentionShape {
+    fn check(&self, op: CudaOp) -> Result<AttnDims, CudaError> {
+        tokens_fit(op, self.tokens)?;
+        fits(
+            op,
+            "heads",
+            (self.heads + self.kv_heads) as u64,
+            MAX_GRID_YZ,
+        )?;
+        fits(
+            op,
+            "last position",
+            (self.pos0 + self.tokens) as u64,
+            self.capacity as u64,
+        )?;
+        fits(op, "positions", self.capacity as u64, i32::MAX as u64)?;
+        fits(op, "rope dims", self.rope_dim as u64, self.head_dim as u64)?;
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(CudaError::Shape {
+                op,
+                what: "heads (a multiple of kv_heads)",
+                expected: self.kv_heads,
+                found: self.heads,
+            });
+        }
+        Ok(AttnDims {
+            tokens: self.tokens,
+            pos0: self.pos0,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            rope_dim: self.rope_dim,
+            rope_base: self.rope_base,
+            eps: self.eps,
+        })
+    }
+
+    fn cache_len(&self) -> usize {
+        self.capacity * self.kv_heads * self.head_dim
+    }
+}
+
+/// RMSNorm + RoPE of every query head of `qg` (tokens x heads x [query | gate]) into `q`
+/// (tokens x heads x hd), and of every key head of `k` (tokens x kv_heads x hd) into the K
+/// cache at positions pos0.., with `v` copied into the V cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prep<T: KvElement>(
+    device: &Device,
+    s: &AttentionShape,
+    qg: &CudaView<'_, f32>,
+    k: &CudaView<'_, f32>,
+    v: &CudaView<'_, f32>,
+    (q_norm, k_norm): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    q: &mut CudaViewMut<'_, f32>,
+    k_cache: &mut CudaViewMut<'_, T>,
+    v_cache: &mut CudaViewMut<'_, T>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::AttentionPrep;
+    let d = s.check(op)?;
+    let hd = s.head_dim;
+    shape(op, "qg length", s.tokens * s.heads * 2 * hd, qg.len())?;
+    shape(op, "k length", s.tokens * s.kv_heads * hd, k.len())?;
+    shape(op, "v length", s.tokens * s.kv_heads * hd, v.len())?;
+    shape(op, "q_norm length", hd, q_norm.len())?;
+    shape(op, "k_norm length", hd, k_norm.len())?;
+    shape(op, "q length", s.tokens * s.heads * hd, q.len())?;
+    shape(op, "k cache length", s.cache_len(), k_cache.len())?;
+    shape(op, "v cache length", s.cache_len(), v_cache.len())?;
+    fits(
+        op,
+        "head dim (shared memory bytes)",
+        (hd * 4) as u64,
+        SHARED_MAX_BYTES as u64,
+    )?;
+    launch::attention_prep(
+        device,
+        T::CUDA_TYPE,
+        &d,
+        [qg, k, v, q_norm, k_norm],
+        q,
+        k_cache,
+        v_cache,
+    )
+}
+
+/// Causal attention of `q` (tokens x heads x hd) over the cache positions 0..=pos0 + t,
+/// times sigmoid of the gate half of `qg`, into `o` (tokens x heads x hd).
+#[allow(clippy::too_many_arguments)]
+pub fn attention<T: KvElement>(
+    device: &Device,
+    s: &AttentionShape,
+    q: &CudaView<'_, f32>,
+    qg: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, T>,
+    v_cache: &CudaView<'_, T>,
+    o: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::Attention;
+    let d = s.check(op)?;
+    let hd = s.head_dim;
+    supported(op, "head dim", hd, &ATTENTION_HEAD_DIMS, "64, 128, 256")?;
+    shape(op, "q length", s.tokens * s.heads * hd, q.len())?;
+    shape(op, "qg length", s.tokens * s.heads * 2 * hd, qg.len())?;
+    shape(op, "k cache length", s.cache_len(), k_cache.len())?;
+    shape(op, "v cache length", s.cache_len(), v_cache.len())?;
+    shape(op, "o length", s.tokens * s.heads * hd, o.len())?;
+    launch::attention(device, T::CUDA_TYPE, &d, q, qg, k_cache, v_cache, o)
+}

@@ -1,0 +1,374 @@
+//! Launches of the layer kernels (`elementwise.cu`, `matmul.cu`, `moe.cu`, `deltanet.cu`,
+//! `attention.cu`). Each function pushes the arguments in the kernel's order and type; the
+//! op entries in `layer_ops` checked every buffer length the grid implies, and the
+//! launchers in `layer_launch` sized the grid and the dynamic shared memory.
+
+use crate::error::CudaError;
+use cudarc::driver::{
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg,
+};
+
+fn launched(
+    call: &'static str,
+    result: Result<
+        Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+        cudarc::driver::DriverError,
+    >,
+) -> Result<(), CudaError> {
+    result.map(|_| ()).map_err(CudaError::driver(call))
+}
+
+fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'a> {
+    stream.launch_builder(kernel)
+}
+
+/// `embed_kernel<B>(table, tokens, x, rows, cols)`.
+pub(crate) fn launch_embed(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    table: &CudaView<'_, u8>,
+    tokens: &CudaView<'_, u32>,
+    x: &mut CudaViewMut<'_, f32>,
+    (rows, cols): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(table).arg(tokens).arg(x).arg(&rows).arg(&cols);
+    // SAFETY: arguments match the signature; the op entry checked table = rows x cols whole
+    // blocks and x = tokens x cols; ids past `rows` are zero-filled by the kernel.
+    launched("cuLaunchKernel(embed)", unsafe { launch.launch(config) })
+}
+
+/// `rms_norm_kernel(x, w, out, cols, eps)`, one CTA per row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_rms_norm(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    x: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    cols: i32,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(x).arg(w).arg(out).arg(&cols).arg(&eps);
+    // SAFETY: arguments match the signature; x and out hold grid.x rows of `cols`, w `cols`.
+    launched("cuLaunchKernel(rms_norm)", unsafe { launch.launch(config) })
+}
+
+/// `add_kernel(x, y, n)`.
+pub(crate) fn launch_add(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+    n: i32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(x).arg(y).arg(&n);
+    // SAFETY: arguments match the signature; x and y hold n values; threads past n return.
+    launched("cuLaunchKernel(add)", unsafe { launch.launch(config) })
+}
+
+/// `matmul_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`, grid.y = tokens.
+pub(crate) fn launch_matmul(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    weights: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    (rows, cols): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
+    // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
+    // grid.y x cols and y grid.y x rows values; X_SHARED kernels get cols * 4 shared bytes.
+    launched("cuLaunchKernel(matmul)", unsafe { launch.launch(config) })
+}
+
+/// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_route(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    logits: &CudaView<'_, f32>,
+    shared_logit: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+    (n_expert, used): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(logits)
+        .arg(shared_logit)
+        .arg(ids)
+        .arg(weights)
+        .arg(shared_weight)
+        .arg(&n_expert)
+        .arg(&used);
+    // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
+    // ids/weights `used` (≤ n_expert) and shared_logit/shared_weight one; the CTA has
+    // n_expert * 4 bytes of dynamic shared memory.
+    launched("cuLaunchKernel(moe_route)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_gate_up_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_gate_up(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    gate: &CudaView<'_, u8>,
+    up: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    x: &CudaView<'_, f32>,
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used, n_expert): (i32, i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(gate)
+        .arg(up)
+        .arg(ids)
+        .arg(x)
+        .arg(act)
+        .arg(&ff)
+        .arg(&cols)
+        .arg(&used)
+        .arg(&n_expert);
+    // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
+    // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
+    // tokens x used x ff; the CTA has cols * 4 bytes of dynamic shared memory.
+    launched("cuLaunchKernel(moe_gate_up)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_down_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert, accumulate)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_down(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    down: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    weights: &CudaView<'_, f32>,
+    act: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, used, n_expert, accumulate): (i32, i32, i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(down)
+        .arg(ids)
+        .arg(weights)
+        .arg(act)
+        .arg(out)
+        .arg(&rows)
+        .arg(&ff)
+        .arg(&used)
+        .arg(&n_expert)
+        .arg(&accumulate);
+    // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
+    // weights tokens x used, act tokens x used x ff, out tokens x rows; the CTA has
+    // used * ff * 4 bytes of dynamic shared memory.
+    launched("cuLaunchKernel(moe_down)", unsafe { launch.launch(config) })
+}
+
+/// `deltanet_split_kernel(p, qkv, z, k_heads, dk, r, dv)`.
+pub(crate) fn launch_deltanet_split(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    p: &CudaView<'_, f32>,
+    qkv: &mut CudaViewMut<'_, f32>,
+    z: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 4],
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(p).arg(qkv).arg(z);
+    for d in &dims {
+        launch.arg(d);
+    }
+    // SAFETY: arguments match the signature (k_heads, dk, r, dv); per token (grid.y) p holds
+    // channels + inner values, qkv channels and z inner; threads past the row return.
+    launched("cuLaunchKernel(deltanet_split)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `conv_silu_kernel<KERNEL>(qkv, state, w, channels, tokens)`.
+pub(crate) fn launch_conv(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    qkv: &mut CudaViewMut<'_, f32>,
+    state: &mut CudaViewMut<'_, f32>,
+    w: &CudaView<'_, f32>,
+    (channels, tokens): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(qkv)
+        .arg(state)
+        .arg(w)
+        .arg(&channels)
+        .arg(&tokens);
+    // SAFETY: arguments match the signature; qkv holds tokens x channels, state
+    // (KERNEL - 1) x channels and w channels x KERNEL values; threads past channels return.
+    launched("cuLaunchKernel(conv_silu)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `deltanet_prep_kernel(qkv, ba, a, dt_bias, beta, g, channels, k_heads, v_heads, dk, eps,
+/// q_scale)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_deltanet_prep(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    qkv: &mut CudaViewMut<'_, f32>,
+    ba: &CudaView<'_, f32>,
+    a: &CudaView<'_, f32>,
+    dt_bias: &CudaView<'_, f32>,
+    beta: &mut CudaViewMut<'_, f32>,
+    g: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 4],
+    (eps, q_scale): (f32, f32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(qkv).arg(ba).arg(a).arg(dt_bias).arg(beta).arg(g);
+    for d in &dims {
+        launch.arg(d);
+    }
+    launch.arg(&eps).arg(&q_scale);
+    // SAFETY: arguments match the signature (channels, k_heads, v_heads, dk); per token
+    // (grid.x) qkv holds channels, ba 2 x v_heads, beta and g v_heads values; a and dt_bias
+    // hold v_heads.
+    launched("cuLaunchKernel(deltanet_prep)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `delta_rule_kernel<DK, COLS>(qkv, beta, g, state, out, tokens, k_heads, v_heads, dv)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_delta_rule(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    qkv: &CudaView<'_, f32>,
+    beta: &CudaView<'_, f32>,
+    g: &CudaView<'_, f32>,
+    state: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 4],
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(qkv).arg(beta).arg(g).arg(state).arg(out);
+    for d in &dims {
+        launch.arg(d);
+    }
+    // SAFETY: arguments match the signature (tokens, k_heads, v_heads, dv); qkv holds tokens
+    // x channels, beta and g tokens x v_heads, state v_heads x DK x dv, out tokens x v_heads
+    // x dv; grid (v_heads, dv / COLS) stays inside them.
+    launched("cuLaunchKernel(delta_rule)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `gated_norm_kernel<WARPS>(o, z, w, rows, dv, eps)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_gated_norm(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    o: &mut CudaViewMut<'_, f32>,
+    z: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    (rows, dv): (i32, i32),
+    eps: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(o).arg(z).arg(w).arg(&rows).arg(&dv).arg(&eps);
+    // SAFETY: arguments match the signature; o and z hold rows x dv values, w dv; warps past
+    // `rows` return.
+    launched("cuLaunchKernel(gated_norm)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// The f32 arguments of `attn_prep_kernel` after its integer ones.
+pub(crate) struct RopeArgs {
+    pub rope_base: f32,
+    pub eps: f32,
+}
+
+/// `attn_prep_kernel<KV>(qg, k, v, q_norm, k_norm, q, k_cache, v_cache, pos0, heads,
+/// kv_heads, hd, rope_dim, rope_base, eps)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_attn_prep<T: DeviceRepr>(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    inputs: [&CudaView<'_, f32>; 5],
+    q: &mut CudaViewMut<'_, f32>,
+    k_cache: &mut CudaViewMut<'_, T>,
+    v_cache: &mut CudaViewMut<'_, T>,
+    dims: [i32; 5],
+    rope: RopeArgs,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    for input in inputs {
+        launch.arg(input);
+    }
+    launch.arg(q).arg(k_cache).arg(v_cache);
+    for d in &dims {
+        launch.arg(d);
+    }
+    launch.arg(&rope.rope_base).arg(&rope.eps);
+    // SAFETY: arguments match the signature (inputs qg, k, v, q_norm, k_norm; dims pos0,
+    // heads, kv_heads, hd, rope_dim); the op entry checked every input for grid.x tokens and
+    // that the caches hold positions pos0 + tokens; T is the kernel's KV type; the CTA has
+    // hd * 4 bytes of dynamic shared memory.
+    launched("cuLaunchKernel(attn_prep)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `attention_kernel<KV, VPL, WARPS>(q, qg, k_cache, v_cache, o, pos0, heads, kv_heads,
+/// scale)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_attention<T: DeviceRepr>(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    q: &CudaView<'_, f32>,
+    qg: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, T>,
+    v_cache: &CudaView<'_, T>,
+    o: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 3],
+    scale: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(q).arg(qg).arg(k_cache).arg(v_cache).arg(o);
+    for d in &dims {
+        launch.arg(d);
+    }
+    launch.arg(&scale);
+    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads); q and o hold tokens
+    // x heads x hd, qg twice that; the caches hold pos0 + tokens positions of kv_heads x hd
+    // (hd = 32 VPL, the kernel's specialization); T is the kernel's KV type.
+    launched("cuLaunchKernel(attention)", unsafe {
+        launch.launch(config)
+    })
+}

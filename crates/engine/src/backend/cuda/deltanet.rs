@@ -1,0 +1,89 @@
+//! One Gated DeltaNet mixer on the GPU (spec §3.2), mirroring `cpu::deltanet`: projections,
+//! legacy split, conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule for
+//! every token in order, gated RMSNorm, output projection. Seven launches per layer.
+
+use redlite_cuda::{
+    delta_rule, deltanet_conv, deltanet_prep, deltanet_split, gated_norm, matmul, CudaView,
+    CudaViewMut, DeltaNetShape, Device,
+};
+
+use crate::backend::cuda::scratch::Scratch;
+use crate::backend::cuda::state::DeltaState;
+use crate::backend::cuda::weights::DeltaNetWeights;
+use crate::error::Result;
+use crate::model::config::HybridConfig;
+
+/// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`.
+pub fn forward(
+    device: &Device,
+    c: &HybridConfig,
+    w: &DeltaNetWeights,
+    s: &mut Scratch,
+    h: &CudaView<'_, f32>,
+    state: &mut DeltaState,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let t = h.len() / c.n_embd;
+    let shape = DeltaNetShape {
+        tokens: t,
+        k_heads: c.ssm_k_heads,
+        v_heads: c.ssm_v_heads,
+        head_dim: c.ssm_head_dim,
+    };
+    let (channels, inner) = (shape.channels(), shape.inner());
+    let mut qkv = s.qkv.slice_mut(..t * channels);
+    let mut z = s.z.slice_mut(..t * inner);
+    match &w.gate_proj {
+        Some(gate) => {
+            matmul(device, &w.in_proj.view(), h, &mut qkv)?;
+            matmul(device, &gate.view(), h, &mut z)?;
+        }
+        None => {
+            let mut p = s.proj.slice_mut(..t * (channels + inner));
+            matmul(device, &w.in_proj.view(), h, &mut p)?;
+            deltanet_split(device, &shape, &p.as_view(), &mut qkv, &mut z)?;
+        }
+    }
+    let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
+    matmul(device, &w.ba.view(), h, &mut ba)?;
+    deltanet_conv(
+        device,
+        &shape,
+        &w.conv.as_view(),
+        &mut state.conv.as_view_mut(),
+        &mut qkv,
+    )?;
+    let mut beta = s.beta.slice_mut(..t * c.ssm_v_heads);
+    let mut g = s.g.slice_mut(..t * c.ssm_v_heads);
+    deltanet_prep(
+        device,
+        &shape,
+        c.rms_eps,
+        &mut qkv,
+        &ba.as_view(),
+        &w.a.as_view(),
+        &w.dt_bias.as_view(),
+        &mut beta,
+        &mut g,
+    )?;
+    let mut o = s.o.slice_mut(..t * inner);
+    delta_rule(
+        device,
+        &shape,
+        &qkv.as_view(),
+        &beta.as_view(),
+        &g.as_view(),
+        &mut state.recurrent.as_view_mut(),
+        &mut o,
+    )?;
+    gated_norm(
+        device,
+        &shape,
+        c.rms_eps,
+        &mut o,
+        &z.as_view(),
+        &w.norm.as_view(),
+    )?;
+    matmul(device, &w.out.view(), &o.as_view(), out)?;
+    Ok(())
+}

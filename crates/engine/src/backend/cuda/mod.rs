@@ -1,0 +1,227 @@
+//! The CUDA backend: every weight resident on the GPU (matrices in their GGUF block format,
+//! decoded inside the kernels), activations and per-sequence state in device memory, and
+//! f32 activations in every matvec (the CPU backend's `Precision::Exact` math).
+//!
+//! Every op only queues kernels on the device's stream; the host waits only where data
+//! comes back (`logits`, `to_host`). Intermediate buffers (`Scratch`) are allocated once
+//! for the largest batch, so a decode step allocates nothing — the precondition for
+//! capturing a whole decode step in one CUDA graph later (a `decode_graph` entry that
+//! replays the captured launches with the token id and position read from device memory).
+
+mod attention;
+mod deltanet;
+mod moe;
+mod scratch;
+mod state;
+mod weights;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redlite_cuda::Device;
+use redlite_gguf::GgufModel;
+
+use crate::backend::{Backend, Batch, Norm};
+use crate::error::{EngineError, Result};
+use crate::model::config::HybridConfig;
+use crate::state::KvType;
+use scratch::Scratch;
+pub use state::{CudaAct, CudaState};
+use weights::{CudaWeights, Mixer};
+
+pub struct CudaBackend {
+    config: HybridConfig,
+    device: Arc<Device>,
+    weights: CudaWeights,
+    /// Behind a lock because `Backend` ops take `&self`; uncontended (one sequence at a time).
+    scratch: Mutex<Scratch>,
+}
+
+impl CudaBackend {
+    /// Opens GPU 0 and uploads every tensor of the model to it.
+    pub fn new(gguf: Arc<GgufModel>, config: HybridConfig) -> Result<CudaBackend> {
+        let device = Arc::new(Device::open(0)?);
+        CudaBackend::with_device(device, &gguf, config)
+    }
+
+    /// Uploads every tensor to an already opened device (tests share one).
+    pub fn with_device(
+        device: Arc<Device>,
+        gguf: &GgufModel,
+        config: HybridConfig,
+    ) -> Result<CudaBackend> {
+        let weights = CudaWeights::upload(&device, gguf, &config)?;
+        let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
+        Ok(CudaBackend {
+            config,
+            device,
+            weights,
+            scratch,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The scratch buffers, with room for `tokens`.
+    fn scratch(&self, tokens: usize) -> Result<MutexGuard<'_, Scratch>> {
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| EngineError::Cuda("scratch lock poisoned by a panic".into()))?;
+        scratch.reserve(&self.device, &self.config, tokens)?;
+        Ok(scratch)
+    }
+
+    fn not_a(&self, layer: usize, kind: &str) -> EngineError {
+        EngineError::BadConfig(format!("layer {layer} is not {kind} layer"))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Act = CudaAct;
+    type State = CudaState;
+
+    fn config(&self) -> &HybridConfig {
+        &self.config
+    }
+
+    /// Also sizes the scratch buffers for `max_tokens` (a failure there is reported by the
+    /// first op).
+    fn new_act(&self, max_tokens: usize, width: usize) -> CudaAct {
+        drop(self.scratch(max_tokens));
+        CudaAct::new(&self.device, max_tokens, width)
+    }
+
+    fn new_state(&self, capacity: usize, kv_type: KvType) -> CudaState {
+        CudaState::new(self.device.clone(), &self.config, capacity, kv_type)
+    }
+
+    fn embed(&self, tokens: &[u32], x: &mut CudaAct) -> Result<()> {
+        let n_vocab = self.weights.token_embd.rows;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab });
+        }
+        let mut scratch = self.scratch(tokens.len())?;
+        let mut ids = scratch.token_ids.slice_mut(..tokens.len());
+        self.device.copy_to_device(tokens, &mut ids)?;
+        let mut out = x.rows_mut(tokens.len())?;
+        redlite_cuda::embed(
+            &self.device,
+            &self.weights.token_embd.view(),
+            &ids.as_view(),
+            &mut out,
+        )?;
+        Ok(())
+    }
+
+    fn rms_norm(&self, norm: Norm, b: Batch, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let w = match norm {
+            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
+            Norm::Post(l) => &self.weights.layers[l].post_norm,
+            Norm::Output => &self.weights.output_norm,
+        };
+        redlite_cuda::rms_norm(
+            &self.device,
+            &x.rows(b.tokens)?,
+            &w.as_view(),
+            &mut out.rows_mut(b.tokens)?,
+            self.config.rms_eps,
+        )?;
+        Ok(())
+    }
+
+    fn deltanet(
+        &self,
+        layer: usize,
+        b: Batch,
+        h: &CudaAct,
+        state: &mut CudaState,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
+            return Err(self.not_a(layer, "a DeltaNet"));
+        };
+        let mut scratch = self.scratch(b.tokens)?;
+        deltanet::forward(
+            &self.device,
+            &self.config,
+            w,
+            &mut scratch,
+            &h.rows(b.tokens)?,
+            state.deltanet_mut(layer)?,
+            &mut out.rows_mut(b.tokens)?,
+        )
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        b: Batch,
+        h: &CudaAct,
+        state: &mut CudaState,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
+            return Err(self.not_a(layer, "an attention"));
+        };
+        let mut scratch = self.scratch(b.tokens)?;
+        let capacity = state.capacity;
+        attention::forward(
+            &self.device,
+            &self.config,
+            w,
+            &mut scratch,
+            b,
+            &h.rows(b.tokens)?,
+            state.kv_mut(layer)?,
+            capacity,
+            &mut out.rows_mut(b.tokens)?,
+        )
+    }
+
+    fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let mut scratch = self.scratch(b.tokens)?;
+        moe::forward(
+            &self.device,
+            &self.config,
+            &self.weights.layers[layer].moe,
+            &mut scratch,
+            &h.rows(b.tokens)?,
+            &mut out.rows_mut(b.tokens)?,
+        )
+    }
+
+    fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
+        redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
+        Ok(())
+    }
+
+    fn logits(&self, b: Batch, first: usize, x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        let rows = b.tokens - first;
+        let vocab = self.weights.output.rows;
+        let mut scratch = self.scratch(b.tokens)?;
+        scratch.reserve_logits(&self.device, &self.config, rows)?;
+        let mut logits = scratch.logits.slice_mut(..rows * vocab);
+        redlite_cuda::matmul(
+            &self.device,
+            &self.weights.output.view(),
+            &x.row_range(first, b.tokens)?,
+            &mut logits,
+        )?;
+        let start = out.len();
+        out.resize(start + rows * vocab, 0.0);
+        self.device
+            .copy_to_host(&logits.as_view(), &mut out[start..])?;
+        Ok(())
+    }
+
+    /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
+    fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
+        let mut host = vec![0f32; b.tokens * x.width];
+        match x.rows(b.tokens) {
+            Ok(view) if self.device.copy_to_host(&view, &mut host).is_ok() => host,
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Intermediate buffers of the mixers and the MoE, allocated once for the largest batch the
+//! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
+//! batch than planned grows them once.
+
+use redlite_cuda::{CudaSlice, Device};
+
+use crate::error::Result;
+use crate::model::config::HybridConfig;
+
+pub struct Scratch {
+    /// Tokens every buffer below holds.
+    pub tokens: usize,
+    /// Token ids of the batch `[T]`.
+    pub token_ids: CudaSlice<u32>,
+    /// Legacy `ssm_in` output `[T][channels + inner]`, or attention `qg` `[T][heads][2][hd]`.
+    pub proj: CudaSlice<f32>,
+    /// DeltaNet conv input/output `[T][channels]`.
+    pub qkv: CudaSlice<f32>,
+    /// DeltaNet output gate `[T][inner]`.
+    pub z: CudaSlice<f32>,
+    /// `[T][2 v_heads]`.
+    pub ba: CudaSlice<f32>,
+    /// `[T][v_heads]` each.
+    pub beta: CudaSlice<f32>,
+    pub g: CudaSlice<f32>,
+    /// Mixer output before its projection: `[T][max(inner, heads x hd)]`.
+    pub o: CudaSlice<f32>,
+    /// Attention: normed, rotated queries `[T][heads][hd]`; new keys and values
+    /// `[T][kv_heads][hd]`.
+    pub q: CudaSlice<f32>,
+    pub k: CudaSlice<f32>,
+    pub v: CudaSlice<f32>,
+    /// MoE: router logits `[T][n_expert]`, shared-expert gate logit and weight `[T]`,
+    /// selected experts and their weights `[T][used]`, SwiGLU activations `[T][used][ff]`
+    /// and `[T][shared_ff]`.
+    pub router: CudaSlice<f32>,
+    pub shared_logit: CudaSlice<f32>,
+    pub shared_weight: CudaSlice<f32>,
+    pub ids: CudaSlice<i32>,
+    pub weights: CudaSlice<f32>,
+    pub act: CudaSlice<f32>,
+    pub act_shared: CudaSlice<f32>,
+    /// `[T]` zeros: the shared expert is expert 0 of a stack of one.
+    pub zero_ids: CudaSlice<i32>,
+    /// LM-head output `[logit_rows][vocab]`, grown on demand (decode needs one row).
+    pub logits: CudaSlice<f32>,
+    pub logit_rows: usize,
+}
+
+impl Scratch {
+    pub fn new(device: &Device, c: &HybridConfig, tokens: usize) -> Result<Scratch> {
+        let t = tokens.max(1);
+        let channels = c.conv_channels();
+        let inner = c.ssm_inner();
+        let attn = c.n_head * c.head_dim;
+        let kv = c.n_head_kv * c.head_dim;
+        let f = |n: usize| device.alloc_zeros::<f32>(t * n.max(1));
+        Ok(Scratch {
+            tokens: t,
+            token_ids: device.alloc_zeros(t)?,
+            proj: f((channels + inner).max(2 * attn))?,
+            qkv: f(channels)?,
+            z: f(inner)?,
+            ba: f(2 * c.ssm_v_heads)?,
+            beta: f(c.ssm_v_heads)?,
+            g: f(c.ssm_v_heads)?,
+            o: f(inner.max(attn))?,
+            q: f(attn)?,
+            k: f(kv)?,
+            v: f(kv)?,
+            router: f(c.n_expert)?,
+            shared_logit: f(1)?,
+            shared_weight: f(1)?,
+            ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
+            weights: f(c.n_expert_used)?,
+            act: f(c.n_expert_used * c.expert_ff)?,
+            act_shared: f(c.shared_ff)?,
+            zero_ids: device.alloc_zeros(t)?,
+            logits: device.alloc_zeros(c.n_vocab.max(1))?,
+            logit_rows: 1,
+        })
+    }
+
+    /// Makes room for `tokens` (reallocating everything when the batch is larger).
+    pub fn reserve(&mut self, device: &Device, c: &HybridConfig, tokens: usize) -> Result<()> {
+        if tokens > self.tokens {
+            let logits = std::mem::replace(&mut self.logits, device.alloc_zeros(1)?);
+            let rows = self.logit_rows;
+            *self = Scratch::new(device, c, tokens)?;
+            self.logits = logits;
+            self.logit_rows = rows;
+        }
+        Ok(())
+    }
+
+    /// Makes room for `rows` rows of logits.
+    pub fn reserve_logits(&mut self, device: &Device, c: &HybridConfig, rows: usize) -> Result<()> {
+        if rows > self.logit_rows {
+            self.logits = device.alloc_zeros(rows * c.n_vocab)?;
+            self.logit_rows = rows;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,244 @@
+//! Device activations and per-sequence state: the KV cache of every attention layer
+//! (f32 or f16) and the conv window and recurrent matrices of every DeltaNet layer, all in
+//! device memory, sized once for a context length.
+//!
+//! `Backend::new_act` and `Backend::new_state` cannot fail, so an allocation failure is
+//! kept and reported by the first op that uses the buffer (or by `check_room`).
+
+use std::sync::Arc;
+
+use redlite_cuda::{CudaSlice, CudaView, CudaViewMut, Device};
+
+use crate::backend::SeqState;
+use crate::error::{EngineError, Result};
+use crate::model::config::{HybridConfig, LayerKind};
+use crate::state::KvType;
+
+/// Activations `[max_tokens][width]` in device memory.
+pub struct CudaAct {
+    pub(super) width: usize,
+    pub(super) max_tokens: usize,
+    data: std::result::Result<CudaSlice<f32>, String>,
+}
+
+impl CudaAct {
+    pub(super) fn new(device: &Device, max_tokens: usize, width: usize) -> CudaAct {
+        CudaAct {
+            width,
+            max_tokens,
+            data: device
+                .alloc_zeros(max_tokens * width)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    fn check(&self, tokens: usize) -> Result<()> {
+        if tokens > self.max_tokens {
+            return Err(EngineError::BadConfig(format!(
+                "a batch of {tokens} tokens exceeds the activation buffer of {}",
+                self.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    fn unallocated(&self, msg: &str) -> EngineError {
+        EngineError::Cuda(format!(
+            "activation buffer of {} x {} was not allocated: {msg}",
+            self.max_tokens, self.width
+        ))
+    }
+
+    /// The first `tokens` rows.
+    pub(super) fn rows(&self, tokens: usize) -> Result<CudaView<'_, f32>> {
+        self.check(tokens)?;
+        match &self.data {
+            Ok(d) => Ok(d.slice(..tokens * self.width)),
+            Err(msg) => Err(self.unallocated(msg)),
+        }
+    }
+
+    /// Rows `first..last`.
+    pub(super) fn row_range(&self, first: usize, last: usize) -> Result<CudaView<'_, f32>> {
+        self.check(last)?;
+        match &self.data {
+            Ok(d) => Ok(d.slice(first * self.width..last * self.width)),
+            Err(msg) => Err(self.unallocated(msg)),
+        }
+    }
+
+    pub(super) fn rows_mut(&mut self, tokens: usize) -> Result<CudaViewMut<'_, f32>> {
+        self.check(tokens)?;
+        let width = self.width;
+        match &mut self.data {
+            Ok(d) => Ok(d.slice_mut(..tokens * width)),
+            Err(msg) => Err(EngineError::Cuda(format!(
+                "activation buffer of {} x {width} was not allocated: {msg}",
+                self.max_tokens
+            ))),
+        }
+    }
+}
+
+/// K and V of one attention layer: `[capacity][kv_heads][head_dim]`.
+pub enum LayerKv {
+    F32 {
+        k: CudaSlice<f32>,
+        v: CudaSlice<f32>,
+    },
+    /// f16 values stored as their bits.
+    F16 {
+        k: CudaSlice<u16>,
+        v: CudaSlice<u16>,
+    },
+}
+
+/// Conv window and recurrent matrices of one DeltaNet layer.
+pub struct DeltaState {
+    /// The last `kernel - 1` raw conv inputs, oldest first: `[kernel - 1][channels]`.
+    pub conv: CudaSlice<f32>,
+    /// `S[v_head][key_dim][value_dim]`.
+    pub recurrent: CudaSlice<f32>,
+}
+
+pub struct StateBuffers {
+    pub kv: Vec<LayerKv>,
+    pub deltanet: Vec<DeltaState>,
+}
+
+/// The state of one sequence on the GPU.
+pub struct CudaState {
+    device: Arc<Device>,
+    /// Tokens processed so far (the next token's position).
+    pos: usize,
+    /// Positions the KV cache holds.
+    pub capacity: usize,
+    pub kv_type: KvType,
+    /// For each layer, its index into `kv` or `deltanet`.
+    slot: Vec<usize>,
+    buffers: std::result::Result<StateBuffers, String>,
+}
+
+fn allocate(
+    device: &Device,
+    config: &HybridConfig,
+    capacity: usize,
+    kv_type: KvType,
+) -> std::result::Result<(Vec<usize>, StateBuffers), redlite_cuda::CudaError> {
+    let width = config.n_head_kv * config.head_dim;
+    let mut slot = Vec::with_capacity(config.layers.len());
+    let (mut kv, mut deltanet) = (Vec::new(), Vec::new());
+    for kind in &config.layers {
+        match kind {
+            LayerKind::Attention => {
+                slot.push(kv.len());
+                let len = capacity * width;
+                kv.push(match kv_type {
+                    KvType::F32 => LayerKv::F32 {
+                        k: device.alloc_zeros(len)?,
+                        v: device.alloc_zeros(len)?,
+                    },
+                    KvType::F16 => LayerKv::F16 {
+                        k: device.alloc_zeros(len)?,
+                        v: device.alloc_zeros(len)?,
+                    },
+                });
+            }
+            LayerKind::DeltaNet => {
+                slot.push(deltanet.len());
+                let recurrent = config.ssm_v_heads * config.ssm_head_dim * config.ssm_head_dim;
+                deltanet.push(DeltaState {
+                    conv: device.alloc_zeros((config.conv_kernel - 1) * config.conv_channels())?,
+                    recurrent: device.alloc_zeros(recurrent)?,
+                });
+            }
+        }
+    }
+    Ok((slot, StateBuffers { kv, deltanet }))
+}
+
+impl CudaState {
+    pub(super) fn new(
+        device: Arc<Device>,
+        config: &HybridConfig,
+        capacity: usize,
+        kv_type: KvType,
+    ) -> CudaState {
+        let (slot, buffers) = match allocate(&device, config, capacity, kv_type) {
+            Ok((slot, buffers)) => (slot, Ok(buffers)),
+            Err(e) => (Vec::new(), Err(e.to_string())),
+        };
+        CudaState {
+            device,
+            pos: 0,
+            capacity,
+            kv_type,
+            slot,
+            buffers,
+        }
+    }
+
+    fn buffers_mut(&mut self) -> Result<&mut StateBuffers> {
+        self.buffers
+            .as_mut()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))
+    }
+
+    /// The KV cache of attention layer `layer`.
+    pub(super) fn kv_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {
+        let slot = self.slot.get(layer).copied().unwrap_or(usize::MAX);
+        self.buffers_mut()?
+            .kv
+            .get_mut(slot)
+            .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no KV cache")))
+    }
+
+    /// The state of DeltaNet layer `layer`.
+    pub(super) fn deltanet_mut(&mut self, layer: usize) -> Result<&mut DeltaState> {
+        let slot = self.slot.get(layer).copied().unwrap_or(usize::MAX);
+        self.buffers_mut()?
+            .deltanet
+            .get_mut(slot)
+            .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no DeltaNet state")))
+    }
+}
+
+impl SeqState for CudaState {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+
+    fn set_pos(&mut self, pos: usize) {
+        self.pos = pos;
+    }
+
+    fn check_room(&self, tokens: usize) -> Result<()> {
+        if let Err(msg) = &self.buffers {
+            return Err(EngineError::Cuda(format!("sequence state: {msg}")));
+        }
+        if self.pos + tokens > self.capacity {
+            return Err(EngineError::ContextFull {
+                needed: self.pos + tokens,
+                capacity: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Zeroes the DeltaNet state (KV entries past the position are simply overwritten). A
+    /// failure leaves the state unusable; `check_room` then reports it.
+    fn reset_state(&mut self) {
+        self.pos = 0;
+        let device = self.device.clone();
+        let Ok(buffers) = &mut self.buffers else {
+            return;
+        };
+        let zeroed = buffers.deltanet.iter_mut().try_for_each(|d| {
+            device.zero(&mut d.conv)?;
+            device.zero(&mut d.recurrent)
+        });
+        if let Err(e) = zeroed {
+            self.buffers = Err(format!("reset failed: {e}"));
+        }
+    }
+}
