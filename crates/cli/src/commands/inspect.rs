@@ -1,3 +1,4 @@
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -30,10 +31,14 @@ pub fn run(args: InspectArgs) -> Result<()> {
     };
     let model = GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let report = inspect(&model, args.ctx);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let text = if args.json {
+        format!("{}\n", serde_json::to_string_pretty(&report)?)
     } else {
-        print!("{report}");
+        report.to_string()
+    };
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
-    Ok(())
 }
