@@ -1,5 +1,7 @@
-//! The qwen3next engine: model configuration and tensor layout, synthetic model files, and
-//! file inspection. The forward pass, backends and generation loop build on these.
+//! The qwen3next engine: the model (config, tensor layout, the forward pass written once),
+//! backends (CPU; CUDA behind the `cuda` feature), per-sequence state, sessions and the
+//! generation loop, tokenizer, chat template, sampling, benchmarks, synthetic model files and
+//! file inspection.
 
 pub mod backend;
 pub mod bench;
