@@ -120,3 +120,128 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
         out[i] = total / l_all * sigmoidf(gate[i]);
     }
 }
+
+// Flash-decoding, step 1 of 2. Grid (tokens, heads, splits), WARPS warps. Split s covers
+// positions [s * chunk, min((s + 1) * chunk, pos0 + t + 1)); its warps walk that range G
+// positions at a time (all G K and V rows loaded before the first reduction, so loads
+// overlap), keep an online softmax each and merge in shared memory. The split writes
+// partials[t][h][s] = (Σ p v relative to its max: HD floats, max, sum); a split past the
+// token's last position writes (0, -inf, 0).
+template <class KV, int VPL, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                       const KV* __restrict__ v_cache, float* __restrict__ partials, int pos0,
+                       int heads, int kv_heads, int chunk, float scale) {
+    constexpr int HD = VPL * WARP_SIZE, G = 4;
+    __shared__ float m_part[WARPS], l_part[WARPS];
+    __shared__ float acc_part[WARPS][HD];
+    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int kvh = h / (heads / kv_heads);
+    const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
+    const float* qr = q + (i64(t) * heads + h) * HD;
+    float qv[VPL], acc[VPL];
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) {
+        qv[e] = qr[lane + WARP_SIZE * e];
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int base = begin + warp * G; base < end; base += WARPS * G) {
+        float kr[G][VPL], vr[G][VPL];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const i64 at = (i64(min(base + j, end - 1)) * kv_heads + kvh) * HD;
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) {
+                kr[j][e] = kv_load(k_cache + at + lane + WARP_SIZE * e);
+                vr[j][e] = kv_load(v_cache + at + lane + WARP_SIZE * e);
+            }
+        }
+        float score[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) d += qv[e] * kr[j][e];
+            score[j] = d;
+        }
+#pragma unroll
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+            for (int j = 0; j < G; ++j) score[j] += __shfl_xor_sync(0xffffffffu, score[j], offset);
+        }
+        float m_new = m;
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            score[j] = base + j < end ? score[j] * scale : -INFINITY;
+            m_new = fmaxf(m_new, score[j]);
+        }
+        const float correction = expf(m - m_new);
+        l *= correction;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) acc[e] *= correction;
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const float weight = expf(score[j] - m_new);
+            l += weight;
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) acc[e] = fmaf(weight, vr[j][e], acc[e]);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        m_part[warp] = m;
+        l_part[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
+    __syncthreads();
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+    float* out = partials + ((i64(t) * heads + h) * gridDim.z + split) * (HD + 2);
+    const bool empty = m_all == -INFINITY;
+    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
+        }
+        out[i] = total;
+    }
+    if (threadIdx.x == 0) {
+        float l_all = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
+        out[HD] = m_all;
+        out[HD + 1] = l_all;
+    }
+}
+
+// Flash-decoding, step 2 of 2. Grid (tokens, heads), any block size: merges the splits'
+// partials (split 0 always holds position 0, so the overall max is finite) and applies the
+// sigmoid gate: o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
+__global__ void attention_combine_kernel(const float* __restrict__ partials,
+                                         const float* __restrict__ qg, float* __restrict__ o,
+                                         int heads, int hd, int splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float* part = partials + (i64(t) * heads + h) * splits * (hd + 2);
+    float m_all = -INFINITY;
+    for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, part[s * (hd + 2) + hd]);
+    float l_all = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float* p = part + s * (hd + 2);
+        l_all += p[hd + 1] == 0.0f ? 0.0f : p[hd + 1] * expf(p[hd] - m_all);
+    }
+    const float* gate = qg + (i64(t) * heads + h) * 2 * hd + hd;
+    float* out = o + (i64(t) * heads + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float total = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* p = part + s * (hd + 2);
+            total += p[hd + 1] == 0.0f ? 0.0f : p[i] * expf(p[hd] - m_all);
+        }
+        out[i] = total / l_all * sigmoidf(gate[i]);
+    }
+}

@@ -136,3 +136,77 @@ moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
         *o = (accumulate ? *o : 0.0f) + total;
     }
 }
+
+// Version 2 of the two expert matvecs (version 1 above stays for A/B through
+// REDLITE_MATVEC_V1=1). LANES lanes (16 or 32) share a row, so a warp covers 32 / LANES
+// rows and short rows (ff = 512 of IQ2_XXS: 16 items) leave no lane idle. Same grid shape
+// as version 1 but ceil(rows / (WARPS * 32 / LANES)) CTAs along x.
+
+// Gate and up rows decoded in one loop and reduced together (their loads overlap).
+template <class B, int WARPS, int LANES>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_v2_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                      const int* __restrict__ ids, const float* __restrict__ x,
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    extern __shared__ float xs[];
+    const int k = blockIdx.y, t = blockIdx.z;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i64(t) * cols + i];
+    __syncthreads();
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const i64 expert = ids[t * used + k];
+    float* out = act + (i64(t) * used + k) * ff + row;
+    if (expert < 0 || expert >= n_expert) {
+        if (member == 0 && row < ff) *out = 0.0f;
+        return;
+    }
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const i64 at = (expert * ff + min(row, ff - 1)) * row_bytes;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float g = 0.0f, u = 0.0f;
+    for (int i = member; i < items; i += LANES) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const float* xb = xs + block * B::VALUES;
+        const i64 offset = at + i64(block) * B::BYTES;
+        B::decode(gate + offset, item, [&](int index, float value) { g = fmaf(value, xb[index], g); });
+        B::decode(up + offset, item, [&](int index, float value) { u = fmaf(value, xb[index], u); });
+    }
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, offset);
+        u += __shfl_xor_sync(0xffffffffu, u, offset);
+    }
+    if (member == 0 && row < ff) *out = siluf(g) * u;
+}
+
+// The routing weight scales each lane's partial before the one reduction per row (version 1
+// reduces once per expert): the sum runs in another order.
+template <class B, int WARPS, int LANES>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                   const float* __restrict__ weights, const float* __restrict__ act,
+                   float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                   int accumulate) {
+    extern __shared__ float as[];
+    const int t = blockIdx.y;
+    for (int i = threadIdx.x; i < used * ff; i += blockDim.x) as[i] = act[i64(t) * used * ff + i];
+    __syncthreads();
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 clamped = min(row, rows - 1);
+    float partial = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        const i64 expert = ids[t * used + k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const u8* w = down + (expert * rows + clamped) * row_bytes;
+        partial += weights[t * used + k] * row_dot_lane<B, LANES>(w, as + k * ff, ff, member);
+    }
+    const float total = group_reduce_sum<LANES>(partial);
+    if (member == 0 && row < rows) {
+        float* o = out + i64(t) * rows + row;
+        *o = (accumulate ? *o : 0.0f) + total;
+    }
+}

@@ -49,14 +49,26 @@ static __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f 
 
 static __device__ __forceinline__ float siluf(float x) { return x * sigmoidf(x); }
 
-// This lane's share of W_row · x (cols values, whole blocks of B); reduce over the warp.
-template <class B>
+// Sum over aligned groups of LANES lanes (a power of two ≤ 32); every lane of a group gets
+// its group's sum. All 32 lanes must take part.
+template <int LANES>
+static __device__ __forceinline__ float group_reduce_sum(float value) {
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    return value;
+}
+
+// This lane's share of W_row · x (cols values, whole blocks of B) when LANES lanes share the
+// row and this is lane `lane` of them; reduce over those lanes.
+template <class B, int LANES = WARP_SIZE>
 static __device__ __forceinline__ float row_dot_lane(const u8* __restrict__ row,
                                                      const float* __restrict__ x, int cols,
                                                      int lane) {
     const int items = cols / B::VALUES * B::ITEMS;
     float acc = 0.0f;
-    for (int i = lane; i < items; i += WARP_SIZE) {
+    for (int i = lane; i < items; i += LANES) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const float* xb = x + block * B::VALUES;
         B::decode(row + i64(block) * B::BYTES, item,

@@ -4,8 +4,12 @@
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::raw;
-use crate::source::{self, WeightKind, ATTENTION_WARPS, DELTA_COLS, LAYER_WARPS};
+use crate::source::{
+    self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
+    LAYER_WARPS, MOE_LANES,
+};
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
+use std::sync::OnceLock;
 
 /// Threads of the one-CTA-per-row kernels (embed, rms_norm, deltanet_prep, moe_route).
 const ROW_THREADS: u32 = 256;
@@ -126,6 +130,21 @@ pub(crate) fn moe_route(
 /// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
 pub(crate) type MoeCounts = (usize, usize, usize);
 
+/// Lanes per row of the version-2 expert matvecs for rows of `cols` values: 16 when a row
+/// has at most 16 thread items, else 32; `None` (version 1) under `REDLITE_MATVEC_V1=1`.
+fn moe_lanes(kind: WeightKind, cols: usize) -> Option<usize> {
+    static V1: OnceLock<bool> = OnceLock::new();
+    if *V1.get_or_init(|| std::env::var("REDLITE_MATVEC_V1").as_deref() == Ok("1")) {
+        return None;
+    }
+    let items = cols / kind.ty.block_values() * kind.items_per_block;
+    Some(if items <= MOE_LANES[0] {
+        MOE_LANES[0]
+    } else {
+        MOE_LANES[1]
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_gate_up(
     device: &Device,
@@ -138,9 +157,18 @@ pub(crate) fn moe_gate_up(
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel(&source::moe_gate_up_kernel(kind))?;
+    let (kernel, rows_per_cta) = match moe_lanes(kind, cols) {
+        Some(lanes) => (
+            device.kernel(&source::moe_gate_up_v2_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+        ),
+        None => (
+            device.kernel(&source::moe_gate_up_kernel(kind))?,
+            LAYER_WARPS as usize,
+        ),
+    };
     let cfg = config(
-        (warps_grid(ff), used, tokens),
+        (ff.div_ceil(rows_per_cta), used, tokens),
         LAYER_WARPS * 32,
         cols * size_of::<f32>(),
     );
@@ -160,9 +188,18 @@ pub(crate) fn moe_down(
     (rows, ff, accumulate): (usize, usize, bool),
     (tokens, used, n_expert): MoeCounts,
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel(&source::moe_down_kernel(kind))?;
+    let (kernel, rows_per_cta) = match moe_lanes(kind, ff) {
+        Some(lanes) => (
+            device.kernel(&source::moe_down_v2_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+        ),
+        None => (
+            device.kernel(&source::moe_down_kernel(kind))?,
+            LAYER_WARPS as usize,
+        ),
+    };
     let cfg = config(
-        (warps_grid(rows), tokens, 1),
+        (rows.div_ceil(rows_per_cta), tokens, 1),
         LAYER_WARPS * 32,
         used * ff * size_of::<f32>(),
     );
@@ -345,6 +382,24 @@ pub(crate) fn attention_prep<T: DeviceRepr>(
     )
 }
 
+/// Splits of the KV length for `d` (1: the single-pass kernel): one per
+/// `ATTENTION_MIN_CHUNK` positions, at most `ATTENTION_MAX_SPLITS`, and as many as
+/// `partials_len` floats hold. `REDLITE_ATTN_SPLIT=0` forces the single-pass kernel.
+fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("REDLITE_ATTN_SPLIT").as_deref() != Ok("0"));
+    if !enabled {
+        return 1;
+    }
+    let per_split = d.tokens * d.heads * (d.head_dim + 2);
+    (d.pos0 + d.tokens)
+        .div_ceil(ATTENTION_MIN_CHUNK)
+        .min(ATTENTION_MAX_SPLITS)
+        .min(partials_len / per_split.max(1))
+        .max(1)
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention<T: DeviceRepr>(
     device: &Device,
@@ -354,12 +409,41 @@ pub(crate) fn attention<T: DeviceRepr>(
     qg: &CudaView<'_, f32>,
     k_cache: &CudaView<'_, T>,
     v_cache: &CudaView<'_, T>,
+    partials: &mut CudaViewMut<'_, f32>,
     o: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
+    let scale = 1.0 / (d.head_dim as f32).sqrt();
+    let splits = attention_splits(d, partials.len());
+    if splits > 1 {
+        let chunk = (d.pos0 + d.tokens).div_ceil(splits);
+        let split = device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?;
+        let cfg = config((d.tokens, d.heads, splits), ATTENTION_WARPS * 32, 0);
+        let dims = [d.pos0, d.heads, d.kv_heads, chunk].map(to_i32);
+        raw::launch_attention_split(
+            device.stream(),
+            split,
+            cfg,
+            (q, k_cache, v_cache),
+            partials,
+            dims,
+            scale,
+        )?;
+        let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
+        let cfg = config((d.tokens, d.heads, 1), 128, 0);
+        let dims = [d.heads, d.head_dim, splits].map(to_i32);
+        return raw::launch_attention_combine(
+            device.stream(),
+            combine,
+            cfg,
+            &partials.as_view(),
+            qg,
+            o,
+            dims,
+        );
+    }
     let kernel = device.kernel(&source::attention_kernel(kv_type, d.head_dim))?;
     let cfg = config((d.tokens, d.heads, 1), ATTENTION_WARPS * 32, 0);
     let dims = [d.pos0, d.heads, d.kv_heads].map(to_i32);
-    let scale = 1.0 / (d.head_dim as f32).sqrt();
     raw::launch_attention(
         device.stream(),
         kernel,

@@ -4,15 +4,15 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{self as launch, AttnDims, DeltaDims, SHARED_MAX_BYTES};
+use crate::layer_launch::{self as launch, DeltaDims, SHARED_MAX_BYTES};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
-use crate::source::{ATTENTION_HEAD_DIMS, CONV_KERNELS, DELTA_DK};
-use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
+use crate::source::{CONV_KERNELS, DELTA_DK};
+use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
-const MAX_GRID_YZ: u64 = 65_535;
+pub(crate) const MAX_GRID_YZ: u64 = 65_535;
 
-fn supported(
+pub(crate) fn supported(
     op: CudaOp,
     what: &'static str,
     found: usize,
@@ -31,7 +31,7 @@ fn supported(
     }
 }
 
-fn tokens_fit(op: CudaOp, tokens: usize) -> Result<(), CudaError> {
+pub(crate) fn tokens_fit(op: CudaOp, tokens: usize) -> Result<(), CudaError> {
     fits(op, "tokens", tokens as u64, MAX_GRID_YZ)?;
     if tokens == 0 {
         return Err(CudaError::Shape {
@@ -457,143 +457,4 @@ pub fn gated_norm(
     shape(op, "z length", s.tokens * s.inner(), z.len())?;
     shape(op, "norm length", s.head_dim, w.len())?;
     launch::gated_norm(device, &d, eps, o, z, w)
-}
-
-/// An element type of the KV cache: f32, or f16 stored as its bits (`u16`).
-pub trait KvElement: DeviceRepr {
-    /// The kernels' spelling of the type.
-    const CUDA_TYPE: &'static str;
-}
-
-impl KvElement for f32 {
-    const CUDA_TYPE: &'static str = "float";
-}
-
-impl KvElement for u16 {
-    const CUDA_TYPE: &'static str = "u16";
-}
-
-/// Sizes of one attention call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionShape {
-    pub tokens: usize,
-    /// Position of the first token.
-    pub pos0: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub rope_dim: usize,
-    pub rope_base: f32,
-    pub eps: f32,
-    /// Positions the caches hold.
-    pub capacity: usize,
-}
-
-impl AttentionShape {
-    fn check(&self, op: CudaOp) -> Result<AttnDims, CudaError> {
-        tokens_fit(op, self.tokens)?;
-        fits(
-            op,
-            "heads",
-            (self.heads + self.kv_heads) as u64,
-            MAX_GRID_YZ,
-        )?;
-        fits(
-            op,
-            "last position",
-            (self.pos0 + self.tokens) as u64,
-            self.capacity as u64,
-        )?;
-        fits(op, "positions", self.capacity as u64, i32::MAX as u64)?;
-        fits(op, "rope dims", self.rope_dim as u64, self.head_dim as u64)?;
-        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(CudaError::Shape {
-                op,
-                what: "heads (a multiple of kv_heads)",
-                expected: self.kv_heads,
-                found: self.heads,
-            });
-        }
-        Ok(AttnDims {
-            tokens: self.tokens,
-            pos0: self.pos0,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            rope_dim: self.rope_dim,
-            rope_base: self.rope_base,
-            eps: self.eps,
-        })
-    }
-
-    fn cache_len(&self) -> usize {
-        self.capacity * self.kv_heads * self.head_dim
-    }
-}
-
-/// RMSNorm + RoPE of every query head of `qg` (tokens x heads x [query | gate]) into `q`
-/// (tokens x heads x hd), and of every key head of `k` (tokens x kv_heads x hd) into the K
-/// cache at positions pos0.., with `v` copied into the V cache.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_prep<T: KvElement>(
-    device: &Device,
-    s: &AttentionShape,
-    qg: &CudaView<'_, f32>,
-    k: &CudaView<'_, f32>,
-    v: &CudaView<'_, f32>,
-    (q_norm, k_norm): (&CudaView<'_, f32>, &CudaView<'_, f32>),
-    q: &mut CudaViewMut<'_, f32>,
-    k_cache: &mut CudaViewMut<'_, T>,
-    v_cache: &mut CudaViewMut<'_, T>,
-) -> Result<(), CudaError> {
-    let op = CudaOp::AttentionPrep;
-    let d = s.check(op)?;
-    let hd = s.head_dim;
-    shape(op, "qg length", s.tokens * s.heads * 2 * hd, qg.len())?;
-    shape(op, "k length", s.tokens * s.kv_heads * hd, k.len())?;
-    shape(op, "v length", s.tokens * s.kv_heads * hd, v.len())?;
-    shape(op, "q_norm length", hd, q_norm.len())?;
-    shape(op, "k_norm length", hd, k_norm.len())?;
-    shape(op, "q length", s.tokens * s.heads * hd, q.len())?;
-    shape(op, "k cache length", s.cache_len(), k_cache.len())?;
-    shape(op, "v cache length", s.cache_len(), v_cache.len())?;
-    fits(
-        op,
-        "head dim (shared memory bytes)",
-        (hd * 4) as u64,
-        SHARED_MAX_BYTES as u64,
-    )?;
-    launch::attention_prep(
-        device,
-        T::CUDA_TYPE,
-        &d,
-        [qg, k, v, q_norm, k_norm],
-        q,
-        k_cache,
-        v_cache,
-    )
-}
-
-/// Causal attention of `q` (tokens x heads x hd) over the cache positions 0..=pos0 + t,
-/// times sigmoid of the gate half of `qg`, into `o` (tokens x heads x hd).
-#[allow(clippy::too_many_arguments)]
-pub fn attention<T: KvElement>(
-    device: &Device,
-    s: &AttentionShape,
-    q: &CudaView<'_, f32>,
-    qg: &CudaView<'_, f32>,
-    k_cache: &CudaView<'_, T>,
-    v_cache: &CudaView<'_, T>,
-    o: &mut CudaViewMut<'_, f32>,
-) -> Result<(), CudaError> {
-    let op = CudaOp::Attention;
-    let d = s.check(op)?;
-    let hd = s.head_dim;
-    supported(op, "head dim", hd, &ATTENTION_HEAD_DIMS, "64, 128, 256")?;
-    shape(op, "q length", s.tokens * s.heads * hd, q.len())?;
-    shape(op, "qg length", s.tokens * s.heads * 2 * hd, qg.len())?;
-    shape(op, "k cache length", s.cache_len(), k_cache.len())?;
-    shape(op, "v cache length", s.cache_len(), v_cache.len())?;
-    shape(op, "o length", s.tokens * s.heads * hd, o.len())?;
-    launch::attention(device, T::CUDA_TYPE, &d, q, qg, k_cache, v_cache, o)
 }

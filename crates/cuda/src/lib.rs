@@ -20,6 +20,7 @@
 //! (q/k norm + RoPE + KV write, attention over the cache with the output gate) and the
 //! MoE (routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum).
 
+mod attention_ops;
 mod cache;
 mod compile;
 mod device;
@@ -32,15 +33,17 @@ mod raw;
 mod source;
 mod tables;
 
+pub use attention_ops::{
+    attention, attention_partials_len, attention_prep, AttentionShape, KvElement,
+};
 pub use cache::cache_dir;
 pub use compile::{check_arch, compile_all, nvrtc_version};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use layer_ops::{
-    add, attention, attention_prep, delta_rule, deltanet_conv, deltanet_prep, deltanet_split,
-    embed, gated_norm, matmul, moe_down, moe_gate_up, moe_route, rms_norm, AttentionShape,
-    DeltaNetShape, KvElement,
+    add, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, embed, gated_norm, matmul,
+    moe_down, moe_gate_up, moe_route, rms_norm, DeltaNetShape,
 };
 pub use ops::{dequantize, matvec, WeightMatrix};
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, WEIGHT_KINDS};

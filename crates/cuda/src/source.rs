@@ -74,8 +74,12 @@ pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
 pub(crate) const CONV_KERNELS: [usize; 1] = [4];
 /// Attention head dims the attention kernel is built for (32 x values per lane).
 pub(crate) const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-/// Warps per CTA of the attention kernel.
+/// Warps per CTA of the attention kernels.
 pub(crate) const ATTENTION_WARPS: u32 = 4;
+/// Most KV-length splits of the flash-decoding attention (per token and head).
+pub const ATTENTION_MAX_SPLITS: usize = 64;
+/// Fewest positions per split: shorter ranges do not pay for their partials.
+pub(crate) const ATTENTION_MIN_CHUNK: usize = 32;
 /// KV-cache element types in CUDA spelling: f32 and f16 bits.
 pub(crate) const KV_CUDA_TYPES: [&str; 2] = ["float", "u16"];
 
@@ -96,6 +100,23 @@ pub(crate) fn moe_gate_up_kernel(kind: WeightKind) -> String {
 
 pub(crate) fn moe_down_kernel(kind: WeightKind) -> String {
     format!("moe_down_kernel<{}, {LAYER_WARPS}>", kind.cuda_name)
+}
+
+/// Lanes per row the version-2 expert matvecs are built for.
+pub(crate) const MOE_LANES: [usize; 2] = [16, 32];
+
+pub(crate) fn moe_gate_up_v2_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_gate_up_v2_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_down_v2_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_down_v2_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        kind.cuda_name
+    )
 }
 
 pub(crate) fn conv_kernel(width: usize) -> String {
@@ -120,6 +141,15 @@ pub(crate) fn attention_kernel(kv: &str, head_dim: usize) -> String {
         head_dim / 32
     )
 }
+
+pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
+    format!(
+        "attention_split_kernel<{kv}, {}, {ATTENTION_WARPS}>",
+        head_dim / 32
+    )
+}
+
+pub(crate) const ATTENTION_COMBINE_KERNEL: &str = "attention_combine_kernel";
 
 /// One NVRTC program: its full source and the kernels (name expressions) it exports.
 pub struct ModuleSource {
@@ -175,6 +205,14 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
+                .chain(WEIGHT_KINDS.iter().flat_map(|&k| {
+                    MOE_LANES.iter().flat_map(move |&lanes| {
+                        [
+                            moe_gate_up_v2_kernel(k, lanes),
+                            moe_down_v2_kernel(k, lanes),
+                        ]
+                    })
+                }))
                 .chain(["moe_route_kernel".to_string()])
                 .collect(),
         },
@@ -199,11 +237,12 @@ pub fn modules() -> Vec<ModuleSource> {
                 .iter()
                 .flat_map(|&kv| {
                     std::iter::once(attn_prep_kernel(kv)).chain(
-                        ATTENTION_HEAD_DIMS
-                            .iter()
-                            .map(move |&hd| attention_kernel(kv, hd)),
+                        ATTENTION_HEAD_DIMS.iter().flat_map(move |&hd| {
+                            [attention_kernel(kv, hd), attention_split_kernel(kv, hd)]
+                        }),
                     )
                 })
+                .chain([ATTENTION_COMBINE_KERNEL.to_string()])
                 .collect(),
         },
     ]

@@ -372,3 +372,53 @@ pub(crate) fn launch_attention<T: DeviceRepr>(
         launch.launch(config)
     })
 }
+
+/// `attention_split_kernel<KV, VPL, WARPS>(q, k_cache, v_cache, partials, pos0, heads,
+/// kv_heads, chunk, scale)`.
+pub(crate) fn launch_attention_split<T: DeviceRepr>(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (q, k_cache, v_cache): (&CudaView<'_, f32>, &CudaView<'_, T>, &CudaView<'_, T>),
+    partials: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 4],
+    scale: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(q).arg(k_cache).arg(v_cache).arg(partials);
+    for d in &dims {
+        launch.arg(d);
+    }
+    launch.arg(&scale);
+    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads, chunk); q holds
+    // tokens x heads x hd, the caches pos0 + tokens positions of kv_heads x hd (hd = 32 VPL,
+    // the kernel's specialization; the op entry checked them); the launcher sized grid.z
+    // (splits) so that partials holds tokens x heads x splits x (hd + 2) floats and
+    // splits x chunk covers pos0 + tokens positions; T is the kernel's KV type.
+    launched("cuLaunchKernel(attention_split)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `attention_combine_kernel(partials, qg, o, heads, hd, splits)`.
+pub(crate) fn launch_attention_combine(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    partials: &CudaView<'_, f32>,
+    qg: &CudaView<'_, f32>,
+    o: &mut CudaViewMut<'_, f32>,
+    dims: [i32; 3],
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(partials).arg(qg).arg(o);
+    for d in &dims {
+        launch.arg(d);
+    }
+    // SAFETY: arguments match the signature (dims heads, hd, splits); partials holds grid.x
+    // tokens x heads x splits x (hd + 2) floats written by the split kernel before it on the
+    // stream; qg holds tokens x heads x 2 hd and o tokens x heads x hd (op entry).
+    launched("cuLaunchKernel(attention_combine)", unsafe {
+        launch.launch(config)
+    })
+}

@@ -49,6 +49,7 @@ pub fn forward(
     };
     let mut q = s.q.slice_mut(..t * heads);
     let mut o = s.o.slice_mut(..t * heads);
+    let mut partials = s.attn_partials.as_view_mut();
     let inputs = Inputs {
         qg: qg.as_view(),
         k: k.as_view(),
@@ -57,8 +58,24 @@ pub fn forward(
         k_norm: w.k_norm.as_view(),
     };
     match kv {
-        LayerKv::F32 { k, v } => over_cache(device, &shape, &inputs, &mut q, k, v, &mut o)?,
-        LayerKv::F16 { k, v } => over_cache(device, &shape, &inputs, &mut q, k, v, &mut o)?,
+        LayerKv::F32 { k, v } => over_cache(
+            device,
+            &shape,
+            &inputs,
+            &mut q,
+            (k, v),
+            &mut partials,
+            &mut o,
+        )?,
+        LayerKv::F16 { k, v } => over_cache(
+            device,
+            &shape,
+            &inputs,
+            &mut q,
+            (k, v),
+            &mut partials,
+            &mut o,
+        )?,
     }
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
@@ -78,8 +95,8 @@ fn over_cache<T: KvElement>(
     shape: &AttentionShape,
     x: &Inputs<'_>,
     q: &mut CudaViewMut<'_, f32>,
-    k_cache: &mut CudaSlice<T>,
-    v_cache: &mut CudaSlice<T>,
+    (k_cache, v_cache): (&mut CudaSlice<T>, &mut CudaSlice<T>),
+    partials: &mut CudaViewMut<'_, f32>,
     o: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     attention_prep(
@@ -100,6 +117,7 @@ fn over_cache<T: KvElement>(
         &x.qg,
         &k_cache.as_view(),
         &v_cache.as_view(),
+        partials,
         o,
     )?;
     Ok(())

@@ -2,7 +2,7 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{CudaSlice, Device};
+use redlite_cuda::{attention_partials_len, CudaSlice, Device};
 
 use crate::error::Result;
 use crate::model::config::HybridConfig;
@@ -30,6 +30,9 @@ pub struct Scratch {
     pub q: CudaSlice<f32>,
     pub k: CudaSlice<f32>,
     pub v: CudaSlice<f32>,
+    /// Flash-decoding partial sums, sized for one token:
+    /// `[heads][ATTENTION_MAX_SPLITS][hd + 2]` (prefill batches use fewer splits or none).
+    pub attn_partials: CudaSlice<f32>,
     /// MoE: router logits `[T][n_expert]`, shared-expert gate logit and weight `[T]`,
     /// selected experts and their weights `[T][used]`, SwiGLU activations `[T][used][ff]`
     /// and `[T][shared_ff]`.
@@ -68,6 +71,7 @@ impl Scratch {
             q: f(attn)?,
             k: f(kv)?,
             v: f(kv)?,
+            attn_partials: device.alloc_zeros(attention_partials_len(1, c.n_head, c.head_dim))?,
             router: f(c.n_expert)?,
             shared_logit: f(1)?,
             shared_weight: f(1)?,
