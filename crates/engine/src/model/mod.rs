@@ -4,6 +4,7 @@ pub mod config;
 pub mod forward;
 pub mod load;
 pub mod tensors;
+pub mod weights;
 
 pub use config::{DeltaNetLayout, HybridConfig, LayerKind};
 pub use tensors::{expected_tensors, Role, TensorPlan};

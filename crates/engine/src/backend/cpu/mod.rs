@@ -85,7 +85,7 @@ impl Backend for CpuBackend {
 
     fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<()> {
         let e = self.config.n_embd;
-        let w = &self.weights.token_embd;
+        let w = &self.weights.model.token_embd;
         for (t, &id) in tokens.iter().enumerate() {
             if id as usize >= w.rows {
                 return Err(EngineError::BadToken {
@@ -101,9 +101,9 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, norm: Norm, b: Batch, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let w = match norm {
-            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
-            Norm::Post(l) => &self.weights.layers[l].post_norm,
-            Norm::Output => &self.weights.output_norm,
+            Norm::Attn(l) => &self.weights.model.layers[l].attn_norm,
+            Norm::Post(l) => &self.weights.model.layers[l].post_norm,
+            Norm::Output => &self.weights.model.output_norm,
         };
         let e = w.len();
         for t in 0..b.tokens {
@@ -125,7 +125,7 @@ impl Backend for CpuBackend {
         state: &mut SequenceState,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
+        let Mixer::DeltaNet(w) = &self.weights.model.layers[layer].mixer else {
             return Err(EngineError::BadConfig(format!(
                 "layer {layer} is not a DeltaNet layer"
             )));
@@ -150,7 +150,7 @@ impl Backend for CpuBackend {
         state: &mut SequenceState,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
+        let Mixer::Attention(w) = &self.weights.model.layers[layer].mixer else {
             return Err(EngineError::BadConfig(format!(
                 "layer {layer} is not an attention layer"
             )));
@@ -172,7 +172,7 @@ impl Backend for CpuBackend {
         moe::forward(
             &self.config,
             &self.mm(),
-            &self.weights.layers[layer].moe,
+            &self.weights.model.layers[layer].moe,
             &h[..b.tokens * e],
             b.tokens,
             &mut out[..b.tokens * e],
@@ -188,12 +188,12 @@ impl Backend for CpuBackend {
     fn logits(&self, b: Batch, first: usize, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let e = self.config.n_embd;
         let rows = b.tokens - first;
-        let vocab = self.weights.output.rows;
+        let vocab = self.weights.model.output.rows;
         let start = out.len();
         out.resize(start + rows * vocab, 0.0);
         linear::matmul(
             &self.mm(),
-            &self.weights.output,
+            &self.weights.model.output,
             &x[first * e..b.tokens * e],
             rows,
             &mut out[start..],

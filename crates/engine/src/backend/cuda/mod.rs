@@ -49,7 +49,7 @@ impl CudaBackend {
         gguf: &GgufModel,
         config: HybridConfig,
     ) -> Result<CudaBackend> {
-        let weights = CudaWeights::upload(&device, gguf, &config)?;
+        let weights = weights::upload(&device, gguf, &config)?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
         Ok(CudaBackend {
             config,
