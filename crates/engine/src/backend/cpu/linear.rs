@@ -62,19 +62,17 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// A batch of activations prepared once for one weight type: f32 rows (exact precision, or
 /// F32 weights), or each token quantized to the type's dot format (ggml precision).
-pub enum Prepared {
-    F32 { x: Vec<f32>, cols: usize },
+/// The f32 rows are borrowed, not copied.
+pub enum Prepared<'x> {
+    F32 { x: &'x [f32], cols: usize },
     Quantized(Vec<QuantizedActivation>),
 }
 
-impl Prepared {
+impl<'x> Prepared<'x> {
     /// Prepares `tokens` rows of `cols` values for dots with rows of `ty`.
-    pub fn new(mm: &MatmulCtx, ty: GgmlType, x: &[f32], cols: usize) -> Result<Prepared> {
+    pub fn new(mm: &MatmulCtx, ty: GgmlType, x: &'x [f32], cols: usize) -> Result<Prepared<'x>> {
         if mm.precision == Precision::Exact || ty == GgmlType::F32 {
-            return Ok(Prepared::F32 {
-                x: x.to_vec(),
-                cols,
-            });
+            return Ok(Prepared::F32 { x, cols });
         }
         let acts = x
             .chunks(cols)
@@ -105,7 +103,7 @@ fn rows_serial(
     w: &Matrix,
     first: usize,
     n: usize,
-    prep: &Prepared,
+    prep: &Prepared<'_>,
     by_row: &mut [f32],
     scratch: &mut RowScratch,
 ) -> Result<()> {
@@ -149,7 +147,7 @@ pub struct RowJob<'a> {
     pub w: &'a Matrix,
     pub first: usize,
     pub n: usize,
-    pub prep: &'a Prepared,
+    pub prep: &'a Prepared<'a>,
     pub out: &'a mut [f32],
 }
 

@@ -2,6 +2,8 @@
 //! experts (tokens grouped by expert, so each expert's rows are decoded once per batch) and
 //! the shared expert scaled by its sigmoid gate.
 
+use std::borrow::Cow;
+
 use crate::backend::cpu::linear::{matmul, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
@@ -27,7 +29,7 @@ struct Unit<'w> {
     width: usize,
     served: Vec<(usize, f32)>,
     /// The served tokens' inputs, `[n][n_embd]`.
-    x: Vec<f32>,
+    x: Cow<'w, [f32]>,
 }
 
 pub fn forward(
@@ -72,7 +74,7 @@ pub fn forward(
             down: &w.down_exps,
             slab: expert,
             width: c.expert_ff,
-            x: gather(&served),
+            x: Cow::Owned(gather(&served)),
             served,
         })
         .collect();
@@ -87,7 +89,7 @@ pub fn forward(
         down: &w.shared_down,
         slab: 0,
         width: c.shared_ff,
-        x: h.to_vec(),
+        x: Cow::Borrowed(h),
         served: shared,
     });
 
@@ -127,17 +129,26 @@ pub fn forward(
     run_jobs(mm, jobs)?;
 
     // SwiGLU, token-major, then the down projections in one region.
-    let mut down_preps = Vec::with_capacity(units.len());
-    for ((u, g), up) in units.iter().zip(&gates).zip(&ups) {
-        let n = u.served.len();
-        let mut a = vec![0f32; n * u.width];
-        for r in 0..u.width {
-            for t in 0..n {
-                a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
+    let swiglu: Vec<Vec<f32>> = units
+        .iter()
+        .zip(&gates)
+        .zip(&ups)
+        .map(|((u, g), up)| {
+            let n = u.served.len();
+            let mut a = vec![0f32; n * u.width];
+            for r in 0..u.width {
+                for t in 0..n {
+                    a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
+                }
             }
-        }
-        down_preps.push(Prepared::new(mm, u.down.ty, &a, u.width)?);
-    }
+            a
+        })
+        .collect();
+    let down_preps = units
+        .iter()
+        .zip(&swiglu)
+        .map(|(u, a)| Prepared::new(mm, u.down.ty, a, u.width))
+        .collect::<Result<Vec<_>>>()?;
     let mut downs: Vec<Vec<f32>> = units
         .iter()
         .map(|u| vec![0f32; e * u.served.len()])
