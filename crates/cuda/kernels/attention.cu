@@ -21,10 +21,11 @@ template <class KV>
 __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __restrict__ k,
                                  const float* __restrict__ v, const float* __restrict__ q_norm,
                                  const float* __restrict__ k_norm, float* __restrict__ q,
-                                 KV* __restrict__ k_cache, KV* __restrict__ v_cache, int pos0,
-                                 int heads, int kv_heads, int hd, int rope_dim, float rope_base,
-                                 float eps) {
+                                 KV* __restrict__ k_cache, KV* __restrict__ v_cache,
+                                 const u32* __restrict__ pos_dev, int pos0, int heads,
+                                 int kv_heads, int hd, int rope_dim, float rope_base, float eps) {
     extern __shared__ float buf[];
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, y = blockIdx.y, lane = threadIdx.x;
     const bool is_query = y < heads;
     const int kvh = y - heads;
@@ -67,8 +68,10 @@ template <class KV, int VPL, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
                  const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
-                 float* __restrict__ o, int pos0, int heads, int kv_heads, float scale) {
+                 float* __restrict__ o, const u32* __restrict__ pos_dev, int pos0, int heads,
+                 int kv_heads, float scale) {
     constexpr int HD = VPL * WARP_SIZE;
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ float acc_part[WARPS][HD];
     const int t = blockIdx.x, h = blockIdx.y;
@@ -127,12 +130,22 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
 // overlap), keep an online softmax each and merge in shared memory. The split writes
 // partials[t][h][s] = (Σ p v relative to its max: HD floats, max, sum); a split past the
 // token's last position writes (0, -inf, 0).
+// With pos_dev (a CUDA graph replayed at any position) pos0 is read from device memory and
+// chunk = 0: the split uses ceil(len / min_chunk) splits (at most grid.z; the rest are
+// empty) and chunk = ceil(len / splits), len = pos0 + tokens, as the host computes them.
 template <class KV, int VPL, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
-                       const KV* __restrict__ v_cache, float* __restrict__ partials, int pos0,
-                       int heads, int kv_heads, int chunk, float scale) {
+                       const KV* __restrict__ v_cache, float* __restrict__ partials,
+                       const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
+                       int chunk, int min_chunk, float scale) {
     constexpr int HD = VPL * WARP_SIZE, G = 4;
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
+    if (chunk <= 0) {
+        const int len = pos0 + int(gridDim.x);
+        const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
+        chunk = (len + splits - 1) / splits;
+    }
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ float acc_part[WARPS][HD];
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;

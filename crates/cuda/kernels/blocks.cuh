@@ -23,6 +23,34 @@ struct F16 {
     }
 };
 
+// F32 / F16 rows read 16 bytes per item (4 or 8 values): the dense matvecs use these for
+// rows whose length is a multiple of 4 (8), the row starts then being 16-byte aligned.
+struct F32x4 {
+    static constexpr int VALUES = 4, BYTES = 16, ITEMS = 1;
+    template <class Emit>
+    static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
+        const uint4 v = load_u128(b);
+        emit(0, __int_as_float(int(v.x)));
+        emit(1, __int_as_float(int(v.y)));
+        emit(2, __int_as_float(int(v.z)));
+        emit(3, __int_as_float(int(v.w)));
+    }
+};
+
+struct F16x8 {
+    static constexpr int VALUES = 8, BYTES = 16, ITEMS = 1;
+    template <class Emit>
+    static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
+        const uint4 v = load_u128(b);
+        const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            emit(2 * w, f16_to_f32(u16(words[w] & 0xffff)));
+            emit(2 * w + 1, f16_to_f32(u16(words[w] >> 16)));
+        }
+    }
+};
+
 // d f16 @0, 32 int8 @2. Item: 8 values.
 struct Q8_0 {
     static constexpr int VALUES = 32, BYTES = 34, ITEMS = 4;

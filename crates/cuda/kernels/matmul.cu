@@ -21,3 +21,55 @@ matmul_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     const float acc = warp_reduce_sum(row_dot_lane<B>(weights + row * row_bytes, xs, cols, lane));
     if (lane == 0) y[i64(blockIdx.y) * rows + row] = acc;
 }
+
+// Version 2 (the default): ROWS consecutive rows per warp, WARPS warps per CTA. The warp's
+// lanes take the same items of its ROWS rows, so their loads are in flight together and
+// each x value is read from shared memory once for all of them; x[t] is staged once per
+// WARPS * ROWS rows instead of once per WARPS. Each row's sum runs in the order of version
+// 1 (lane-strided items, then one warp reduction), so the results are the same bits.
+template <class B, int WARPS, int ROWS, bool X_SHARED>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                 float* __restrict__ y, int rows, int cols) {
+    extern __shared__ float4 x_shared4[];
+    const float* xs = x + i64(blockIdx.y) * cols;
+    if (X_SHARED) {
+        float* x_shared = reinterpret_cast<float*>(x_shared4);
+        if ((cols & 3) == 0 && (reinterpret_cast<u64>(xs) & 15) == 0) {
+            const float4* x4 = reinterpret_cast<const float4*>(xs);
+            for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) x_shared4[i] = x4[i];
+        } else {
+            for (int i = threadIdx.x; i < cols; i += blockDim.x) x_shared[i] = xs[i];
+        }
+        __syncthreads();
+        xs = x_shared;
+    }
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    if (row0 >= rows) return;
+    const int valid = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const int items = cols / B::VALUES * B::ITEMS;
+    const u8* w = weights + i64(row0) * row_bytes;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const float* xb = xs + block * B::VALUES;
+        const u8* wb = w + i64(block) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < valid) {
+                B::decode(wb + r * row_bytes, item,
+                          [&](int index, float value) { acc[r] = fmaf(value, xb[index], acc[r]); });
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float sum = warp_reduce_sum(acc[r]);
+        if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
+    }
+}

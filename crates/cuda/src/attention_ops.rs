@@ -81,6 +81,30 @@ impl AttentionShape {
     }
 }
 
+/// Where the kernels take the position of a one-token batch from.
+#[derive(Clone, Copy)]
+pub enum Position<'a, 'b> {
+    /// `AttentionShape::pos0`, fixed at launch.
+    Host,
+    /// A u32 in device memory, read when the kernel runs (a captured decode step replayed at
+    /// every position). The shape's `pos0` is only checked; the caller guarantees that the
+    /// position it writes there stays below the capacity.
+    Device(&'a CudaView<'b, u32>),
+}
+
+impl<'a, 'b> Position<'a, 'b> {
+    fn check(self, op: CudaOp, tokens: usize) -> Result<Option<&'a CudaView<'b, u32>>, CudaError> {
+        match self {
+            Position::Host => Ok(None),
+            Position::Device(view) => {
+                shape(op, "tokens (device position)", 1, tokens)?;
+                shape(op, "device position length", 1, view.len())?;
+                Ok(Some(view))
+            }
+        }
+    }
+}
+
 /// RMSNorm + RoPE of every query head of `qg` (tokens x heads x [query | gate]) into `q`
 /// (tokens x heads x hd), and of every key head of `k` (tokens x kv_heads x hd) into the K
 /// cache at positions pos0.., with `v` copied into the V cache.
@@ -95,9 +119,11 @@ pub fn attention_prep<T: KvElement>(
     q: &mut CudaViewMut<'_, f32>,
     k_cache: &mut CudaViewMut<'_, T>,
     v_cache: &mut CudaViewMut<'_, T>,
+    pos: Position<'_, '_>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::AttentionPrep;
     let d = s.check(op)?;
+    let pos = pos.check(op, s.tokens)?;
     let hd = s.head_dim;
     shape(op, "qg length", s.tokens * s.heads * 2 * hd, qg.len())?;
     shape(op, "k length", s.tokens * s.kv_heads * hd, k.len())?;
@@ -121,6 +147,7 @@ pub fn attention_prep<T: KvElement>(
         q,
         k_cache,
         v_cache,
+        pos,
     )
 }
 
@@ -145,9 +172,11 @@ pub fn attention<T: KvElement>(
     v_cache: &CudaView<'_, T>,
     partials: &mut CudaViewMut<'_, f32>,
     o: &mut CudaViewMut<'_, f32>,
+    pos: Position<'_, '_>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::Attention;
     let d = s.check(op)?;
+    let pos = pos.check(op, s.tokens)?;
     let hd = s.head_dim;
     supported(op, "head dim", hd, &ATTENTION_HEAD_DIMS, "64, 128, 256")?;
     shape(op, "q length", s.tokens * s.heads * hd, q.len())?;
@@ -165,5 +194,6 @@ pub fn attention<T: KvElement>(
         v_cache,
         partials,
         o,
+        pos,
     )
 }

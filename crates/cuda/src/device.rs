@@ -47,6 +47,8 @@ impl Device {
         let multiprocessors = context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver("cuDeviceGetAttribute(multiprocessors)"))?;
+        // One stream of our own (the legacy default stream cannot be captured into a graph).
+        let stream = raw::single_stream(&context)?;
         let mut kernels = HashMap::new();
         for module in modules() {
             let compiled = compile_cached(&module, &arch)?;
@@ -61,7 +63,7 @@ impl Device {
             }
         }
         Ok(Device {
-            stream: context.default_stream(),
+            stream,
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
@@ -158,8 +160,9 @@ impl Device {
             .map_err(CudaError::driver("cuStreamSynchronize"))
     }
 
-    /// The device address of a buffer, for alignment checks.
-    pub(crate) fn address<T>(&self, buffer: &impl DevicePtr<T>) -> u64 {
+    /// The device address of a buffer (alignment checks; identity of the buffers a captured
+    /// graph was recorded with).
+    pub fn address<T>(&self, buffer: &impl DevicePtr<T>) -> u64 {
         let (address, _sync) = buffer.device_ptr(&self.stream);
         address
     }

@@ -6,8 +6,9 @@ use crate::error::CudaError;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MOE_LANES,
+    LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, WIDE_F16, WIDE_F32,
 };
+use redlite_gguf::GgmlType;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use std::sync::OnceLock;
 
@@ -94,11 +95,51 @@ pub(crate) fn matmul(
 ) -> Result<(), CudaError> {
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES;
-    let kernel = device.kernel(&source::matmul_kernel(kind, x_shared))?;
     let shared = if x_shared { x_bytes } else { 0 };
-    let cfg = config((warps_grid(rows), tokens, 1), LAYER_WARPS * 32, shared);
     let shape = (to_i32(rows), to_i32(cols));
+    if matvec_v1() {
+        let kernel = device.kernel(&source::matmul_kernel(kind, x_shared))?;
+        let cfg = config((warps_grid(rows), tokens, 1), LAYER_WARPS * 32, shared);
+        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
+    let block = match kind.ty {
+        GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
+        GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
+        _ => kind.cuda_name,
+    };
+    let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
+    let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
+    let per_cta = MATMUL_V2_WARPS as usize * per_warp;
+    let cfg = config((rows.div_ceil(per_cta), tokens, 1), MATMUL_V2_WARPS * 32, shared);
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+/// `REDLITE_MATVEC_V1=1`: the version-1 matvecs (one row per warp, 4 warps per CTA).
+fn matvec_v1() -> bool {
+    static V1: OnceLock<bool> = OnceLock::new();
+    *V1.get_or_init(|| std::env::var("REDLITE_MATVEC_V1").as_deref() == Ok("1"))
+}
+
+/// Rows per warp of the version-2 matmul: the most (of 1, 2, 4) that still gives every
+/// multiprocessor two CTAs; `REDLITE_MATMUL_ROWS` (1, 2 or 4) forces one.
+fn matmul_rows_per_warp(rows: usize, multiprocessors: usize) -> usize {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("REDLITE_MATMUL_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| MATMUL_V2_ROWS.contains(r))
+    });
+    if let Some(r) = forced {
+        return r;
+    }
+    let ctas = |per_warp: usize| rows / (MATMUL_V2_WARPS as usize * per_warp);
+    MATMUL_V2_ROWS
+        .iter()
+        .rev()
+        .copied()
+        .find(|&r| ctas(r) >= 2 * multiprocessors)
+        .unwrap_or(1)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -133,8 +174,7 @@ pub(crate) type MoeCounts = (usize, usize, usize);
 /// Lanes per row of the version-2 expert matvecs for rows of `cols` values: 16 when a row
 /// has at most 16 thread items, else 32; `None` (version 1) under `REDLITE_MATVEC_V1=1`.
 fn moe_lanes(kind: WeightKind, cols: usize) -> Option<usize> {
-    static V1: OnceLock<bool> = OnceLock::new();
-    if *V1.get_or_init(|| std::env::var("REDLITE_MATVEC_V1").as_deref() == Ok("1")) {
+    if matvec_v1() {
         return None;
     }
     let items = cols / kind.ty.block_values() * kind.items_per_block;
@@ -357,6 +397,7 @@ pub(crate) fn attention_prep<T: DeviceRepr>(
     q: &mut CudaViewMut<'_, f32>,
     k_cache: &mut CudaViewMut<'_, T>,
     v_cache: &mut CudaViewMut<'_, T>,
+    pos: Option<&CudaView<'_, u32>>,
 ) -> Result<(), CudaError> {
     let kernel = device.kernel(&source::attn_prep_kernel(kv_type))?;
     let cfg = config(
@@ -377,19 +418,22 @@ pub(crate) fn attention_prep<T: DeviceRepr>(
         q,
         k_cache,
         v_cache,
+        pos,
         dims,
         rope,
     )
+}
+
+fn split_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("REDLITE_ATTN_SPLIT").as_deref() != Ok("0"))
 }
 
 /// Splits of the KV length for `d` (1: the single-pass kernel): one per
 /// `ATTENTION_MIN_CHUNK` positions, at most `ATTENTION_MAX_SPLITS`, and as many as
 /// `partials_len` floats hold. `REDLITE_ATTN_SPLIT=0` forces the single-pass kernel.
 fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("REDLITE_ATTN_SPLIT").as_deref() != Ok("0"));
-    if !enabled {
+    if !split_enabled() {
         return 1;
     }
     let per_split = d.tokens * d.heads * (d.head_dim + 2);
@@ -398,6 +442,16 @@ fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
         .min(ATTENTION_MAX_SPLITS)
         .min(partials_len / per_split.max(1))
         .max(1)
+}
+
+/// Splits launched when the position is read from device memory (a graph replayed at any
+/// position): every split the partials hold, the kernel leaving the unneeded ones empty.
+fn device_pos_splits(d: &AttnDims, partials_len: usize) -> usize {
+    if !split_enabled() {
+        return 1;
+    }
+    let per_split = d.tokens * d.heads * (d.head_dim + 2);
+    ATTENTION_MAX_SPLITS.min(partials_len / per_split.max(1))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -411,20 +465,27 @@ pub(crate) fn attention<T: DeviceRepr>(
     v_cache: &CudaView<'_, T>,
     partials: &mut CudaViewMut<'_, f32>,
     o: &mut CudaViewMut<'_, f32>,
+    pos: Option<&CudaView<'_, u32>>,
 ) -> Result<(), CudaError> {
     let scale = 1.0 / (d.head_dim as f32).sqrt();
-    let splits = attention_splits(d, partials.len());
+    let (splits, chunk) = match pos {
+        Some(_) => (device_pos_splits(d, partials.len()), 0),
+        None => {
+            let splits = attention_splits(d, partials.len());
+            (splits, (d.pos0 + d.tokens).div_ceil(splits))
+        }
+    };
     if splits > 1 {
-        let chunk = (d.pos0 + d.tokens).div_ceil(splits);
         let split = device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?;
         let cfg = config((d.tokens, d.heads, splits), ATTENTION_WARPS * 32, 0);
-        let dims = [d.pos0, d.heads, d.kv_heads, chunk].map(to_i32);
+        let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
         raw::launch_attention_split(
             device.stream(),
             split,
             cfg,
             (q, k_cache, v_cache),
             partials,
+            pos,
             dims,
             scale,
         )?;
@@ -453,6 +514,7 @@ pub(crate) fn attention<T: DeviceRepr>(
         k_cache,
         v_cache,
         o,
+        pos,
         dims,
         scale,
     )

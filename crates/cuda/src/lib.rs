@@ -25,6 +25,7 @@ mod cache;
 mod compile;
 mod device;
 mod error;
+mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
@@ -34,13 +35,14 @@ mod source;
 mod tables;
 
 pub use attention_ops::{
-    attention, attention_partials_len, attention_prep, AttentionShape, KvElement,
+    attention, attention_partials_len, attention_prep, AttentionShape, KvElement, Position,
 };
 pub use cache::cache_dir;
 pub use compile::{check_arch, compile_all, nvrtc_version};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
+pub use graph::Graph;
 pub use layer_ops::{
     add, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, embed, gated_norm, matmul,
     moe_down, moe_gate_up, moe_route, rms_norm, DeltaNetShape,

@@ -22,6 +22,28 @@ pub(crate) fn nvrtc_present() -> bool {
     unsafe { nvrtc::is_culib_present() }
 }
 
+/// A new stream of `context`, with cudarc's per-buffer event tracking off: every op of the
+/// crate is ordered on this one stream, and events recorded outside a graph capture must not
+/// be waited on inside one.
+pub(crate) fn single_stream(
+    context: &std::sync::Arc<cudarc::driver::CudaContext>,
+) -> Result<std::sync::Arc<CudaStream>, CudaError> {
+    // SAFETY: called before any buffer of the freshly created context exists, so no buffer
+    // carries events; the crate never creates a second stream.
+    unsafe { context.disable_event_tracking() };
+    context
+        .new_stream()
+        .map_err(CudaError::driver("cuStreamCreate"))
+}
+
+/// An instantiated CUDA graph that may move between threads.
+pub(crate) struct SendGraph(pub cudarc::driver::CudaGraph);
+
+// SAFETY: CUDA graph objects may be used from any thread as long as calls on one graph are
+// serialized; `Graph` owns this value and takes `&mut self` for nothing but its launch,
+// and the owner keeps it behind a lock (the backend's mutex) when it shares it.
+unsafe impl Send for SendGraph {}
+
 fn status_text(status: nvrtc::nvrtcResult) -> String {
     format!("{status:?}")
 }

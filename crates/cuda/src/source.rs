@@ -94,6 +94,27 @@ pub(crate) fn matmul_kernel(kind: WeightKind, x_shared: bool) -> String {
     )
 }
 
+/// Warps per CTA of the version-2 dense matmul, and the rows per warp it is built for.
+pub(crate) const MATMUL_V2_WARPS: u32 = 8;
+pub(crate) const MATMUL_V2_ROWS: [usize; 3] = [1, 2, 4];
+/// Block structs of `blocks.cuh` that read F32 / F16 rows 16 bytes at a time, with the
+/// values each holds.
+pub(crate) const WIDE_F32: (&str, usize) = ("F32x4", 4);
+pub(crate) const WIDE_F16: (&str, usize) = ("F16x8", 8);
+
+pub(crate) fn matmul_v2_kernel(block: &str, rows: usize, x_shared: bool) -> String {
+    format!("matmul_v2_kernel<{block}, {MATMUL_V2_WARPS}, {rows}, {x_shared}>")
+}
+
+/// The block structs the version-2 matmul is instantiated for.
+fn matmul_v2_blocks() -> Vec<&'static str> {
+    WEIGHT_KINDS
+        .iter()
+        .map(|k| k.cuda_name)
+        .chain([WIDE_F32.0, WIDE_F16.0])
+        .collect()
+}
+
 pub(crate) fn moe_gate_up_kernel(kind: WeightKind) -> String {
     format!("moe_gate_up_kernel<{}, {LAYER_WARPS}>", kind.cuda_name)
 }
@@ -197,6 +218,11 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [matmul_kernel(k, true), matmul_kernel(k, false)])
+                .chain(matmul_v2_blocks().into_iter().flat_map(|block| {
+                    MATMUL_V2_ROWS.iter().flat_map(move |&rows| {
+                        [true, false].map(|shared| matmul_v2_kernel(block, rows, shared))
+                    })
+                }))
                 .collect(),
         },
         ModuleSource {

@@ -23,6 +23,17 @@ fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'
     stream.launch_builder(kernel)
 }
 
+/// The null device pointer kernels take for "no position in device memory".
+static NO_POS: u64 = 0;
+
+/// Pushes the `const u32* pos_dev` argument: the device scalar, or null.
+fn push_pos<'a>(launch: &mut LaunchArgs<'a>, pos: Option<&'a CudaView<'_, u32>>) {
+    match pos {
+        Some(view) => launch.arg(view),
+        None => launch.arg(&NO_POS),
+    };
+}
+
 /// `embed_kernel<B>(table, tokens, x, rows, cols)`.
 pub(crate) fn launch_embed(
     stream: &CudaStream,
@@ -312,8 +323,9 @@ pub(crate) struct RopeArgs {
     pub eps: f32,
 }
 
-/// `attn_prep_kernel<KV>(qg, k, v, q_norm, k_norm, q, k_cache, v_cache, pos0, heads,
-/// kv_heads, hd, rope_dim, rope_base, eps)`.
+/// `attn_prep_kernel<KV>(qg, k, v, q_norm, k_norm, q, k_cache, v_cache, pos_dev, pos0,
+/// heads, kv_heads, hd, rope_dim, rope_base, eps)`; `pos` (a u32 in device memory, read by
+/// the kernel in place of pos0) is for one-token batches whose position the caller checked.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_attn_prep<T: DeviceRepr>(
     stream: &CudaStream,
@@ -323,6 +335,7 @@ pub(crate) fn launch_attn_prep<T: DeviceRepr>(
     q: &mut CudaViewMut<'_, f32>,
     k_cache: &mut CudaViewMut<'_, T>,
     v_cache: &mut CudaViewMut<'_, T>,
+    pos: Option<&CudaView<'_, u32>>,
     dims: [i32; 5],
     rope: RopeArgs,
 ) -> Result<(), CudaError> {
@@ -331,6 +344,7 @@ pub(crate) fn launch_attn_prep<T: DeviceRepr>(
         launch.arg(input);
     }
     launch.arg(q).arg(k_cache).arg(v_cache);
+    push_pos(&mut launch, pos);
     for d in &dims {
         launch.arg(d);
     }
@@ -344,8 +358,8 @@ pub(crate) fn launch_attn_prep<T: DeviceRepr>(
     })
 }
 
-/// `attention_kernel<KV, VPL, WARPS>(q, qg, k_cache, v_cache, o, pos0, heads, kv_heads,
-/// scale)`.
+/// `attention_kernel<KV, VPL, WARPS>(q, qg, k_cache, v_cache, o, pos_dev, pos0, heads,
+/// kv_heads, scale)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_attention<T: DeviceRepr>(
     stream: &CudaStream,
@@ -356,11 +370,13 @@ pub(crate) fn launch_attention<T: DeviceRepr>(
     k_cache: &CudaView<'_, T>,
     v_cache: &CudaView<'_, T>,
     o: &mut CudaViewMut<'_, f32>,
+    pos: Option<&CudaView<'_, u32>>,
     dims: [i32; 3],
     scale: f32,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(q).arg(qg).arg(k_cache).arg(v_cache).arg(o);
+    push_pos(&mut launch, pos);
     for d in &dims {
         launch.arg(d);
     }
@@ -373,28 +389,33 @@ pub(crate) fn launch_attention<T: DeviceRepr>(
     })
 }
 
-/// `attention_split_kernel<KV, VPL, WARPS>(q, k_cache, v_cache, partials, pos0, heads,
-/// kv_heads, chunk, scale)`.
+/// `attention_split_kernel<KV, VPL, WARPS>(q, k_cache, v_cache, partials, pos_dev, pos0,
+/// heads, kv_heads, chunk, min_chunk, scale)`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_attention_split<T: DeviceRepr>(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
     (q, k_cache, v_cache): (&CudaView<'_, f32>, &CudaView<'_, T>, &CudaView<'_, T>),
     partials: &mut CudaViewMut<'_, f32>,
-    dims: [i32; 4],
+    pos: Option<&CudaView<'_, u32>>,
+    dims: [i32; 5],
     scale: f32,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(q).arg(k_cache).arg(v_cache).arg(partials);
+    push_pos(&mut launch, pos);
     for d in &dims {
         launch.arg(d);
     }
     launch.arg(&scale);
-    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads, chunk); q holds
-    // tokens x heads x hd, the caches pos0 + tokens positions of kv_heads x hd (hd = 32 VPL,
-    // the kernel's specialization; the op entry checked them); the launcher sized grid.z
-    // (splits) so that partials holds tokens x heads x splits x (hd + 2) floats and
-    // splits x chunk covers pos0 + tokens positions; T is the kernel's KV type.
+    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads, chunk, min_chunk);
+    // q holds tokens x heads x hd, the caches pos0 + tokens positions of kv_heads x hd
+    // (hd = 32 VPL, the kernel's specialization; the op entry checked them, and for a
+    // device position the caller checked it against the capacity); the launcher sized
+    // grid.z (splits) so that partials holds tokens x heads x splits x (hd + 2) floats and
+    // splits x chunk covers pos0 + tokens positions (chunk 0: the kernel derives it so that
+    // it does); T is the kernel's KV type.
     launched("cuLaunchKernel(attention_split)", unsafe {
         launch.launch(config)
     })

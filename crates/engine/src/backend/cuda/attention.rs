@@ -4,7 +4,7 @@
 
 use redlite_cuda::{
     attention, attention_prep, matmul, AttentionShape, CudaSlice, CudaView, CudaViewMut, Device,
-    KvElement,
+    KvElement, Position,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::model::config::HybridConfig;
 
 /// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`; extends the layer's KV cache
-/// at positions `b.pos0..b.pos0 + T`.
+/// at positions `b.pos0..b.pos0 + T` (`position`: where the kernels read `b.pos0` from).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
@@ -27,6 +27,7 @@ pub fn forward(
     kv: &mut LayerKv,
     capacity: usize,
     out: &mut CudaViewMut<'_, f32>,
+    position: Position<'_, '_>,
 ) -> Result<()> {
     let t = b.tokens;
     let (heads, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
@@ -66,6 +67,7 @@ pub fn forward(
             (k, v),
             &mut partials,
             &mut o,
+            position,
         )?,
         LayerKv::F16 { k, v } => over_cache(
             device,
@@ -75,6 +77,7 @@ pub fn forward(
             (k, v),
             &mut partials,
             &mut o,
+            position,
         )?,
     }
     matmul(device, &w.out.view(), &o.as_view(), out)?;
@@ -98,6 +101,7 @@ fn over_cache<T: KvElement>(
     (k_cache, v_cache): (&mut CudaSlice<T>, &mut CudaSlice<T>),
     partials: &mut CudaViewMut<'_, f32>,
     o: &mut CudaViewMut<'_, f32>,
+    position: Position<'_, '_>,
 ) -> Result<()> {
     attention_prep(
         device,
@@ -109,6 +113,7 @@ fn over_cache<T: KvElement>(
         q,
         &mut k_cache.as_view_mut(),
         &mut v_cache.as_view_mut(),
+        position,
     )?;
     attention(
         device,
@@ -119,6 +124,7 @@ fn over_cache<T: KvElement>(
         &v_cache.as_view(),
         partials,
         o,
+        position,
     )?;
     Ok(())
 }

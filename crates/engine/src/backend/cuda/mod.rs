@@ -5,11 +5,12 @@
 //! Every op only queues kernels on the device's stream; the host waits only where data
 //! comes back (`logits`, `to_host`). Intermediate buffers (`Scratch`) are allocated once
 //! for the largest batch, so a decode step allocates nothing — the precondition for
-//! capturing a whole decode step in one CUDA graph later (a `decode_graph` entry that
-//! replays the captured launches with the token id and position read from device memory).
+//! capturing a whole one-token decode step in one CUDA graph (`graph`), replayed with the
+//! token id and position read from device memory.
 
 mod attention;
 mod deltanet;
+mod graph;
 mod moe;
 mod scratch;
 mod state;
@@ -17,13 +18,14 @@ mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redlite_cuda::Device;
+use redlite_cuda::{Device, Position};
 use redlite_gguf::GgufModel;
 
 use crate::backend::{Backend, Batch, Norm};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
+use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
 use scratch::Scratch;
 pub use state::{CudaAct, CudaState};
 use weights::{CudaWeights, Mixer};
@@ -34,6 +36,9 @@ pub struct CudaBackend {
     weights: CudaWeights,
     /// Behind a lock because `Backend` ops take `&self`; uncontended (one sequence at a time).
     scratch: Mutex<Scratch>,
+    /// The recorded one-token decode steps (shared with every state, whose `set_pos` ends
+    /// a step).
+    graphs: SharedGraphs,
 }
 
 impl CudaBackend {
@@ -51,11 +56,13 @@ impl CudaBackend {
     ) -> Result<CudaBackend> {
         let weights = weights::upload(&device, gguf, &config)?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
+        let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
             config,
             device,
             weights,
             scratch,
+            graphs,
         })
     }
 
@@ -71,6 +78,11 @@ impl CudaBackend {
             .map_err(|_| EngineError::Cuda("scratch lock poisoned by a panic".into()))?;
         scratch.reserve(&self.device, &self.config, tokens)?;
         Ok(scratch)
+    }
+
+    /// What op `op` on `buffers` does in the current step (see `graph`).
+    fn gate(&self, op: Op, buffers: [u64; 3]) -> Result<Gate> {
+        graph::lock(&self.graphs)?.gate(OpKey { op, buffers })
     }
 
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
@@ -94,7 +106,13 @@ impl Backend for CudaBackend {
     }
 
     fn new_state(&self, capacity: usize, kv_type: KvType) -> CudaState {
-        CudaState::new(self.device.clone(), &self.config, capacity, kv_type)
+        CudaState::new(
+            self.device.clone(),
+            self.graphs.clone(),
+            &self.config,
+            capacity,
+            kv_type,
+        )
     }
 
     fn embed(&self, tokens: &[u32], x: &mut CudaAct) -> Result<()> {
@@ -103,6 +121,25 @@ impl Backend for CudaBackend {
             return Err(EngineError::BadToken { id, n_vocab });
         }
         let mut scratch = self.scratch(tokens.len())?;
+        if let [token] = tokens {
+            let key = OpKey {
+                op: Op::Embed,
+                buffers: [x.address(&self.device)?, scratch.generation, 0],
+            };
+            let mut graphs = graph::lock(&self.graphs)?;
+            match graphs.begin(*token, key)? {
+                Gate::Skip => return Ok(()),
+                Gate::Capture => {
+                    return Ok(redlite_cuda::embed(
+                        &self.device,
+                        &self.weights.token_embd.view(),
+                        &graphs.token(),
+                        &mut x.rows_mut(1)?,
+                    )?)
+                }
+                Gate::Run => {}
+            }
+        }
         let mut ids = scratch.token_ids.slice_mut(..tokens.len());
         self.device.copy_to_device(tokens, &mut ids)?;
         let mut out = x.rows_mut(tokens.len())?;
@@ -116,6 +153,10 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, norm: Norm, b: Batch, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let buffers = [x.address(&self.device)?, out.address(&self.device)?, 0];
+        if self.gate(Op::Norm(norm), buffers)? == Gate::Skip {
+            return Ok(());
+        }
         let w = match norm {
             Norm::Attn(l) => &self.weights.layers[l].attn_norm,
             Norm::Post(l) => &self.weights.layers[l].post_norm,
@@ -142,6 +183,15 @@ impl Backend for CudaBackend {
         let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "a DeltaNet"));
         };
+        let delta = state.deltanet_mut(layer)?;
+        let buffers = [
+            h.address(&self.device)?,
+            out.address(&self.device)?,
+            self.device.address(&delta.recurrent),
+        ];
+        if self.gate(Op::DeltaNet(layer), buffers)? == Gate::Skip {
+            return Ok(());
+        }
         let mut scratch = self.scratch(b.tokens)?;
         deltanet::forward(
             &self.device,
@@ -149,7 +199,7 @@ impl Backend for CudaBackend {
             w,
             &mut scratch,
             &h.rows(b.tokens)?,
-            state.deltanet_mut(layer)?,
+            delta,
             &mut out.rows_mut(b.tokens)?,
         )
     }
@@ -165,8 +215,23 @@ impl Backend for CudaBackend {
         let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "an attention"));
         };
-        let mut scratch = self.scratch(b.tokens)?;
         let capacity = state.capacity;
+        let kv = state.kv_mut(layer)?;
+        let buffers = [
+            h.address(&self.device)?,
+            out.address(&self.device)?,
+            kv.address(&self.device),
+        ];
+        let gate = self.gate(Op::Attention(layer), buffers)?;
+        if gate == Gate::Skip {
+            return Ok(());
+        }
+        let mut scratch = self.scratch(b.tokens)?;
+        let graphs = graph::lock(&self.graphs)?;
+        let position = match gate {
+            Gate::Capture => Position::Device(&graphs.position()),
+            _ => Position::Host,
+        };
         attention::forward(
             &self.device,
             &self.config,
@@ -174,13 +239,18 @@ impl Backend for CudaBackend {
             &mut scratch,
             b,
             &h.rows(b.tokens)?,
-            state.kv_mut(layer)?,
+            kv,
             capacity,
             &mut out.rows_mut(b.tokens)?,
+            position,
         )
     }
 
     fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let buffers = [h.address(&self.device)?, out.address(&self.device)?, 0];
+        if self.gate(Op::Moe(layer), buffers)? == Gate::Skip {
+            return Ok(());
+        }
         let mut scratch = self.scratch(b.tokens)?;
         moe::forward(
             &self.device,
@@ -193,11 +263,16 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
+        let buffers = [x.address(&self.device)?, y.address(&self.device)?, 0];
+        if self.gate(Op::Add, buffers)? == Gate::Skip {
+            return Ok(());
+        }
         redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
         Ok(())
     }
 
     fn logits(&self, b: Batch, first: usize, x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt(b.pos0)?;
         let rows = b.tokens - first;
         let vocab = self.weights.output.rows;
         let mut scratch = self.scratch(b.tokens)?;
@@ -218,6 +293,10 @@ impl Backend for CudaBackend {
 
     /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
     fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
+        let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt(b.pos0));
+        if interrupted.is_err() {
+            return Vec::new();
+        }
         let mut host = vec![0f32; b.tokens * x.width];
         match x.rows(b.tokens) {
             Ok(view) if self.device.copy_to_host(&view, &mut host).is_ok() => host,

@@ -10,6 +10,9 @@ use crate::model::config::HybridConfig;
 pub struct Scratch {
     /// Tokens every buffer below holds.
     pub tokens: usize,
+    /// Bumped whenever the buffers are reallocated: a decode step recorded with older
+    /// buffers is not replayed.
+    pub generation: u64,
     /// Token ids of the batch `[T]`.
     pub token_ids: CudaSlice<u32>,
     /// Legacy `ssm_in` output `[T][channels + inner]`, or attention `qg` `[T][heads][2][hd]`.
@@ -60,6 +63,7 @@ impl Scratch {
         let f = |n: usize| device.alloc_zeros::<f32>(t * n.max(1));
         Ok(Scratch {
             tokens: t,
+            generation: 0,
             token_ids: device.alloc_zeros(t)?,
             proj: f((channels + inner).max(2 * attn))?,
             qkv: f(channels)?,
@@ -90,7 +94,9 @@ impl Scratch {
         if tokens > self.tokens {
             let logits = std::mem::replace(&mut self.logits, device.alloc_zeros(1)?);
             let rows = self.logit_rows;
+            let generation = self.generation + 1;
             *self = Scratch::new(device, c, tokens)?;
+            self.generation = generation;
             self.logits = logits;
             self.logit_rows = rows;
         }

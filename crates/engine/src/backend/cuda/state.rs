@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use redlite_cuda::{CudaSlice, CudaView, CudaViewMut, Device};
 
+use crate::backend::cuda::graph::{self, SharedGraphs};
 use crate::backend::SeqState;
 use crate::error::{EngineError, Result};
 use crate::model::config::{HybridConfig, LayerKind};
@@ -40,6 +41,14 @@ impl CudaAct {
             )));
         }
         Ok(())
+    }
+
+    /// The device address of the buffer (identity of a recorded decode step).
+    pub(super) fn address(&self, device: &Device) -> Result<u64> {
+        match &self.data {
+            Ok(d) => Ok(device.address(d)),
+            Err(msg) => Err(self.unallocated(msg)),
+        }
     }
 
     fn unallocated(&self, msg: &str) -> EngineError {
@@ -93,6 +102,16 @@ pub enum LayerKv {
     },
 }
 
+impl LayerKv {
+    /// The device address of the K cache (identity of a recorded decode step).
+    pub(super) fn address(&self, device: &Device) -> u64 {
+        match self {
+            LayerKv::F32 { k, .. } => device.address(k),
+            LayerKv::F16 { k, .. } => device.address(k),
+        }
+    }
+}
+
 /// Conv window and recurrent matrices of one DeltaNet layer.
 pub struct DeltaState {
     /// The last `kernel - 1` raw conv inputs, oldest first: `[kernel - 1][channels]`.
@@ -109,6 +128,11 @@ pub struct StateBuffers {
 /// The state of one sequence on the GPU.
 pub struct CudaState {
     device: Arc<Device>,
+    /// The backend's decode-step recorder: `set_pos` ends a one-token step (and launches
+    /// its graph).
+    graphs: SharedGraphs,
+    /// A decode step whose graph could not be launched; reported by `check_room`.
+    step_error: Option<String>,
     /// Tokens processed so far (the next token's position).
     pos: usize,
     /// Positions the KV cache holds.
@@ -160,6 +184,7 @@ fn allocate(
 impl CudaState {
     pub(super) fn new(
         device: Arc<Device>,
+        graphs: SharedGraphs,
         config: &HybridConfig,
         capacity: usize,
         kv_type: KvType,
@@ -170,6 +195,8 @@ impl CudaState {
         };
         CudaState {
             device,
+            graphs,
+            step_error: None,
             pos: 0,
             capacity,
             kv_type,
@@ -208,14 +235,24 @@ impl SeqState for CudaState {
         self.pos
     }
 
+    /// Called by `forward` after the layers: a recorded one-token step runs here.
     fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
+        let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish(pos.saturating_sub(1)));
+        if let Err(e) = finished {
+            self.step_error = Some(e.to_string());
+        }
     }
 
     fn check_room(&self, tokens: usize) -> Result<()> {
         if let Err(msg) = &self.buffers {
             return Err(EngineError::Cuda(format!("sequence state: {msg}")));
         }
+        if let Some(msg) = &self.step_error {
+            return Err(EngineError::Cuda(format!("sequence state: {msg}")));
+        }
+        // A step that failed half-way left its capture open: drop it before running more.
+        graph::lock(&self.graphs)?.abandon();
         if self.pos + tokens > self.capacity {
             return Err(EngineError::ContextFull {
                 needed: self.pos + tokens,
@@ -229,6 +266,10 @@ impl SeqState for CudaState {
     /// failure leaves the state unusable; `check_room` then reports it.
     fn reset_state(&mut self) {
         self.pos = 0;
+        self.step_error = None;
+        if let Ok(mut graphs) = graph::lock(&self.graphs) {
+            graphs.abandon();
+        }
         let device = self.device.clone();
         let Ok(buffers) = &mut self.buffers else {
             return;

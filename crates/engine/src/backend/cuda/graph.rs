@@ -1,0 +1,234 @@
+//! The one-token decode step as one CUDA graph.
+//!
+//! `forward` calls the backend op by op; for a one-token batch the backend records those
+//! ops' launches (stream capture) instead of running them, from `embed` to the `set_pos`
+//! that ends the layers, and launches the recorded graph there. The next one-token step
+//! on the same buffers skips every op (each one only checks that it is the op recorded at
+//! its place, with the same buffers) and replays the graph: ~900 launches become one. The
+//! kernels read the token id and the position from `step` (device memory, written just
+//! before each launch), so one graph serves every position. The final norm and the LM head
+//! stay outside: they run after `set_pos`, eagerly.
+//!
+//! A step that copies activations to the host in the middle (`to_host`, per-layer parity
+//! checks) ends its capture early: what was recorded runs at once, the rest of the step
+//! eagerly, and nothing is kept. `REDLITE_CUDA_GRAPH=0` turns graphs off.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redlite_cuda::{CudaSlice, CudaView, Device, Graph};
+
+use crate::backend::Norm;
+use crate::error::{EngineError, Result};
+
+/// Graphs kept per backend (one per workspace and sequence state in use).
+const MAX_GRAPHS: usize = 4;
+
+/// Which op of the forward pass, for matching a step against the recorded one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Embed,
+    Norm(Norm),
+    DeltaNet(usize),
+    Attention(usize),
+    Moe(usize),
+    Add,
+}
+
+/// One op and the device addresses of the buffers it reads and writes (activations, the
+/// sequence state, the scratch generation): equal keys mean the recorded launches are
+/// valid for this op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpKey {
+    pub op: Op,
+    pub buffers: [u64; 3],
+}
+
+/// What the op at hand does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Launch eagerly, position from the host.
+    Run,
+    /// Launch into the graph being recorded, token and position from device memory.
+    Capture,
+    /// Nothing: the recorded graph does it.
+    Skip,
+}
+
+struct Captured {
+    ops: Vec<OpKey>,
+    graph: Graph,
+}
+
+enum Mode {
+    /// No one-token step in progress.
+    Idle,
+    Capturing(Vec<OpKey>),
+    Replaying { graph: usize, next: usize },
+    /// A capture ended early (`interrupt`): the rest of this step runs eagerly.
+    Eager,
+}
+
+pub struct DecodeGraphs {
+    device: Arc<Device>,
+    enabled: bool,
+    /// `[token id, position]` of the current step.
+    step: CudaSlice<u32>,
+    token: u32,
+    mode: Mode,
+    captured: Vec<Captured>,
+}
+
+/// The recorder, shared by the backend (ops) and every sequence state it made (`set_pos`).
+pub type SharedGraphs = Arc<Mutex<DecodeGraphs>>;
+
+pub fn lock(graphs: &SharedGraphs) -> Result<MutexGuard<'_, DecodeGraphs>> {
+    graphs
+        .lock()
+        .map_err(|_| EngineError::Cuda("decode-graph lock poisoned by a panic".into()))
+}
+
+fn enabled_by_env() -> bool {
+    std::env::var("REDLITE_CUDA_GRAPH").as_deref() != Ok("0")
+}
+
+impl DecodeGraphs {
+    pub fn new(device: Arc<Device>) -> Result<SharedGraphs> {
+        let step = device.alloc_zeros(2)?;
+        Ok(Arc::new(Mutex::new(DecodeGraphs {
+            device,
+            enabled: enabled_by_env(),
+            step,
+            token: 0,
+            mode: Mode::Idle,
+            captured: Vec::new(),
+        })))
+    }
+
+    /// The token id of the step, in device memory (`[1]`).
+    pub fn token(&self) -> CudaView<'_, u32> {
+        self.step.slice(0..1)
+    }
+
+    /// The position of the step, in device memory (`[1]`).
+    pub fn position(&self) -> CudaView<'_, u32> {
+        self.step.slice(1..2)
+    }
+
+    /// Starts a one-token step at its embedding (`key`: the embed op and its output).
+    pub fn begin(&mut self, token: u32, key: OpKey) -> Result<Gate> {
+        self.abandon();
+        if !self.enabled {
+            return Ok(Gate::Run);
+        }
+        self.token = token;
+        if let Some(graph) = self.captured.iter().position(|c| c.ops[0] == key) {
+            self.mode = Mode::Replaying { graph, next: 1 };
+            return Ok(Gate::Skip);
+        }
+        if self.device.begin_capture().is_err() {
+            // Capture unsupported here: stay eager for good.
+            self.enabled = false;
+            return Ok(Gate::Run);
+        }
+        self.mode = Mode::Capturing(vec![key]);
+        Ok(Gate::Capture)
+    }
+
+    /// What the op `key` of the current step does.
+    pub fn gate(&mut self, key: OpKey) -> Result<Gate> {
+        match &mut self.mode {
+            Mode::Idle | Mode::Eager => Ok(Gate::Run),
+            Mode::Capturing(ops) => {
+                ops.push(key);
+                Ok(Gate::Capture)
+            }
+            Mode::Replaying { graph, next } => {
+                let recorded = self.captured[*graph].ops.get(*next).copied();
+                if recorded == Some(key) {
+                    *next += 1;
+                    return Ok(Gate::Skip);
+                }
+                let at = *next;
+                self.mode = Mode::Idle;
+                self.enabled = false;
+                Err(EngineError::Cuda(format!(
+                    "decode graph: op {at} of the step is {key:?}, the recorded one was \
+                     {recorded:?}; graphs are now off (REDLITE_CUDA_GRAPH=0 avoids this)"
+                )))
+            }
+        }
+    }
+
+    /// Ends the step whose token sits at `pos`: launches the recorded or replayed graph.
+    pub fn finish(&mut self, pos: usize) -> Result<()> {
+        match std::mem::replace(&mut self.mode, Mode::Idle) {
+            Mode::Idle | Mode::Eager => Ok(()),
+            Mode::Capturing(ops) => {
+                let graph = self.device.end_capture()?.ok_or_else(|| {
+                    EngineError::Cuda("decode graph: the capture recorded nothing".into())
+                })?;
+                self.launch(&graph, pos)?;
+                if self.captured.len() == MAX_GRAPHS {
+                    self.captured.remove(0);
+                }
+                self.captured.push(Captured { ops, graph });
+                Ok(())
+            }
+            Mode::Replaying { graph, next } => {
+                if next != self.captured[graph].ops.len() {
+                    self.enabled = false;
+                    return Err(EngineError::Cuda(format!(
+                        "decode graph: the step ended after {next} of the {} recorded ops",
+                        self.captured[graph].ops.len()
+                    )));
+                }
+                let captured = self.captured.remove(graph);
+                let launched = self.launch(&captured.graph, pos);
+                self.captured.push(captured);
+                launched
+            }
+        }
+    }
+
+    /// Host access in the middle of a step at `pos`: what was recorded runs now, the rest
+    /// of the step eagerly. A replay cannot be cut short (its earlier ops never ran).
+    pub fn interrupt(&mut self, pos: usize) -> Result<()> {
+        match std::mem::replace(&mut self.mode, Mode::Eager) {
+            Mode::Idle => {
+                self.mode = Mode::Idle;
+                Ok(())
+            }
+            Mode::Eager => Ok(()),
+            Mode::Capturing(_) => match self.device.end_capture()? {
+                Some(graph) => self.launch(&graph, pos),
+                None => Ok(()),
+            },
+            Mode::Replaying { .. } => {
+                self.mode = Mode::Idle;
+                self.enabled = false;
+                Err(EngineError::Cuda(
+                    "decode graph: host access in the middle of a replayed step; graphs are \
+                     now off (REDLITE_CUDA_GRAPH=0 avoids this)"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    fn launch(&mut self, graph: &Graph, pos: usize) -> Result<()> {
+        let pos = u32::try_from(pos)
+            .map_err(|_| EngineError::Cuda(format!("position {pos} exceeds u32")))?;
+        let mut step = self.step.as_view_mut();
+        self.device.copy_to_device(&[self.token, pos], &mut step)?;
+        graph.launch()?;
+        Ok(())
+    }
+
+    /// A step that never reached `finish` (an op failed and `forward` returned early): its
+    /// recording is dropped (none of its ops ran) and the stream runs launches again.
+    pub fn abandon(&mut self) {
+        if let Mode::Capturing(_) = std::mem::replace(&mut self.mode, Mode::Idle) {
+            let _ = self.device.end_capture();
+        }
+    }
+}
