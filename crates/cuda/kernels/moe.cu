@@ -79,6 +79,68 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
+// Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
+// warp per token and no block barrier. The same selection (largest p first, ties to the lower
+// index); the softmax sums run in warp order. Lane k keeps the k-th choice until the end.
+__global__ void moe_route_v2_kernel(const float* __restrict__ logits,
+                                    const float* __restrict__ shared_logit,
+                                    int* __restrict__ ids, float* __restrict__ weights,
+                                    float* __restrict__ shared_weight, int n_expert, int used) {
+    extern __shared__ float p[];
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* l = logits + i64(t) * n_expert;
+    float m = -INFINITY;
+    for (int i = lane; i < n_expert; i += WARP_SIZE) m = fmaxf(m, l[i]);
+    m = warp_reduce_max(m);
+    float sum = 0.0f;
+    for (int i = lane; i < n_expert; i += WARP_SIZE) {
+        p[i] = expf(l[i] - m);
+        sum += p[i];
+    }
+    const float inv = 1.0f / warp_reduce_sum(sum);
+    for (int i = lane; i < n_expert; i += WARP_SIZE) p[i] *= inv;
+    __syncwarp();
+    float total = 0.0f, mine = 0.0f;
+    int mine_index = n_expert;
+    for (int k = 0; k < used; ++k) {
+        float v = -1.0f;
+        int index = n_expert;
+        for (int i = lane; i < n_expert; i += WARP_SIZE) {
+            if (p[i] > v) {
+                v = p[i];
+                index = i;
+            }
+        }
+#pragma unroll
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
+            if (ov > v || (ov == v && oi < index)) {
+                v = ov;
+                index = oi;
+            }
+        }
+        if (lane == k % WARP_SIZE) {
+            mine = v;
+            mine_index = index;
+        }
+        if (index < n_expert && lane == index % WARP_SIZE) p[index] = -1.0f;
+        __syncwarp();
+        total += v;
+        if (k % WARP_SIZE == WARP_SIZE - 1 || k == used - 1) {
+            // Lanes flush their choices every 32 picks (used > 32 is allowed).
+            const int slot = k - k % WARP_SIZE + lane;
+            if (slot <= k) {
+                ids[t * used + slot] = mine_index;
+                weights[t * used + slot] = mine;
+            }
+        }
+    }
+    __syncwarp();
+    for (int k = lane; k < used; k += WARP_SIZE) weights[t * used + k] /= total;
+    if (lane == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+}
+
 // act[t][k][r] = silu(gate_e[r] · x[t]) * (up_e[r] · x[t]) with e = ids[t][k]; gate and up
 // are stacks of n_expert experts of `ff` rows each (an id out of range yields 0). Grid (ceil(ff / WARPS), used, tokens); one warp
 // per row; x[t] staged in dynamic shared memory (cols floats).

@@ -23,6 +23,14 @@ pub struct Device {
     kernels: HashMap<String, CudaFunction>,
 }
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        if crate::profile::profiling() {
+            eprint!("{}", crate::profile::report());
+        }
+    }
+}
+
 impl Device {
     /// Opens GPU `ordinal`, compiles (or loads from the disk cache) every kernel module for
     /// its architecture and loads them. [`CudaError::NoDriver`], [`CudaError::NoNvrtc`] and

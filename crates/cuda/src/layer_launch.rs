@@ -100,6 +100,7 @@ pub(crate) fn matmul(
     if matvec_v1() {
         let kernel = device.kernel(&source::matmul_kernel(kind, x_shared))?;
         let cfg = config((warps_grid(rows), tokens, 1), LAYER_WARPS * 32, shared);
+        crate::profile::label(|| format!("matmul v1 {} {rows}x{cols} t{tokens}", kind.cuda_name));
         return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
     }
     let block = match kind.ty {
@@ -110,6 +111,7 @@ pub(crate) fn matmul(
     let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
     let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
     let per_cta = MATMUL_V2_WARPS as usize * per_warp;
+    crate::profile::label(|| format!("matmul {} {rows}x{cols} t{tokens}", kind.cuda_name));
     let cfg = config((rows.div_ceil(per_cta), tokens, 1), MATMUL_V2_WARPS * 32, shared);
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
 }
@@ -152,8 +154,14 @@ pub(crate) fn moe_route(
     shared_weight: &mut CudaViewMut<'_, f32>,
     (tokens, n_expert, used): (usize, usize, usize),
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel("moe_route_kernel")?;
-    let cfg = config((tokens, 1, 1), ROW_THREADS, n_expert * size_of::<f32>());
+    static V1: OnceLock<bool> = OnceLock::new();
+    let v1 = *V1.get_or_init(|| std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1"));
+    let (kernel, threads) = if v1 {
+        (device.kernel("moe_route_kernel")?, ROW_THREADS)
+    } else {
+        (device.kernel("moe_route_v2_kernel")?, 32)
+    };
+    let cfg = config((tokens, 1, 1), threads, n_expert * size_of::<f32>());
     let dims = (to_i32(n_expert), to_i32(used));
     raw::launch_moe_route(
         device.stream(),
@@ -213,6 +221,7 @@ pub(crate) fn moe_gate_up(
         cols * size_of::<f32>(),
     );
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
+    crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
 }
 
@@ -243,6 +252,7 @@ pub(crate) fn moe_down(
         LAYER_WARPS * 32,
         used * ff * size_of::<f32>(),
     );
+    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
     let dims = (
         to_i32(rows),
         to_i32(ff),
@@ -360,6 +370,33 @@ pub(crate) fn delta_rule(
     );
     let dims = [d.tokens, d.k_heads, d.v_heads, d.head_dim].map(to_i32);
     raw::launch_delta_rule(device.stream(), kernel, cfg, qkv, beta, g, state, out, dims)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn deltanet_step(
+    device: &Device,
+    d: &DeltaDims,
+    width: usize,
+    eps: f32,
+    inputs: [&CudaView<'_, f32>; 7],
+    conv_state: &mut CudaViewMut<'_, f32>,
+    recurrent: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
+    let threads = d.v_heads / d.k_heads * d.head_dim;
+    let cfg = config((d.k_heads, 1, 1), to_u32(threads), 0);
+    let dims = [d.k_heads, d.v_heads].map(to_i32);
+    let q_scale = 1.0 / (d.head_dim as f32).sqrt();
+    raw::launch_deltanet_step(
+        device.stream(),
+        kernel,
+        cfg,
+        inputs,
+        (conv_state, recurrent, out),
+        dims,
+        (eps, q_scale),
+    )
 }
 
 pub(crate) fn gated_norm(

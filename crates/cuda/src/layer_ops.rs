@@ -389,6 +389,69 @@ pub fn deltanet_conv(
     launch::deltanet_conv(device, &d, width, w, state, qkv)
 }
 
+/// The DeltaNet parameters of one layer as the fused decode step reads them.
+pub struct DeltaNetParams<'a, 'b> {
+    /// Conv taps, channels x width.
+    pub conv_w: &'a CudaView<'b, f32>,
+    pub a: &'a CudaView<'b, f32>,
+    pub dt_bias: &'a CudaView<'b, f32>,
+    /// Gated-norm weight, head_dim.
+    pub norm_w: &'a CudaView<'b, f32>,
+}
+
+/// The whole DeltaNet step of one token between its projections: conv + SiLU of `qkv`
+/// (channels, the projection output; not modified), q/k L2 norms, β and g from `ba`
+/// (2 v_heads), the delta rule on `recurrent` (v_heads x dk x dv) and the gated RMSNorm with
+/// `z` (inner), into `out` (inner). Needs dk = dv (`head_dim`) of 32, 64 or 128 and a conv
+/// of width 4; the same math as `deltanet_conv`, `deltanet_prep`, `delta_rule` and
+/// `gated_norm` in turn.
+#[allow(clippy::too_many_arguments)]
+pub fn deltanet_step(
+    device: &Device,
+    s: &DeltaNetShape,
+    eps: f32,
+    p: &DeltaNetParams<'_, '_>,
+    (qkv, z, ba): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
+    conv_state: &mut CudaViewMut<'_, f32>,
+    recurrent: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::DeltaNet;
+    let d = s.check(op)?;
+    shape(op, "tokens (fused step)", 1, s.tokens)?;
+    let dk = s.head_dim;
+    supported(op, "head dim", dk, &DELTA_DK, "32, 64, 128")?;
+    let channels = s.channels();
+    let width = p.conv_w.len() / channels.max(1);
+    supported(op, "conv kernel width", width, &CONV_KERNELS, "4")?;
+    fits(
+        op,
+        "threads per key head (v_heads / k_heads x head_dim)",
+        (s.v_heads / s.k_heads * dk) as u64,
+        1024,
+    )?;
+    shape(op, "conv weight length", channels * width, p.conv_w.len())?;
+    shape(op, "conv state length", channels * (width - 1), conv_state.len())?;
+    shape(op, "qkv length", channels, qkv.len())?;
+    shape(op, "z length", s.inner(), z.len())?;
+    shape(op, "ba length", 2 * s.v_heads, ba.len())?;
+    shape(op, "ssm_a length", s.v_heads, p.a.len())?;
+    shape(op, "dt_bias length", s.v_heads, p.dt_bias.len())?;
+    shape(op, "norm weight length", dk, p.norm_w.len())?;
+    shape(op, "state length", s.v_heads * dk * dk, recurrent.len())?;
+    shape(op, "out length", s.inner(), out.len())?;
+    launch::deltanet_step(
+        device,
+        &d,
+        width,
+        eps,
+        [qkv, z, ba, p.conv_w, p.a, p.dt_bias, p.norm_w],
+        conv_state,
+        recurrent,
+        out,
+    )
+}
+
 /// In place on qkv: L2-normalized q and k heads (q scaled by 1/sqrt(head_dim)); from `ba`
 /// (tokens x 2 v_heads, grouped per key head) `beta = sigmoid(b)` and
 /// `g = a · softplus(a_in + dt_bias)` (tokens x v_heads).

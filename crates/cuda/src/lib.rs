@@ -30,6 +30,7 @@ mod launch;
 mod layer_launch;
 mod layer_ops;
 mod ops;
+mod profile;
 mod raw;
 mod source;
 mod tables;
@@ -44,10 +45,12 @@ pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use graph::Graph;
 pub use layer_ops::{
-    add, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, embed, gated_norm, matmul,
-    moe_down, moe_gate_up, moe_route, rms_norm, DeltaNetShape,
+    add, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, embed,
+    gated_norm, matmul, moe_down, moe_gate_up, moe_route, rms_norm, DeltaNetParams,
+    DeltaNetShape,
 };
 pub use ops::{dequantize, matvec, WeightMatrix};
+pub use profile::profiling;
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, WEIGHT_KINDS};
 
 /// Whether this build carries the CUDA backend at all.

@@ -148,6 +148,10 @@ pub(crate) fn delta_rule_kernel(dk: usize) -> String {
     format!("delta_rule_kernel<{dk}, {DELTA_COLS}>")
 }
 
+pub(crate) fn deltanet_step_kernel(dk: usize, width: usize) -> String {
+    format!("deltanet_step_kernel<{dk}, {width}>")
+}
+
 pub(crate) fn gated_norm_kernel() -> String {
     format!("gated_norm_kernel<{LAYER_WARPS}>")
 }
@@ -239,7 +243,7 @@ pub fn modules() -> Vec<ModuleSource> {
                         ]
                     })
                 }))
-                .chain(["moe_route_kernel".to_string()])
+                .chain(["moe_route_kernel".to_string(), "moe_route_v2_kernel".to_string()])
                 .collect(),
         },
         ModuleSource {
@@ -249,6 +253,11 @@ pub fn modules() -> Vec<ModuleSource> {
                 .iter()
                 .map(|&w| conv_kernel(w))
                 .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
+                .chain(DELTA_DK.iter().flat_map(|&dk| {
+                    CONV_KERNELS
+                        .iter()
+                        .map(move |&w| deltanet_step_kernel(dk, w))
+                }))
                 .chain([
                     "deltanet_split_kernel".to_string(),
                     "deltanet_prep_kernel".to_string(),

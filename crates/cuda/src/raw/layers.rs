@@ -4,22 +4,26 @@
 //! launchers in `layer_launch` sized the grid and the dynamic shared memory.
 
 use crate::error::CudaError;
+use crate::profile;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg,
 };
 
 fn launched(
+    stream: &CudaStream,
     call: &'static str,
     result: Result<
         Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
         cudarc::driver::DriverError,
     >,
 ) -> Result<(), CudaError> {
+    profile::after(stream, call);
     result.map(|_| ()).map_err(CudaError::driver(call))
 }
 
 fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'a> {
+    profile::before(stream);
     stream.launch_builder(kernel)
 }
 
@@ -48,7 +52,7 @@ pub(crate) fn launch_embed(
     launch.arg(table).arg(tokens).arg(x).arg(&rows).arg(&cols);
     // SAFETY: arguments match the signature; the op entry checked table = rows x cols whole
     // blocks and x = tokens x cols; ids past `rows` are zero-filled by the kernel.
-    launched("cuLaunchKernel(embed)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(embed)", unsafe { launch.launch(config) })
 }
 
 /// `rms_norm_kernel(x, w, out, cols, eps)`, one CTA per row.
@@ -66,7 +70,7 @@ pub(crate) fn launch_rms_norm(
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(w).arg(out).arg(&cols).arg(&eps);
     // SAFETY: arguments match the signature; x and out hold grid.x rows of `cols`, w `cols`.
-    launched("cuLaunchKernel(rms_norm)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(rms_norm)", unsafe { launch.launch(config) })
 }
 
 /// `add_kernel(x, y, n)`.
@@ -81,7 +85,7 @@ pub(crate) fn launch_add(
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(y).arg(&n);
     // SAFETY: arguments match the signature; x and y hold n values; threads past n return.
-    launched("cuLaunchKernel(add)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(add)", unsafe { launch.launch(config) })
 }
 
 /// `matmul_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`, grid.y = tokens.
@@ -98,7 +102,7 @@ pub(crate) fn launch_matmul(
     launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
     // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
     // grid.y x cols and y grid.y x rows values; X_SHARED kernels get cols * 4 shared bytes.
-    launched("cuLaunchKernel(matmul)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(matmul)", unsafe { launch.launch(config) })
 }
 
 /// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
@@ -126,7 +130,7 @@ pub(crate) fn launch_moe_route(
     // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
     // ids/weights `used` (≤ n_expert) and shared_logit/shared_weight one; the CTA has
     // n_expert * 4 bytes of dynamic shared memory.
-    launched("cuLaunchKernel(moe_route)", unsafe {
+    launched(stream, "cuLaunchKernel(moe_route)", unsafe {
         launch.launch(config)
     })
 }
@@ -158,7 +162,7 @@ pub(crate) fn launch_moe_gate_up(
     // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
     // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
     // tokens x used x ff; the CTA has cols * 4 bytes of dynamic shared memory.
-    launched("cuLaunchKernel(moe_gate_up)", unsafe {
+    launched(stream, "cuLaunchKernel(moe_gate_up)", unsafe {
         launch.launch(config)
     })
 }
@@ -191,7 +195,7 @@ pub(crate) fn launch_moe_down(
     // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
     // weights tokens x used, act tokens x used x ff, out tokens x rows; the CTA has
     // used * ff * 4 bytes of dynamic shared memory.
-    launched("cuLaunchKernel(moe_down)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(moe_down)", unsafe { launch.launch(config) })
 }
 
 /// `deltanet_split_kernel(p, qkv, z, k_heads, dk, r, dv)`.
@@ -211,7 +215,7 @@ pub(crate) fn launch_deltanet_split(
     }
     // SAFETY: arguments match the signature (k_heads, dk, r, dv); per token (grid.y) p holds
     // channels + inner values, qkv channels and z inner; threads past the row return.
-    launched("cuLaunchKernel(deltanet_split)", unsafe {
+    launched(stream, "cuLaunchKernel(deltanet_split)", unsafe {
         launch.launch(config)
     })
 }
@@ -235,7 +239,7 @@ pub(crate) fn launch_conv(
         .arg(&tokens);
     // SAFETY: arguments match the signature; qkv holds tokens x channels, state
     // (KERNEL - 1) x channels and w channels x KERNEL values; threads past channels return.
-    launched("cuLaunchKernel(conv_silu)", unsafe {
+    launched(stream, "cuLaunchKernel(conv_silu)", unsafe {
         launch.launch(config)
     })
 }
@@ -265,7 +269,7 @@ pub(crate) fn launch_deltanet_prep(
     // SAFETY: arguments match the signature (channels, k_heads, v_heads, dk); per token
     // (grid.x) qkv holds channels, ba 2 x v_heads, beta and g v_heads values; a and dt_bias
     // hold v_heads.
-    launched("cuLaunchKernel(deltanet_prep)", unsafe {
+    launched(stream, "cuLaunchKernel(deltanet_prep)", unsafe {
         launch.launch(config)
     })
 }
@@ -291,7 +295,42 @@ pub(crate) fn launch_delta_rule(
     // SAFETY: arguments match the signature (tokens, k_heads, v_heads, dv); qkv holds tokens
     // x channels, beta and g tokens x v_heads, state v_heads x DK x dv, out tokens x v_heads
     // x dv; grid (v_heads, dv / COLS) stays inside them.
-    launched("cuLaunchKernel(delta_rule)", unsafe {
+    launched(stream, "cuLaunchKernel(delta_rule)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `deltanet_step_kernel<DK, KERNEL>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
+/// state, out, k_heads, v_heads, eps, q_scale)`; inputs are (qkv, z, ba, conv_w, a, dt_bias,
+/// norm_w).
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_deltanet_step(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    inputs: [&CudaView<'_, f32>; 7],
+    (conv_state, state, out): (
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+    ),
+    dims: [i32; 2],
+    (eps, q_scale): (f32, f32),
+) -> Result<(), CudaError> {
+    let [qkv, z, ba, conv_w, a, dt_bias, norm_w] = inputs;
+    let mut launch = builder(stream, kernel);
+    launch.arg(qkv).arg(z).arg(ba).arg(conv_w).arg(conv_state);
+    launch.arg(a).arg(dt_bias).arg(norm_w).arg(state).arg(out);
+    for d in &dims {
+        launch.arg(d);
+    }
+    launch.arg(&eps).arg(&q_scale);
+    // SAFETY: arguments match the signature (k_heads, v_heads); the op entry checked every
+    // length against one token of the shape (qkv, conv weights and state over all channels,
+    // z and out v_heads x DK, ba 2 v_heads, state v_heads x DK x DK, norm weight DK), DK and
+    // KERNEL are the specialization, and grid k_heads x block (v_heads / k_heads) x DK
+    // threads (≤ 1024, checked) covers exactly the heads.
+    launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
         launch.launch(config)
     })
 }
@@ -312,7 +351,7 @@ pub(crate) fn launch_gated_norm(
     launch.arg(o).arg(z).arg(w).arg(&rows).arg(&dv).arg(&eps);
     // SAFETY: arguments match the signature; o and z hold rows x dv values, w dv; warps past
     // `rows` return.
-    launched("cuLaunchKernel(gated_norm)", unsafe {
+    launched(stream, "cuLaunchKernel(gated_norm)", unsafe {
         launch.launch(config)
     })
 }
@@ -353,7 +392,7 @@ pub(crate) fn launch_attn_prep<T: DeviceRepr>(
     // heads, kv_heads, hd, rope_dim); the op entry checked every input for grid.x tokens and
     // that the caches hold positions pos0 + tokens; T is the kernel's KV type; the CTA has
     // hd * 4 bytes of dynamic shared memory.
-    launched("cuLaunchKernel(attn_prep)", unsafe {
+    launched(stream, "cuLaunchKernel(attn_prep)", unsafe {
         launch.launch(config)
     })
 }
@@ -384,7 +423,7 @@ pub(crate) fn launch_attention<T: DeviceRepr>(
     // SAFETY: arguments match the signature (dims pos0, heads, kv_heads); q and o hold tokens
     // x heads x hd, qg twice that; the caches hold pos0 + tokens positions of kv_heads x hd
     // (hd = 32 VPL, the kernel's specialization); T is the kernel's KV type.
-    launched("cuLaunchKernel(attention)", unsafe {
+    launched(stream, "cuLaunchKernel(attention)", unsafe {
         launch.launch(config)
     })
 }
@@ -416,7 +455,7 @@ pub(crate) fn launch_attention_split<T: DeviceRepr>(
     // grid.z (splits) so that partials holds tokens x heads x splits x (hd + 2) floats and
     // splits x chunk covers pos0 + tokens positions (chunk 0: the kernel derives it so that
     // it does); T is the kernel's KV type.
-    launched("cuLaunchKernel(attention_split)", unsafe {
+    launched(stream, "cuLaunchKernel(attention_split)", unsafe {
         launch.launch(config)
     })
 }
@@ -439,7 +478,7 @@ pub(crate) fn launch_attention_combine(
     // SAFETY: arguments match the signature (dims heads, hd, splits); partials holds grid.x
     // tokens x heads x splits x (hd + 2) floats written by the split kernel before it on the
     // stream; qg holds tokens x heads x 2 hd and o tokens x heads x hd (op entry).
-    launched("cuLaunchKernel(attention_combine)", unsafe {
+    launched(stream, "cuLaunchKernel(attention_combine)", unsafe {
         launch.launch(config)
     })
 }

@@ -1,10 +1,14 @@
 //! One Gated DeltaNet mixer on the GPU (spec §3.2), mirroring `cpu::deltanet`: projections,
 //! legacy split, conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule for
-//! every token in order, gated RMSNorm, output projection. Seven launches per layer.
+//! every token in order, gated RMSNorm, output projection. Seven launches per layer; a
+//! one-token step fuses conv, norms, gates, delta rule and gated norm into one launch
+//! (`deltanet_step`; `REDLITE_FUSED_DELTANET=0` keeps the four kernels).
+
+use std::sync::OnceLock;
 
 use redlite_cuda::{
-    delta_rule, deltanet_conv, deltanet_prep, deltanet_split, gated_norm, matmul, CudaView,
-    CudaViewMut, DeltaNetShape, Device,
+    delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
+    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -46,6 +50,27 @@ pub fn forward(
     }
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
     matmul(device, &w.ba.view(), h, &mut ba)?;
+    let mut o = s.o.slice_mut(..t * inner);
+    if t == 1 && fused() {
+        let params = DeltaNetParams {
+            conv_w: &w.conv.as_view(),
+            a: &w.a.as_view(),
+            dt_bias: &w.dt_bias.as_view(),
+            norm_w: &w.norm.as_view(),
+        };
+        deltanet_step(
+            device,
+            &shape,
+            c.rms_eps,
+            &params,
+            (&qkv.as_view(), &z.as_view(), &ba.as_view()),
+            &mut state.conv.as_view_mut(),
+            &mut state.recurrent.as_view_mut(),
+            &mut o,
+        )?;
+        matmul(device, &w.out.view(), &o.as_view(), out)?;
+        return Ok(());
+    }
     deltanet_conv(
         device,
         &shape,
@@ -66,7 +91,6 @@ pub fn forward(
         &mut beta,
         &mut g,
     )?;
-    let mut o = s.o.slice_mut(..t * inner);
     delta_rule(
         device,
         &shape,
@@ -86,4 +110,10 @@ pub fn forward(
     )?;
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
+}
+
+/// The fused one-token step, unless `REDLITE_FUSED_DELTANET=0`.
+fn fused() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() != Ok("0"))
 }

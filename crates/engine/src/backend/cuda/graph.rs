@@ -87,8 +87,9 @@ pub fn lock(graphs: &SharedGraphs) -> Result<MutexGuard<'_, DecodeGraphs>> {
         .map_err(|_| EngineError::Cuda("decode-graph lock poisoned by a panic".into()))
 }
 
+/// Off with `REDLITE_CUDA_GRAPH=0`, and while profiling (which synchronizes every launch).
 fn enabled_by_env() -> bool {
-    std::env::var("REDLITE_CUDA_GRAPH").as_deref() != Ok("0")
+    std::env::var("REDLITE_CUDA_GRAPH").as_deref() != Ok("0") && !redlite_cuda::profiling()
 }
 
 impl DecodeGraphs {
