@@ -7,6 +7,17 @@
 // Needs common.cuh and the generated tables (iq2xxs_grid, iq2xs_grid, iq1s_grid,
 // ksigns_iq2xs) before it.
 
+// A small unsigned integer (< 2^23) as a float, exactly, without the quarter-rate
+// integer-to-float conversion: 2^23 + v has v in its low mantissa bits; subtracting 2^23 is
+// exact. `byte_to_f32(word, j)` is byte j of `word` that way (one byte permute).
+static __device__ __forceinline__ float small_to_f32(u32 v) {
+    return __uint_as_float(0x4b000000u | v) - 8388608.0f;
+}
+
+static __device__ __forceinline__ float byte_to_f32(u32 word, int j) {
+    return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440 | j)) - 8388608.0f;
+}
+
 struct F32 {
     static constexpr int VALUES = 1, BYTES = 4, ITEMS = 1;
     template <class Emit>
@@ -61,8 +72,8 @@ struct Q8_0 {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const u16 pair = load_u16(q + 2 * w);
-            emit(8 * item + 2 * w, d * float(i8(pair & 0xff)));
-            emit(8 * item + 2 * w + 1, d * float(i8(pair >> 8)));
+            emit(8 * item + 2 * w, d * (small_to_f32(u32(int(i8(pair & 0xff)) + 128)) - 128.0f));
+            emit(8 * item + 2 * w + 1, d * (small_to_f32(u32(int(i8(pair >> 8)) + 128)) - 128.0f));
         }
     }
 };
@@ -86,7 +97,7 @@ struct Q2K {
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
                 const u32 code = (word >> (8 * t + 2 * p)) & 3;
-                emit(base + 4 * w + t, dl * float(code) - ml);
+                emit(base + 4 * w + t, dl * small_to_f32(code) - ml);
             }
         }
     }
@@ -137,8 +148,8 @@ struct QKAffine {
                     lo |= ((high >> (2 * c)) & 1) << 4;
                     hi |= ((high >> (2 * c + 1)) & 1) << 4;
                 }
-                emit(base + 4 * w + t, d_lo * float(lo) - min_lo);
-                emit(base + 32 + 4 * w + t, d_hi * float(hi) - min_hi);
+                emit(base + 4 * w + t, d_lo * small_to_f32(lo) - min_lo);
+                emit(base + 32 + 4 * w + t, d_hi * small_to_f32(hi) - min_hi);
             }
         }
     }
@@ -170,10 +181,10 @@ struct Q6K {
                 const u32 a = (lo >> (8 * t)) & 0xff, c = (hi >> (8 * t)) & 0xff;
                 const u32 h = (hb >> (8 * t)) & 0xff;
                 const int l = base + 2 * w + t;
-                emit(l, dl[0] * float(i32((a & 0x0f) | ((h & 3) << 4)) - 32));
-                emit(l + 32, dl[1] * float(i32((c & 0x0f) | (((h >> 2) & 3) << 4)) - 32));
-                emit(l + 64, dl[2] * float(i32((a >> 4) | (((h >> 4) & 3) << 4)) - 32));
-                emit(l + 96, dl[3] * float(i32((c >> 4) | (((h >> 6) & 3) << 4)) - 32));
+                emit(l, dl[0] * (small_to_f32((a & 0x0f) | ((h & 3) << 4)) - 32.0f));
+                emit(l + 32, dl[1] * (small_to_f32((c & 0x0f) | (((h >> 2) & 3) << 4)) - 32.0f));
+                emit(l + 64, dl[2] * (small_to_f32((a >> 4) | (((h >> 4) & 3) << 4)) - 32.0f));
+                emit(l + 96, dl[3] * (small_to_f32((c >> 4) | (((h >> 6) & 3) << 4)) - 32.0f));
             }
         }
     }
@@ -183,10 +194,12 @@ struct Q6K {
 template <class Emit>
 static __device__ __forceinline__ void emit_iq2_group(int base, float db, u64 grid, u32 signs,
                                                       Emit&& emit) {
+    const u32 lo = u32(grid), hi = u32(grid >> 32);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float sign = (signs >> j) & 1 ? -1.0f : 1.0f;
-        emit(base + j, db * float(u32(grid >> (8 * j)) & 0xff) * sign);
+        // db * g * (±1): the sign flip is exact, so it is applied to the sign bit.
+        const float value = db * byte_to_f32(j < 4 ? lo : hi, j & 3);
+        emit(base + j, __uint_as_float(__float_as_uint(value) ^ ((signs << (31 - j)) & 0x80000000u)));
     }
 }
 
@@ -244,7 +257,8 @@ struct IQ1M {
             const u64 grid = iq1s_grid[index];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                emit(32 * item + 8 * l + j, dl * (float(i8(u8(grid >> (8 * j)))) + delta));
+                const float g = small_to_f32(u32(int(i8(u8(grid >> (8 * j)))) + 1)) - 1.0f;
+                emit(32 * item + 8 * l + j, dl * (g + delta));
             }
         }
     }

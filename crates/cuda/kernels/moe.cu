@@ -272,3 +272,83 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
         *o = (accumulate ? *o : 0.0f) + total;
     }
 }
+
+// Version 3 of the two expert matvecs (the default; REDLITE_MOE_V2=1 keeps version 2,
+// REDLITE_MATVEC_V1=1 version 1). Nothing is staged in shared memory: a CTA's few rows read
+// x (or act) through L1, which costs less than copying all of it per CTA and waiting on a
+// barrier. WARPS warps per CTA; grids as version 1 with WARPS rows per CTA.
+
+// Gate and up: one warp per row (the 32 lanes take the row's items, gate and up decoded in
+// one loop), as version 2 with 32 lanes.
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                      const int* __restrict__ ids, const float* __restrict__ x,
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    const int k = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= ff) return;
+    const i64 expert = ids[t * used + k];
+    float* out = act + (i64(t) * used + k) * ff + row;
+    if (expert < 0 || expert >= n_expert) {
+        if (lane == 0) *out = 0.0f;
+        return;
+    }
+    const float* xs = x + i64(t) * cols;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const i64 at = (expert * ff + row) * row_bytes;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float g = 0.0f, u = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const float* xb = xs + block * B::VALUES;
+        const i64 offset = at + i64(block) * B::BYTES;
+        B::decode(gate + offset, item, [&](int index, float value) { g = fmaf(value, xb[index], g); });
+        B::decode(up + offset, item, [&](int index, float value) { u = fmaf(value, xb[index], u); });
+    }
+    g = warp_reduce_sum(g);
+    u = warp_reduce_sum(u);
+    if (lane == 0) *out = siluf(g) * u;
+}
+
+// Down + weighted sum: one warp per output row; its lanes take the (expert, item) pairs of
+// all `used` experts together (for ff = 512 of IQ2_XXS: 10 x 16 items, 5 per lane), so the
+// loads of every selected expert's row are in flight at once instead of one expert after
+// the other. Each product is scaled by its expert's weight before the one warp reduction.
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                   const float* __restrict__ weights, const float* __restrict__ act,
+                   float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                   int accumulate) {
+    const int t = blockIdx.y;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= rows) return;
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const int per_expert = ff / B::VALUES * B::ITEMS;
+    const int total = used * per_expert;
+    const int* id = ids + t * used;
+    const float* weight = weights + t * used;
+    const float* a = act + i64(t) * used * ff;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int i = lane; i < total; i += WARP_SIZE) {
+        const int k = i / per_expert, it = i % per_expert;
+        const i64 expert = id[k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const int block = it / B::ITEMS, item = it % B::ITEMS;
+        const float* xb = a + k * ff + block * B::VALUES;
+        const u8* w = down + (expert * rows + row) * row_bytes + i64(block) * B::BYTES;
+        float part = 0.0f;
+        B::decode(w, item, [&](int index, float value) { part = fmaf(value, xb[index], part); });
+        acc = fmaf(weight[k], part, acc);
+    }
+    const float sum = warp_reduce_sum(acc);
+    if (lane == 0) {
+        float* o = out + i64(t) * rows + row;
+        *o = (accumulate ? *o : 0.0f) + sum;
+    }
+}

@@ -6,7 +6,7 @@ use crate::error::CudaError;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, WIDE_F16, WIDE_F32,
+    LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
 };
 use redlite_gguf::GgmlType;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
@@ -179,18 +179,31 @@ pub(crate) fn moe_route(
 /// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
 pub(crate) type MoeCounts = (usize, usize, usize);
 
-/// Lanes per row of the version-2 expert matvecs for rows of `cols` values: 16 when a row
-/// has at most 16 thread items, else 32; `None` (version 1) under `REDLITE_MATVEC_V1=1`.
-fn moe_lanes(kind: WeightKind, cols: usize) -> Option<usize> {
+/// Which expert matvecs run: version 3 (default), version 2 with its lanes per row (16 when
+/// a row has at most 16 thread items, else 32) under `REDLITE_MOE_V2=1`, version 1 under
+/// `REDLITE_MATVEC_V1=1`.
+enum MoeVersion {
+    V1,
+    V2 { lanes: usize },
+    V3,
+}
+
+fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
+    static V2: OnceLock<bool> = OnceLock::new();
     if matvec_v1() {
-        return None;
+        return MoeVersion::V1;
+    }
+    if !*V2.get_or_init(|| std::env::var("REDLITE_MOE_V2").as_deref() == Ok("1")) {
+        return MoeVersion::V3;
     }
     let items = cols / kind.ty.block_values() * kind.items_per_block;
-    Some(if items <= MOE_LANES[0] {
-        MOE_LANES[0]
-    } else {
-        MOE_LANES[1]
-    })
+    MoeVersion::V2 {
+        lanes: if items <= MOE_LANES[0] {
+            MOE_LANES[0]
+        } else {
+            MOE_LANES[1]
+        },
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -205,21 +218,27 @@ pub(crate) fn moe_gate_up(
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
 ) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta) = match moe_lanes(kind, cols) {
-        Some(lanes) => (
+    let (kernel, rows_per_cta, threads, shared) = match moe_version(kind, cols) {
+        MoeVersion::V3 => (
+            device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
+            MOE_V3_WARPS as usize,
+            MOE_V3_WARPS * 32,
+            0,
+        ),
+        MoeVersion::V2 { lanes } => (
             device.kernel(&source::moe_gate_up_v2_kernel(kind, lanes))?,
             LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            cols * size_of::<f32>(),
         ),
-        None => (
+        MoeVersion::V1 => (
             device.kernel(&source::moe_gate_up_kernel(kind))?,
             LAYER_WARPS as usize,
+            LAYER_WARPS * 32,
+            cols * size_of::<f32>(),
         ),
     };
-    let cfg = config(
-        (ff.div_ceil(rows_per_cta), used, tokens),
-        LAYER_WARPS * 32,
-        cols * size_of::<f32>(),
-    );
+    let cfg = config((ff.div_ceil(rows_per_cta), used, tokens), threads, shared);
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
     crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
@@ -237,21 +256,28 @@ pub(crate) fn moe_down(
     (rows, ff, accumulate): (usize, usize, bool),
     (tokens, used, n_expert): MoeCounts,
 ) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta) = match moe_lanes(kind, ff) {
-        Some(lanes) => (
+    let staged = used * ff * size_of::<f32>();
+    let (kernel, rows_per_cta, threads, shared) = match moe_version(kind, ff) {
+        MoeVersion::V3 => (
+            device.kernel(&source::moe_down_v3_kernel(kind))?,
+            MOE_V3_WARPS as usize,
+            MOE_V3_WARPS * 32,
+            0,
+        ),
+        MoeVersion::V2 { lanes } => (
             device.kernel(&source::moe_down_v2_kernel(kind, lanes))?,
             LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            staged,
         ),
-        None => (
+        MoeVersion::V1 => (
             device.kernel(&source::moe_down_kernel(kind))?,
             LAYER_WARPS as usize,
+            LAYER_WARPS * 32,
+            staged,
         ),
     };
-    let cfg = config(
-        (rows.div_ceil(rows_per_cta), tokens, 1),
-        LAYER_WARPS * 32,
-        used * ff * size_of::<f32>(),
-    );
+    let cfg = config((rows.div_ceil(rows_per_cta), tokens, 1), threads, shared);
     crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
     let dims = (
         to_i32(rows),

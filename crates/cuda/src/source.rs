@@ -140,6 +140,17 @@ pub(crate) fn moe_down_v2_kernel(kind: WeightKind, lanes: usize) -> String {
     )
 }
 
+/// Warps (rows) per CTA of the version-3 expert matvecs.
+pub(crate) const MOE_V3_WARPS: u32 = 8;
+
+pub(crate) fn moe_gate_up_v3_kernel(kind: WeightKind) -> String {
+    format!("moe_gate_up_v3_kernel<{}, {MOE_V3_WARPS}>", kind.cuda_name)
+}
+
+pub(crate) fn moe_down_v3_kernel(kind: WeightKind) -> String {
+    format!("moe_down_v3_kernel<{}, {MOE_V3_WARPS}>", kind.cuda_name)
+}
+
 pub(crate) fn conv_kernel(width: usize) -> String {
     format!("conv_silu_kernel<{width}>")
 }
@@ -243,6 +254,11 @@ pub fn modules() -> Vec<ModuleSource> {
                         ]
                     })
                 }))
+                .chain(
+                    WEIGHT_KINDS
+                        .iter()
+                        .flat_map(|&k| [moe_gate_up_v3_kernel(k), moe_down_v3_kernel(k)]),
+                )
                 .chain(["moe_route_kernel".to_string(), "moe_route_v2_kernel".to_string()])
                 .collect(),
         },

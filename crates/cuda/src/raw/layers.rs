@@ -161,7 +161,8 @@ pub(crate) fn launch_moe_gate_up(
         .arg(&n_expert);
     // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
     // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
-    // tokens x used x ff; the CTA has cols * 4 bytes of dynamic shared memory.
+    // tokens x used x ff; versions 1 and 2 get cols * 4 bytes of dynamic shared memory
+    // (version 3 stages nothing).
     launched(stream, "cuLaunchKernel(moe_gate_up)", unsafe {
         launch.launch(config)
     })
@@ -193,8 +194,8 @@ pub(crate) fn launch_moe_down(
         .arg(&n_expert)
         .arg(&accumulate);
     // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
-    // weights tokens x used, act tokens x used x ff, out tokens x rows; the CTA has
-    // used * ff * 4 bytes of dynamic shared memory.
+    // weights tokens x used, act tokens x used x ff, out tokens x rows; versions 1 and 2
+    // get used * ff * 4 bytes of dynamic shared memory (version 3 stages nothing).
     launched(stream, "cuLaunchKernel(moe_down)", unsafe { launch.launch(config) })
 }
 

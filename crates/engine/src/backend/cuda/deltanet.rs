@@ -1,8 +1,9 @@
 //! One Gated DeltaNet mixer on the GPU (spec §3.2), mirroring `cpu::deltanet`: projections,
 //! legacy split, conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule for
-//! every token in order, gated RMSNorm, output projection. Seven launches per layer; a
-//! one-token step fuses conv, norms, gates, delta rule and gated norm into one launch
-//! (`deltanet_step`; `REDLITE_FUSED_DELTANET=0` keeps the four kernels).
+//! every token in order, gated RMSNorm, output projection. Seven launches per layer.
+//! `REDLITE_FUSED_DELTANET=1` runs a one-token step's conv, norms, gates, delta rule and
+//! gated norm as one launch (`deltanet_step`): off by default, since on the H200 its one CTA
+//! per key head (16) made it slower than the four kernels (docs/PERF.md).
 
 use std::sync::OnceLock;
 
@@ -112,8 +113,8 @@ pub fn forward(
     Ok(())
 }
 
-/// The fused one-token step, unless `REDLITE_FUSED_DELTANET=0`.
+/// The fused one-token step, with `REDLITE_FUSED_DELTANET=1`.
 fn fused() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() != Ok("0"))
+    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() == Ok("1"))
 }
