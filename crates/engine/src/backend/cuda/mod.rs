@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use redlite_cuda::Device;
 use redlite_gguf::GgufModel;
 
-use crate::backend::{Backend, Batch, Norm};
+use crate::backend::{Backend, Batch, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
@@ -131,53 +131,62 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    /// One sequence at a time (the kernels take one state); each segment's rows are a view
+    /// into the batch's activations.
     fn deltanet(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, CudaState>],
         h: &CudaAct,
-        state: &mut CudaState,
         out: &mut CudaAct,
     ) -> Result<()> {
         let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "a DeltaNet"));
         };
-        let mut scratch = self.scratch(b.tokens)?;
-        deltanet::forward(
-            &self.device,
-            &self.config,
-            w,
-            &mut scratch,
-            &h.rows(b.tokens)?,
-            state.deltanet_mut(layer)?,
-            &mut out.rows_mut(b.tokens)?,
-        )
+        for seg in segs.iter_mut() {
+            let mut scratch = self.scratch(seg.tokens)?;
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            deltanet::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                &h.row_range(first, last)?,
+                seg.state.deltanet_mut(layer)?,
+                &mut out.row_range_mut(first, last)?,
+            )?;
+        }
+        Ok(())
     }
 
     fn attention(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, CudaState>],
         h: &CudaAct,
-        state: &mut CudaState,
         out: &mut CudaAct,
     ) -> Result<()> {
         let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "an attention"));
         };
-        let mut scratch = self.scratch(b.tokens)?;
-        let capacity = state.capacity;
-        attention::forward(
-            &self.device,
-            &self.config,
-            w,
-            &mut scratch,
-            b,
-            &h.rows(b.tokens)?,
-            state.kv_mut(layer)?,
-            capacity,
-            &mut out.rows_mut(b.tokens)?,
-        )
+        for seg in segs.iter_mut() {
+            let mut scratch = self.scratch(seg.tokens)?;
+            let b = seg.batch();
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            let capacity = seg.state.capacity;
+            attention::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                b,
+                &h.row_range(first, last)?,
+                seg.state.kv_mut(layer)?,
+                capacity,
+                &mut out.row_range_mut(first, last)?,
+            )?;
+        }
+        Ok(())
     }
 
     fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
@@ -197,22 +206,31 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn logits(&self, b: Batch, first: usize, x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
-        let rows = b.tokens - first;
+    /// Runs of consecutive rows each take one LM-head product.
+    fn logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
         let vocab = self.weights.output.rows;
-        let mut scratch = self.scratch(b.tokens)?;
-        scratch.reserve_logits(&self.device, &self.config, rows)?;
-        let mut logits = scratch.logits.slice_mut(..rows * vocab);
-        redlite_cuda::matmul(
-            &self.device,
-            &self.weights.output.view(),
-            &x.row_range(first, b.tokens)?,
-            &mut logits,
-        )?;
-        let start = out.len();
-        out.resize(start + rows * vocab, 0.0);
-        self.device
-            .copy_to_host(&logits.as_view(), &mut out[start..])?;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            let mut scratch = self.scratch(first + n)?;
+            scratch.reserve_logits(&self.device, &self.config, n)?;
+            let mut logits = scratch.logits.slice_mut(..n * vocab);
+            redlite_cuda::matmul(
+                &self.device,
+                &self.weights.output.view(),
+                &x.row_range(first, first + n)?,
+                &mut logits,
+            )?;
+            let start = out.len();
+            out.resize(start + n * vocab, 0.0);
+            self.device
+                .copy_to_host(&logits.as_view(), &mut out[start..])?;
+            i = j;
+        }
         Ok(())
     }
 
