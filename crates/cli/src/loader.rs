@@ -90,7 +90,17 @@ fn session(
     }
 }
 
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
+/// A model file opened, before any backend exists.
+pub struct Opened {
+    pub path: PathBuf,
+    pub gguf: Arc<GgufModel>,
+    pub config: HybridConfig,
+    pub tokenizer: Tokenizer,
+    pub kv_type: KvType,
+}
+
+/// Opens the file (or the default model), reads its config and tokenizer.
+pub fn open(args: &ModelArgs) -> Result<Opened> {
     let path = match &args.model {
         Some(p) => p.clone(),
         None => default_model::path_or_create()?,
@@ -108,29 +118,49 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             );
         }
     }
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
-    bar.enable_steady_tick(Duration::from_millis(100));
-    bar.set_message(format!("loading {}", path.display()));
-    let start = Instant::now();
     let gguf =
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
     let tokenizer = Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?;
-    let (session, device) = session(&gguf, config, args, kv_type)?;
-    bar.finish_and_clear();
-    let name = gguf.metadata().str("general.name").unwrap_or("model");
+    Ok(Opened {
+        path,
+        gguf,
+        config,
+        tokenizer,
+        kv_type,
+    })
+}
+
+/// Says what was loaded where, and how fast.
+pub fn report_loaded(opened: &Opened, device: &str, start: Instant) {
+    let name = opened
+        .gguf
+        .metadata()
+        .str("general.name")
+        .unwrap_or("model");
     eprintln!(
         "loaded {} ({}, {:.2} GiB) on {} in {:.2} s",
-        path.display(),
+        opened.path.display(),
         name,
-        gguf.file_bytes() as f64 / (1u64 << 30) as f64,
+        opened.gguf.file_bytes() as f64 / (1u64 << 30) as f64,
         device,
         start.elapsed().as_secs_f64()
     );
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let start = Instant::now();
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let opened = open(args)?;
+    bar.set_message(format!("loading {}", opened.path.display()));
+    let (session, device) = session(&opened.gguf, opened.config.clone(), args, opened.kv_type)?;
+    bar.finish_and_clear();
+    report_loaded(&opened, device, start);
     Ok(Loaded {
-        gguf,
-        tokenizer,
+        gguf: opened.gguf,
+        tokenizer: opened.tokenizer,
         session,
         device,
     })

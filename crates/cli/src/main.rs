@@ -34,6 +34,8 @@ enum Command {
     Chat(Box<commands::chat::ChatArgs>),
     /// Time prompt processing and generation (llama-bench's tests; --json for scripts).
     Bench(Box<commands::bench::BenchArgs>),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(Box<commands::serve::ServeArgs>),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Write the logits of every position of a token sequence (for parity tools).
@@ -55,5 +57,6 @@ fn main() -> Result<()> {
         Command::Chat(args) => commands::chat::run(*args),
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Bench(args) => commands::bench::run(*args),
+        Command::Serve(args) => commands::serve::run(*args),
     }
 }

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod inspect;
 pub mod model;
 pub mod sampling;
+pub mod serve;
 pub mod session;
 pub mod state;
 pub mod synth;

@@ -13,6 +13,7 @@ use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::backend::cuda::CudaBackend;
 use redlite_engine::backend::Backend;
+use redlite_engine::model::forward::{forward, forward_batch, Logits, SeqInput, Workspace};
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::model::DeltaNetLayout;
 use redlite_engine::session::Session;
@@ -227,4 +228,65 @@ fn bad_input_is_refused_on_the_gpu() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("129") && err.contains("128"), "{err}");
+}
+
+/// Three sequences at different positions in one forward call (the server's continuous
+/// batching): two decode steps and a 5-token prefill chunk, against the CPU doing the same.
+fn batched_logits<B: Backend>(backend: &B) -> Vec<f32> {
+    let tokens = prompt(40);
+    let mut states: Vec<B::State> = (0..3)
+        .map(|_| backend.new_state(128, KvType::F32))
+        .collect();
+    let mut work = Workspace::new(backend, 16);
+    for (state, n) in states.iter_mut().zip([9usize, 3, 14]) {
+        forward(backend, state, &mut work, &tokens[..n], Logits::None, false).unwrap();
+    }
+    let [a, b, c] = &mut states[..] else {
+        unreachable!()
+    };
+    let mut seqs = [
+        SeqInput {
+            state: a,
+            tokens: &tokens[9..10],
+            logits: Logits::Last,
+        },
+        SeqInput {
+            state: b,
+            tokens: &tokens[3..8],
+            logits: Logits::All,
+        },
+        SeqInput {
+            state: c,
+            tokens: &tokens[14..15],
+            logits: Logits::Last,
+        },
+    ];
+    forward_batch(backend, &mut work, &mut seqs, false)
+        .unwrap()
+        .logits
+}
+
+#[test]
+fn a_multi_sequence_batch_matches_the_cpu() {
+    let Some(device) = device("a_multi_sequence_batch_matches_the_cpu") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for recipe in RECIPES {
+        let gguf = tiny_model(dir.path(), recipe, DeltaNetLayout::Split);
+        let config = config_from_gguf(&gguf).unwrap();
+        let cpu =
+            CpuBackend::with_precision(gguf.clone(), config.clone(), Precision::Exact).unwrap();
+        let gpu = CudaBackend::with_device(device.clone(), &gguf, config.clone()).unwrap();
+        let (want, got) = (batched_logits(&cpu), batched_logits(&gpu));
+        assert_eq!(want.len(), 7 * config.n_vocab);
+        let rel = max_rel(&want, &got, config.n_vocab);
+        let case = format!("{} batch of 3 sequences", recipe.name());
+        println!("{case:<28} max rel L2 {rel:.2e}");
+        if !within(rel) {
+            failures.push(format!("{case}: {rel:.2e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -4,5 +4,6 @@ pub mod generate;
 pub mod inspect;
 pub mod logits;
 pub mod sampling_args;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;

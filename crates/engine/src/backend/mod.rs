@@ -11,10 +11,37 @@ use crate::model::config::HybridConfig;
 use crate::state::KvType;
 
 /// The tokens of one forward call: `tokens` consecutive positions starting at `pos0`.
+/// Row-wise ops (norms, MoE, residual adds) read only `tokens`: their rows may belong to
+/// several sequences.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub tokens: usize,
     pub pos0: usize,
+}
+
+/// One sequence's rows in a batch that may hold several sequences (the server's continuous
+/// batching): `tokens` consecutive rows from `row0`, at the positions that follow the
+/// sequence's state. The mixers run their projections over every row at once and their
+/// recurrence or attention per segment.
+pub struct Segment<'s, S> {
+    pub row0: usize,
+    pub tokens: usize,
+    pub state: &'s mut S,
+}
+
+impl<S: SeqState> Segment<'_, S> {
+    /// The segment's tokens and positions.
+    pub fn batch(&self) -> Batch {
+        Batch {
+            tokens: self.tokens,
+            pos0: self.state.pos(),
+        }
+    }
+}
+
+/// Rows covered by consecutive segments.
+pub fn segment_rows<S>(segs: &[Segment<'_, S>]) -> usize {
+    segs.last().map_or(0, |s| s.row0 + s.tokens)
 }
 
 /// Which RMSNorm weight to apply.
@@ -37,6 +64,13 @@ pub trait SeqState {
     fn check_room(&self, tokens: usize) -> Result<()>;
     /// Back to an empty sequence.
     fn reset_state(&mut self);
+    /// What `restore` needs to bring the sequence back to this point: the DeltaNet state and
+    /// the position. KV entries past the position are overwritten by later tokens, so the
+    /// cache itself is not copied (restoring truncates it).
+    type Snapshot;
+    fn snapshot(&self) -> Result<Self::Snapshot>;
+    /// Back to a snapshot of this same sequence state.
+    fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
 }
 
 pub trait Backend {
@@ -51,30 +85,29 @@ pub trait Backend {
     /// `x[t] = token_embd[tokens[t]]`.
     fn embed(&self, tokens: &[u32], x: &mut Self::Act) -> Result<()>;
     fn rms_norm(&self, norm: Norm, b: Batch, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
-    /// A DeltaNet mixer: projections, conv, delta rule, gated norm, output projection.
+    /// A DeltaNet mixer: projections, conv, delta rule, gated norm, output projection, for
+    /// the rows of every segment (consecutive, from row 0), each with its own state.
     fn deltanet(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, Self::State>],
         h: &Self::Act,
-        state: &mut Self::State,
         out: &mut Self::Act,
     ) -> Result<()>;
-    /// A gated-attention mixer, reading and extending the layer's KV cache.
+    /// A gated-attention mixer, reading and extending each segment's KV cache of the layer.
     fn attention(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, Self::State>],
         h: &Self::Act,
-        state: &mut Self::State,
         out: &mut Self::Act,
     ) -> Result<()>;
     /// Routed experts plus the gated shared expert.
     fn moe(&self, layer: usize, b: Batch, h: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// `x += y`.
     fn add(&self, b: Batch, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
-    /// LM-head logits of batch rows `first..b.tokens`, appended to `out` (`[rows][vocab]`).
-    fn logits(&self, b: Batch, first: usize, x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
+    /// LM-head logits of the given rows (ascending), appended to `out` (`[rows][vocab]`).
+    fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
     /// The activations of a batch, copied to the host (per-layer parity checks).
     fn to_host(&self, b: Batch, x: &Self::Act) -> Vec<f32>;
 }

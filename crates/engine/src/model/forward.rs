@@ -2,8 +2,8 @@
 //! diagram: per layer, norm → mixer (DeltaNet or attention) → residual → norm → MoE →
 //! residual; then the final norm and the LM head.
 
-use crate::backend::{Backend, Batch, Norm, SeqState};
-use crate::error::Result;
+use crate::backend::{Backend, Batch, Norm, Segment, SeqState};
+use crate::error::{EngineError, Result};
 use crate::model::config::LayerKind;
 
 /// Buffers of one forward call, allocated once for the largest batch and reused.
@@ -47,6 +47,13 @@ pub struct Output {
     pub hidden: Vec<Vec<f32>>,
 }
 
+/// One sequence's part of a multi-sequence forward call.
+pub struct SeqInput<'s, S> {
+    pub state: &'s mut S,
+    pub tokens: &'s [u32],
+    pub logits: Logits,
+}
+
 /// Runs `tokens` (at most `work.max_tokens`) through the model at the state's position and
 /// advances the state.
 pub fn forward<B: Backend>(
@@ -57,23 +64,72 @@ pub fn forward<B: Backend>(
     logits: Logits,
     capture_hidden: bool,
 ) -> Result<Output> {
-    debug_assert!(tokens.len() <= work.max_tokens && !tokens.is_empty());
-    state.check_room(tokens.len())?;
+    let mut seqs = [SeqInput {
+        state,
+        tokens,
+        logits,
+    }];
+    forward_batch(backend, work, &mut seqs, capture_hidden)
+}
+
+/// Runs several sequences in one forward call: their rows are stacked (in order) so every
+/// weight is read once for all of them, while each mixer step uses its own sequence's state.
+/// Logits come back in sequence order, each sequence's rows as its `Logits` asks.
+/// A row's result does not depend on the other rows of the batch.
+pub fn forward_batch<B: Backend>(
+    backend: &B,
+    work: &mut Workspace<B>,
+    seqs: &mut [SeqInput<'_, B::State>],
+    capture_hidden: bool,
+) -> Result<Output> {
+    let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    if seqs.iter().any(|s| s.tokens.is_empty()) || total == 0 {
+        return Err(EngineError::BadConfig("no tokens to process".into()));
+    }
+    if total > work.max_tokens {
+        return Err(EngineError::BadConfig(format!(
+            "a batch of {total} tokens exceeds the workspace of {}",
+            work.max_tokens
+        )));
+    }
+    let mut ids = Vec::with_capacity(total);
+    let mut logit_rows = Vec::new();
+    let mut segs = Vec::with_capacity(seqs.len());
+    for seq in seqs.iter_mut() {
+        seq.state.check_room(seq.tokens.len())?;
+        let row0 = ids.len();
+        ids.extend_from_slice(seq.tokens);
+        let n = seq.tokens.len();
+        match seq.logits {
+            Logits::None => {}
+            Logits::Last => logit_rows.push(row0 + n - 1),
+            Logits::All => logit_rows.extend(row0..row0 + n),
+        }
+        segs.push(Segment {
+            row0,
+            tokens: n,
+            state: &mut *seq.state,
+        });
+    }
     let b = Batch {
-        tokens: tokens.len(),
-        pos0: state.pos(),
+        tokens: total,
+        pos0: if segs.len() == 1 {
+            segs[0].state.pos()
+        } else {
+            0
+        },
     };
     let mut output = Output::default();
     let Workspace { x, h, mix, .. } = work;
-    backend.embed(tokens, x)?;
+    backend.embed(&ids, x)?;
     if capture_hidden {
         output.hidden.push(backend.to_host(b, x));
     }
     for (layer, kind) in backend.config().layers.iter().enumerate() {
         backend.rms_norm(Norm::Attn(layer), b, x, h)?;
         match kind {
-            LayerKind::DeltaNet => backend.deltanet(layer, b, h, state, mix)?,
-            LayerKind::Attention => backend.attention(layer, b, h, state, mix)?,
+            LayerKind::DeltaNet => backend.deltanet(layer, &mut segs, h, mix)?,
+            LayerKind::Attention => backend.attention(layer, &mut segs, h, mix)?,
         }
         backend.add(b, x, mix)?;
         backend.rms_norm(Norm::Post(layer), b, x, h)?;
@@ -83,13 +139,14 @@ pub fn forward<B: Backend>(
             output.hidden.push(backend.to_host(b, x));
         }
     }
-    state.set_pos(b.pos0 + b.tokens);
-    let first = match logits {
-        Logits::None => return Ok(output),
-        Logits::Last => b.tokens - 1,
-        Logits::All => 0,
-    };
+    for seg in segs.iter_mut() {
+        let pos = seg.state.pos();
+        seg.state.set_pos(pos + seg.tokens);
+    }
+    if logit_rows.is_empty() {
+        return Ok(output);
+    }
     backend.rms_norm(Norm::Output, b, x, h)?;
-    backend.logits(b, first, h, &mut output.logits)?;
+    backend.logits(&logit_rows, h, &mut output.logits)?;
     Ok(output)
 }

@@ -24,17 +24,19 @@ fn rope(x: &mut [f32], pos: usize, rope_dim: usize, base: f32) {
     }
 }
 
+/// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
+/// consecutive sequences, `(batch, cache)` each: projections run over all rows, the cache
+/// write and the attention per sequence.
 pub fn forward(
     c: &HybridConfig,
     mm: &MatmulCtx,
     w: &AttentionWeights,
     h: &[f32],
-    b: Batch,
-    kv: &mut KvCache,
+    seqs: &mut [(Batch, &mut KvCache)],
     out: &mut [f32],
 ) -> Result<()> {
     let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
-    let tokens = b.tokens;
+    let tokens = h.len() / c.n_embd;
     let mut qg = vec![0f32; tokens * 2 * nh * hd];
     let mut k = vec![0f32; tokens * nkv * hd];
     let mut v = vec![0f32; tokens * nkv * hd];
@@ -42,8 +44,42 @@ pub fn forward(
     matmul(mm, &w.k, h, tokens, &mut k)?;
     matmul(mm, &w.v, h, tokens, &mut v)?;
 
+    let mut o = vec![0f32; tokens * nh * hd];
+    let mut row0 = 0;
+    for (b, kv) in seqs.iter_mut() {
+        let rows = |width: usize| row0 * width..(row0 + b.tokens) * width;
+        let (qg, o) = (&qg[rows(2 * nh * hd)], &mut o[rows(nh * hd)]);
+        attend(
+            c,
+            w,
+            *b,
+            qg,
+            &mut k[rows(nkv * hd)],
+            &v[rows(nkv * hd)],
+            kv,
+            o,
+        );
+        row0 += b.tokens;
+    }
+    matmul(mm, &w.out, &o, tokens, out)
+}
+
+/// One sequence: q/k norms, RoPE and the cache write for its `b.tokens` rows, then causal
+/// attention over its cache with the output gate, into `o` (`[tokens][heads * head_dim]`).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    c: &HybridConfig,
+    w: &AttentionWeights,
+    b: Batch,
+    qg: &[f32],
+    k: &mut [f32],
+    v: &[f32],
+    kv: &mut KvCache,
+    o: &mut [f32],
+) {
+    let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
     let mut tmp = vec![0f32; hd];
-    for t in 0..tokens {
+    for t in 0..b.tokens {
         let pos = b.pos0 + t;
         for j in 0..nkv {
             let kj = &mut k[(t * nkv + j) * hd..][..hd];
@@ -60,12 +96,11 @@ pub fn forward(
 
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut o = vec![0f32; tokens * nh * hd];
     let mut q = vec![0f32; hd];
     let mut key = vec![0f32; hd];
     let mut val = vec![0f32; hd];
-    let mut scores = Vec::with_capacity(b.pos0 + tokens);
-    for t in 0..tokens {
+    let mut scores = Vec::with_capacity(b.pos0 + b.tokens);
+    for t in 0..b.tokens {
         let pos = b.pos0 + t;
         for head in 0..nh {
             let base = (t * nh + head) * 2 * hd;
@@ -87,5 +122,4 @@ pub fn forward(
             oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
         }
     }
-    matmul(mm, &w.out, &o, tokens, out)
 }

@@ -28,20 +28,44 @@ fn split_legacy(c: &HybridConfig, p: &[f32], qkv: &mut [f32], z: &mut [f32]) {
     }
 }
 
-/// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`.
+/// Causal depthwise conv of `x` (`[tokens][channels]`, in place) continuing the rolling
+/// `window` (`[kernel - 1][channels]`, oldest first), then SiLU; the window keeps the last
+/// raw inputs.
+fn conv_silu(c: &HybridConfig, taps_all: &[f32], window: &mut [f32], x: &mut [f32]) {
+    let channels = c.conv_channels();
+    let kernel = c.conv_kernel;
+    let tokens = x.len() / channels;
+    let mut seq = Vec::with_capacity(window.len() + x.len());
+    seq.extend_from_slice(window);
+    seq.extend_from_slice(x);
+    for t in 0..tokens {
+        for ch in 0..channels {
+            let taps = &taps_all[ch * kernel..(ch + 1) * kernel];
+            let mut acc = 0f32;
+            for (j, tap) in taps.iter().enumerate() {
+                acc += tap * seq[(t + j) * channels + ch];
+            }
+            x[t * channels + ch] = silu(acc);
+        }
+    }
+    window.copy_from_slice(&seq[tokens * channels..]);
+}
+
+/// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
+/// consecutive sequences, `(tokens, state)` each: projections and per-row math run over all
+/// rows, the conv window and the delta rule per sequence.
 pub fn forward(
     c: &HybridConfig,
     mm: &MatmulCtx,
     w: &DeltaNetWeights,
     h: &[f32],
-    tokens: usize,
-    state: &mut DeltaNetState,
+    seqs: &mut [(usize, &mut DeltaNetState)],
     out: &mut [f32],
 ) -> Result<()> {
+    let tokens = h.len() / c.n_embd;
     let channels = c.conv_channels();
     let inner = c.ssm_inner();
     let (nk, nv, dk, dv) = (c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim);
-    let kernel = c.conv_kernel;
 
     // 1. Projections.
     let mut qkv = vec![0f32; tokens * channels];
@@ -68,21 +92,16 @@ pub fn forward(
     matmul(mm, &w.ba, h, tokens, &mut ba)?;
 
     // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
-    let hist = kernel - 1;
-    let mut seq = Vec::with_capacity((hist + tokens) * channels);
-    seq.extend_from_slice(&state.conv);
-    seq.extend_from_slice(&qkv);
-    for t in 0..tokens {
-        for ch in 0..channels {
-            let taps = &w.conv[ch * kernel..(ch + 1) * kernel];
-            let mut acc = 0f32;
-            for (j, tap) in taps.iter().enumerate() {
-                acc += tap * seq[(t + j) * channels + ch];
-            }
-            qkv[t * channels + ch] = silu(acc);
-        }
+    let mut row0 = 0;
+    for (n, state) in seqs.iter_mut() {
+        conv_silu(
+            c,
+            &w.conv,
+            &mut state.conv,
+            &mut qkv[row0 * channels..(row0 + *n) * channels],
+        );
+        row0 += *n;
     }
-    state.conv.copy_from_slice(&seq[tokens * channels..]);
 
     // 3. Split, L2-normalize q and k per head, scale q.
     let key_dim = nk * dk;
@@ -125,18 +144,25 @@ pub fn forward(
         dk,
         dv,
     };
-    let inputs = DeltaInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-    };
     let mut o = vec![0f32; tokens * inner];
-    if tokens == 1 {
-        delta_rule::recurrent(&dims, &inputs, &mut state.recurrent, &mut o);
-    } else {
-        delta_rule::chunked(&dims, &inputs, &mut state.recurrent, &mut o);
+    let mut row0 = 0;
+    for (n, state) in seqs.iter_mut() {
+        let n = *n;
+        let rows = |width: usize| row0 * width..(row0 + n) * width;
+        let inputs = DeltaInputs {
+            q: &q[rows(key_dim)],
+            k: &k[rows(key_dim)],
+            v: &v[rows(inner)],
+            g: &g[rows(nv)],
+            beta: &beta[rows(nv)],
+        };
+        let o_seq = &mut o[rows(inner)];
+        if n == 1 {
+            delta_rule::recurrent(&dims, &inputs, &mut state.recurrent, o_seq);
+        } else {
+            delta_rule::chunked(&dims, &inputs, &mut state.recurrent, o_seq);
+        }
+        row0 += n;
     }
 
     // 6. Gated RMSNorm per head: RMSNorm(o_h) · ssm_norm · silu(z_h).

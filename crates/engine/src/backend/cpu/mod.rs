@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use redlite_gguf::GgufModel;
 
-use crate::backend::{Backend, Batch, Norm, SeqState};
+use crate::backend::{segment_rows, Backend, Batch, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
-use crate::state::{KvType, SequenceState};
+use crate::state::{DeltaNetState, KvCache, KvType, SequenceState, Snapshot};
 use linear::{MatmulCtx, Precision};
 use weights::{CpuWeights, Mixer};
 
@@ -64,6 +64,14 @@ impl SeqState for SequenceState {
     }
     fn reset_state(&mut self) {
         self.reset();
+    }
+    type Snapshot = Snapshot;
+    fn snapshot(&self) -> Result<Snapshot> {
+        Ok(SequenceState::snapshot(self))
+    }
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<()> {
+        SequenceState::restore(self, snapshot);
+        Ok(())
     }
 }
 
@@ -120,9 +128,8 @@ impl Backend for CpuBackend {
     fn deltanet(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, SequenceState>],
         h: &Vec<f32>,
-        state: &mut SequenceState,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let Mixer::DeltaNet(w) = &self.weights.model.layers[layer].mixer else {
@@ -130,24 +137,26 @@ impl Backend for CpuBackend {
                 "layer {layer} is not a DeltaNet layer"
             )));
         };
-        let e = self.config.n_embd;
+        let rows = segment_rows(segs) * self.config.n_embd;
+        let mut states: Vec<(usize, &mut DeltaNetState)> = segs
+            .iter_mut()
+            .map(|s| (s.tokens, s.state.deltanet_mut(layer)))
+            .collect();
         deltanet::forward(
             &self.config,
             &self.mm(),
             w,
-            &h[..b.tokens * e],
-            b.tokens,
-            state.deltanet_mut(layer),
-            &mut out[..b.tokens * e],
+            &h[..rows],
+            &mut states,
+            &mut out[..rows],
         )
     }
 
     fn attention(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, SequenceState>],
         h: &Vec<f32>,
-        state: &mut SequenceState,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let Mixer::Attention(w) = &self.weights.model.layers[layer].mixer else {
@@ -155,15 +164,18 @@ impl Backend for CpuBackend {
                 "layer {layer} is not an attention layer"
             )));
         };
-        let e = self.config.n_embd;
+        let rows = segment_rows(segs) * self.config.n_embd;
+        let mut caches: Vec<(Batch, &mut KvCache)> = segs
+            .iter_mut()
+            .map(|s| (s.batch(), s.state.kv_mut(layer)))
+            .collect();
         attention::forward(
             &self.config,
             &self.mm(),
             w,
-            &h[..b.tokens * e],
-            b,
-            state.kv_mut(layer),
-            &mut out[..b.tokens * e],
+            &h[..rows],
+            &mut caches,
+            &mut out[..rows],
         )
     }
 
@@ -185,17 +197,30 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn logits(&self, b: Batch, first: usize, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+    fn logits(&self, rows: &[usize], x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let e = self.config.n_embd;
-        let rows = b.tokens - first;
         let vocab = self.weights.model.output.rows;
         let start = out.len();
-        out.resize(start + rows * vocab, 0.0);
+        out.resize(start + rows.len() * vocab, 0.0);
+        // Consecutive rows are multiplied straight from the activations; others are
+        // gathered first.
+        let contiguous = rows.windows(2).all(|p| p[1] == p[0] + 1);
+        let gathered;
+        let input = match rows.first() {
+            Some(&first) if contiguous => &x[first * e..(first + rows.len()) * e],
+            _ => {
+                gathered = rows
+                    .iter()
+                    .flat_map(|&r| x[r * e..(r + 1) * e].iter().copied())
+                    .collect::<Vec<f32>>();
+                &gathered[..]
+            }
+        };
         linear::matmul(
             &self.mm(),
             &self.weights.model.output,
-            &x[first * e..b.tokens * e],
-            rows,
+            input,
+            rows.len(),
             &mut out[start..],
         )
     }

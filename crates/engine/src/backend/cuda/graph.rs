@@ -1,13 +1,14 @@
 //! The one-token decode step as one CUDA graph.
 //!
-//! `forward` calls the backend op by op; for a one-token batch the backend records those
-//! ops' launches (stream capture) instead of running them, from `embed` to the `set_pos`
-//! that ends the layers, and launches the recorded graph there. The next one-token step
-//! on the same buffers skips every op (each one only checks that it is the op recorded at
-//! its place, with the same buffers) and replays the graph: ~900 launches become one. The
-//! kernels read the token id and the position from `step` (device memory, written just
-//! before each launch), so one graph serves every position. The final norm and the LM head
-//! stay outside: they run after `set_pos`, eagerly.
+//! `forward` calls the backend op by op; for a batch of one token of one sequence the
+//! backend records those ops' launches (stream capture) instead of running them, from the
+//! first layer's mixer (the first op that names the sequence state) to the `set_pos` that
+//! ends the layers, and launches the recorded graph there. The next such step on the same
+//! buffers and state skips every op (each one only checks that it is the op recorded at its
+//! place, with the same buffers) and replays the graph: ~900 launches become one. The
+//! attention kernels read the position from `step` (device memory, written just before each
+//! launch), so one graph serves every position. The embedding and the first norm run before
+//! the graph, the final norm and the LM head after it, eagerly.
 //!
 //! A step that copies activations to the host in the middle (`to_host`, per-layer parity
 //! checks) ends its capture early: what was recorded runs at once, the rest of the step
@@ -20,13 +21,13 @@ use redlite_cuda::{CudaSlice, CudaView, Device, Graph};
 use crate::backend::Norm;
 use crate::error::{EngineError, Result};
 
-/// Graphs kept per backend (one per workspace and sequence state in use).
-const MAX_GRAPHS: usize = 4;
+/// Graphs kept per backend (one per workspace and sequence state in use), least recently
+/// used dropped first.
+const MAX_GRAPHS: usize = 8;
 
 /// Which op of the forward pass, for matching a step against the recorded one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    Embed,
     Norm(Norm),
     DeltaNet(usize),
     Attention(usize),
@@ -35,12 +36,12 @@ pub enum Op {
 }
 
 /// One op and the device addresses of the buffers it reads and writes (activations, the
-/// sequence state, the scratch generation): equal keys mean the recorded launches are
-/// valid for this op.
+/// sequence state; the first op also the scratch generation): equal keys mean the recorded
+/// launches are valid for this op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpKey {
     pub op: Op,
-    pub buffers: [u64; 3],
+    pub buffers: [u64; 4],
 }
 
 /// What the op at hand does.
@@ -48,7 +49,7 @@ pub struct OpKey {
 pub enum Gate {
     /// Launch eagerly, position from the host.
     Run,
-    /// Launch into the graph being recorded, token and position from device memory.
+    /// Launch into the graph being recorded, position from device memory.
     Capture,
     /// Nothing: the recorded graph does it.
     Skip,
@@ -62,6 +63,8 @@ struct Captured {
 enum Mode {
     /// No one-token step in progress.
     Idle,
+    /// A one-token step was embedded; its first mixer starts a capture or a replay.
+    Armed,
     Capturing(Vec<OpKey>),
     Replaying { graph: usize, next: usize },
     /// A capture ended early (`interrupt`): the rest of this step runs eagerly.
@@ -71,9 +74,9 @@ enum Mode {
 pub struct DecodeGraphs {
     device: Arc<Device>,
     enabled: bool,
-    /// `[token id, position]` of the current step.
+    /// The position of the current step, in device memory (`[1]`).
     step: CudaSlice<u32>,
-    token: u32,
+    pos: usize,
     mode: Mode,
     captured: Vec<Captured>,
 }
@@ -94,34 +97,37 @@ fn enabled_by_env() -> bool {
 
 impl DecodeGraphs {
     pub fn new(device: Arc<Device>) -> Result<SharedGraphs> {
-        let step = device.alloc_zeros(2)?;
+        let step = device.alloc_zeros(1)?;
         Ok(Arc::new(Mutex::new(DecodeGraphs {
             device,
             enabled: enabled_by_env(),
             step,
-            token: 0,
+            pos: 0,
             mode: Mode::Idle,
             captured: Vec::new(),
         })))
     }
 
-    /// The token id of the step, in device memory (`[1]`).
-    pub fn token(&self) -> CudaView<'_, u32> {
+    /// The position of the step, in device memory (`[1]`).
+    pub fn position(&self) -> CudaView<'_, u32> {
         self.step.slice(0..1)
     }
 
-    /// The position of the step, in device memory (`[1]`).
-    pub fn position(&self) -> CudaView<'_, u32> {
-        self.step.slice(1..2)
+    /// A batch of one token of one sequence was embedded (eagerly): its first mixer decides.
+    pub fn arm(&mut self) {
+        self.abandon();
+        if self.enabled {
+            self.mode = Mode::Armed;
+        }
     }
 
-    /// Starts a one-token step at its embedding (`key`: the embed op and its output).
-    pub fn begin(&mut self, token: u32, key: OpKey) -> Result<Gate> {
-        self.abandon();
-        if !self.enabled {
-            return Ok(Gate::Run);
+    /// What a mixer op `key` of a sequence at `pos` does: the first one of an armed step
+    /// starts the replay of the graph recorded for it, or a capture.
+    pub fn mixer(&mut self, key: OpKey, pos: usize) -> Result<Gate> {
+        if !matches!(self.mode, Mode::Armed) {
+            return self.gate(key);
         }
-        self.token = token;
+        self.pos = pos;
         if let Some(graph) = self.captured.iter().position(|c| c.ops[0] == key) {
             self.mode = Mode::Replaying { graph, next: 1 };
             return Ok(Gate::Skip);
@@ -129,6 +135,7 @@ impl DecodeGraphs {
         if self.device.begin_capture().is_err() {
             // Capture unsupported here: stay eager for good.
             self.enabled = false;
+            self.mode = Mode::Idle;
             return Ok(Gate::Run);
         }
         self.mode = Mode::Capturing(vec![key]);
@@ -138,7 +145,7 @@ impl DecodeGraphs {
     /// What the op `key` of the current step does.
     pub fn gate(&mut self, key: OpKey) -> Result<Gate> {
         match &mut self.mode {
-            Mode::Idle | Mode::Eager => Ok(Gate::Run),
+            Mode::Idle | Mode::Armed | Mode::Eager => Ok(Gate::Run),
             Mode::Capturing(ops) => {
                 ops.push(key);
                 Ok(Gate::Capture)
@@ -160,15 +167,15 @@ impl DecodeGraphs {
         }
     }
 
-    /// Ends the step whose token sits at `pos`: launches the recorded or replayed graph.
-    pub fn finish(&mut self, pos: usize) -> Result<()> {
+    /// Ends the layers of the step: launches the recorded or replayed graph.
+    pub fn finish(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.mode, Mode::Idle) {
-            Mode::Idle | Mode::Eager => Ok(()),
+            Mode::Idle | Mode::Armed | Mode::Eager => Ok(()),
             Mode::Capturing(ops) => {
                 let graph = self.device.end_capture()?.ok_or_else(|| {
                     EngineError::Cuda("decode graph: the capture recorded nothing".into())
                 })?;
-                self.launch(&graph, pos)?;
+                self.launch(&graph)?;
                 if self.captured.len() == MAX_GRAPHS {
                     self.captured.remove(0);
                 }
@@ -184,24 +191,28 @@ impl DecodeGraphs {
                     )));
                 }
                 let captured = self.captured.remove(graph);
-                let launched = self.launch(&captured.graph, pos);
+                let launched = self.launch(&captured.graph);
                 self.captured.push(captured);
                 launched
             }
         }
     }
 
-    /// Host access in the middle of a step at `pos`: what was recorded runs now, the rest
-    /// of the step eagerly. A replay cannot be cut short (its earlier ops never ran).
-    pub fn interrupt(&mut self, pos: usize) -> Result<()> {
+    /// Host access in the middle of a step: what was recorded runs now, the rest of the step
+    /// eagerly. A replay cannot be cut short (its earlier ops never ran).
+    pub fn interrupt(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.mode, Mode::Eager) {
             Mode::Idle => {
                 self.mode = Mode::Idle;
                 Ok(())
             }
+            Mode::Armed => {
+                self.mode = Mode::Armed;
+                Ok(())
+            }
             Mode::Eager => Ok(()),
             Mode::Capturing(_) => match self.device.end_capture()? {
-                Some(graph) => self.launch(&graph, pos),
+                Some(graph) => self.launch(&graph),
                 None => Ok(()),
             },
             Mode::Replaying { .. } => {
@@ -216,11 +227,11 @@ impl DecodeGraphs {
         }
     }
 
-    fn launch(&mut self, graph: &Graph, pos: usize) -> Result<()> {
-        let pos = u32::try_from(pos)
-            .map_err(|_| EngineError::Cuda(format!("position {pos} exceeds u32")))?;
+    fn launch(&mut self, graph: &Graph) -> Result<()> {
+        let pos = u32::try_from(self.pos)
+            .map_err(|_| EngineError::Cuda(format!("position {} exceeds u32", self.pos)))?;
         let mut step = self.step.as_view_mut();
-        self.device.copy_to_device(&[self.token, pos], &mut step)?;
+        self.device.copy_to_device(&[pos], &mut step)?;
         graph.launch()?;
         Ok(())
     }

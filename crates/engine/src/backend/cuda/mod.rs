@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use redlite_cuda::{Device, Position};
 use redlite_gguf::GgufModel;
 
-use crate::backend::{Backend, Batch, Norm};
+use crate::backend::{Backend, Batch, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
@@ -82,7 +82,22 @@ impl CudaBackend {
 
     /// What op `op` on `buffers` does in the current step (see `graph`).
     fn gate(&self, op: Op, buffers: [u64; 3]) -> Result<Gate> {
-        graph::lock(&self.graphs)?.gate(OpKey { op, buffers })
+        graph::lock(&self.graphs)?.gate(self.key(op, buffers)?)
+    }
+
+    /// The same for a mixer of a sequence at `pos` (which may start a capture or replay).
+    fn mixer_gate(&self, op: Op, buffers: [u64; 3], pos: usize) -> Result<Gate> {
+        let key = self.key(op, buffers)?;
+        graph::lock(&self.graphs)?.mixer(key, pos)
+    }
+
+    /// An op with its buffers and the scratch generation (the scratch buffers it uses).
+    fn key(&self, op: Op, [a, b, c]: [u64; 3]) -> Result<OpKey> {
+        let generation = self.scratch(1)?.generation;
+        Ok(OpKey {
+            op,
+            buffers: [a, b, c, generation],
+        })
     }
 
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
@@ -121,25 +136,12 @@ impl Backend for CudaBackend {
             return Err(EngineError::BadToken { id, n_vocab });
         }
         let mut scratch = self.scratch(tokens.len())?;
-        if let [token] = tokens {
-            let key = OpKey {
-                op: Op::Embed,
-                buffers: [x.address(&self.device)?, scratch.generation, 0],
-            };
-            let mut graphs = graph::lock(&self.graphs)?;
-            match graphs.begin(*token, key)? {
-                Gate::Skip => return Ok(()),
-                Gate::Capture => {
-                    return Ok(redlite_cuda::embed(
-                        &self.device,
-                        &self.weights.token_embd.view(),
-                        &graphs.token(),
-                        &mut x.rows_mut(1)?,
-                    )?)
-                }
-                Gate::Run => {}
-            }
+        let mut graphs = graph::lock(&self.graphs)?;
+        match tokens.len() {
+            1 => graphs.arm(),
+            _ => graphs.abandon(),
         }
+        drop(graphs);
         let mut ids = scratch.token_ids.slice_mut(..tokens.len());
         self.device.copy_to_device(tokens, &mut ids)?;
         let mut out = x.rows_mut(tokens.len())?;
@@ -172,78 +174,82 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    /// One sequence at a time (the kernels take one state); each segment's rows are a view
+    /// into the batch's activations.
     fn deltanet(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, CudaState>],
         h: &CudaAct,
-        state: &mut CudaState,
         out: &mut CudaAct,
     ) -> Result<()> {
         let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "a DeltaNet"));
         };
-        let delta = state.deltanet_mut(layer)?;
-        let buffers = [
-            h.address(&self.device)?,
-            out.address(&self.device)?,
-            self.device.address(&delta.recurrent),
-        ];
-        if self.gate(Op::DeltaNet(layer), buffers)? == Gate::Skip {
-            return Ok(());
+        for seg in segs.iter_mut() {
+            let pos = seg.batch().pos0;
+            let delta = seg.state.deltanet_mut(layer)?;
+            let state = self.device.address(&delta.recurrent);
+            let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
+            if self.mixer_gate(Op::DeltaNet(layer), buffers, pos)? == Gate::Skip {
+                continue;
+            }
+            let mut scratch = self.scratch(seg.tokens)?;
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            deltanet::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                &h.row_range(first, last)?,
+                delta,
+                &mut out.row_range_mut(first, last)?,
+            )?;
         }
-        let mut scratch = self.scratch(b.tokens)?;
-        deltanet::forward(
-            &self.device,
-            &self.config,
-            w,
-            &mut scratch,
-            &h.rows(b.tokens)?,
-            delta,
-            &mut out.rows_mut(b.tokens)?,
-        )
+        Ok(())
     }
 
     fn attention(
         &self,
         layer: usize,
-        b: Batch,
+        segs: &mut [Segment<'_, CudaState>],
         h: &CudaAct,
-        state: &mut CudaState,
         out: &mut CudaAct,
     ) -> Result<()> {
         let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
             return Err(self.not_a(layer, "an attention"));
         };
-        let capacity = state.capacity;
-        let kv = state.kv_mut(layer)?;
-        let buffers = [
-            h.address(&self.device)?,
-            out.address(&self.device)?,
-            kv.address(&self.device),
-        ];
-        let gate = self.gate(Op::Attention(layer), buffers)?;
-        if gate == Gate::Skip {
-            return Ok(());
+        for seg in segs.iter_mut() {
+            let b = seg.batch();
+            let capacity = seg.state.capacity;
+            let kv = seg.state.kv_mut(layer)?;
+            let state = kv.address(&self.device);
+            let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
+            let gate = self.mixer_gate(Op::Attention(layer), buffers, b.pos0)?;
+            if gate == Gate::Skip {
+                continue;
+            }
+            let mut scratch = self.scratch(seg.tokens)?;
+            let graphs = graph::lock(&self.graphs)?;
+            let position = match gate {
+                Gate::Capture => Position::Device(&graphs.position()),
+                _ => Position::Host,
+            };
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            attention::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                b,
+                &h.row_range(first, last)?,
+                kv,
+                capacity,
+                &mut out.row_range_mut(first, last)?,
+                position,
+            )?;
         }
-        let mut scratch = self.scratch(b.tokens)?;
-        let graphs = graph::lock(&self.graphs)?;
-        let position = match gate {
-            Gate::Capture => Position::Device(&graphs.position()),
-            _ => Position::Host,
-        };
-        attention::forward(
-            &self.device,
-            &self.config,
-            w,
-            &mut scratch,
-            b,
-            &h.rows(b.tokens)?,
-            kv,
-            capacity,
-            &mut out.rows_mut(b.tokens)?,
-            position,
-        )
+        Ok(())
     }
 
     fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
@@ -271,29 +277,38 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn logits(&self, b: Batch, first: usize, x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
-        graph::lock(&self.graphs)?.interrupt(b.pos0)?;
-        let rows = b.tokens - first;
+    /// Runs of consecutive rows each take one LM-head product.
+    fn logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt()?;
         let vocab = self.weights.output.rows;
-        let mut scratch = self.scratch(b.tokens)?;
-        scratch.reserve_logits(&self.device, &self.config, rows)?;
-        let mut logits = scratch.logits.slice_mut(..rows * vocab);
-        redlite_cuda::matmul(
-            &self.device,
-            &self.weights.output.view(),
-            &x.row_range(first, b.tokens)?,
-            &mut logits,
-        )?;
-        let start = out.len();
-        out.resize(start + rows * vocab, 0.0);
-        self.device
-            .copy_to_host(&logits.as_view(), &mut out[start..])?;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            let mut scratch = self.scratch(first + n)?;
+            scratch.reserve_logits(&self.device, &self.config, n)?;
+            let mut logits = scratch.logits.slice_mut(..n * vocab);
+            redlite_cuda::matmul(
+                &self.device,
+                &self.weights.output.view(),
+                &x.row_range(first, first + n)?,
+                &mut logits,
+            )?;
+            let start = out.len();
+            out.resize(start + n * vocab, 0.0);
+            self.device
+                .copy_to_host(&logits.as_view(), &mut out[start..])?;
+            i = j;
+        }
         Ok(())
     }
 
     /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
     fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
-        let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt(b.pos0));
+        let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt());
         if interrupted.is_err() {
             return Vec::new();
         }

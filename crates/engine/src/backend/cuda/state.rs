@@ -76,6 +76,23 @@ impl CudaAct {
         }
     }
 
+    /// Rows `first..last`, writable.
+    pub(super) fn row_range_mut(
+        &mut self,
+        first: usize,
+        last: usize,
+    ) -> Result<CudaViewMut<'_, f32>> {
+        self.check(last)?;
+        let width = self.width;
+        match &mut self.data {
+            Ok(d) => Ok(d.slice_mut(first * width..last * width)),
+            Err(msg) => Err(EngineError::Cuda(format!(
+                "activation buffer of {} x {width} was not allocated: {msg}",
+                self.max_tokens
+            ))),
+        }
+    }
+
     pub(super) fn rows_mut(&mut self, tokens: usize) -> Result<CudaViewMut<'_, f32>> {
         self.check(tokens)?;
         let width = self.width;
@@ -238,7 +255,7 @@ impl SeqState for CudaState {
     /// Called by `forward` after the layers: a recorded one-token step runs here.
     fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
-        let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish(pos.saturating_sub(1)));
+        let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish());
         if let Err(e) = finished {
             self.step_error = Some(e.to_string());
         }
@@ -282,4 +299,51 @@ impl SeqState for CudaState {
             self.buffers = Err(format!("reset failed: {e}"));
         }
     }
+
+    type Snapshot = CudaSnapshot;
+
+    /// Copies the DeltaNet state to the host (a snapshot waits off the GPU's memory).
+    fn snapshot(&self) -> Result<CudaSnapshot> {
+        let buffers = self
+            .buffers
+            .as_ref()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        let deltanet = buffers
+            .deltanet
+            .iter()
+            .map(|d| {
+                Ok((
+                    self.device.download(&d.conv)?,
+                    self.device.download(&d.recurrent)?,
+                ))
+            })
+            .collect::<std::result::Result<Vec<_>, redlite_cuda::CudaError>>()?;
+        Ok(CudaSnapshot {
+            pos: self.pos,
+            deltanet,
+        })
+    }
+
+    fn restore(&mut self, snapshot: &CudaSnapshot) -> Result<()> {
+        let device = self.device.clone();
+        let buffers = self.buffers_mut()?;
+        if buffers.deltanet.len() != snapshot.deltanet.len() {
+            return Err(EngineError::BadConfig(
+                "a snapshot of another model's state".into(),
+            ));
+        }
+        for (d, (conv, recurrent)) in buffers.deltanet.iter_mut().zip(&snapshot.deltanet) {
+            device.copy_to_device(conv, &mut d.conv.as_view_mut())?;
+            device.copy_to_device(recurrent, &mut d.recurrent.as_view_mut())?;
+        }
+        self.pos = snapshot.pos;
+        Ok(())
+    }
+}
+
+/// A sequence's DeltaNet state (conv window, recurrent matrices per layer) and position,
+/// kept on the host.
+pub struct CudaSnapshot {
+    pos: usize,
+    deltanet: Vec<(Vec<f32>, Vec<f32>)>,
 }

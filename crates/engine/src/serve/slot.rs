@@ -1,0 +1,221 @@
+//! One slot: a sequence state, its prompt-reuse cache, and the job it runs. A job first
+//! ingests the prompt tokens its resume point did not cover, then samples a token per step
+//! and feeds it back, until a stop.
+
+use std::time::Instant;
+
+use crate::backend::SeqState;
+use crate::generate::StopReason;
+use crate::sampling::{Sampler, StopMatcher};
+use crate::serve::prefix::PrefixCache;
+use crate::serve::{Event, Finish, Job, TokenLogprobs};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// A job in a slot.
+pub struct Active<'t> {
+    pub job: Job,
+    /// Index of the next prompt token to ingest (`job.prompt.len()` once the prompt is in).
+    pub next_prompt: usize,
+    pub cached: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stops: StopMatcher,
+    generated: usize,
+    /// The last sampled token, fed at the next step.
+    pub pending: Option<u32>,
+    queued_at: Instant,
+    admitted_at: Instant,
+    first_token_at: Option<Instant>,
+    /// Admission order, for fair prefill.
+    pub ticket: u64,
+}
+
+/// What the slot does in the next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    Idle,
+    /// Ingest prompt tokens `from..to`; logits when `to` ends the prompt.
+    Prefill {
+        from: usize,
+        to: usize,
+    },
+    /// Feed the last sampled token.
+    Decode(u32),
+}
+
+/// A slot's outcome after a step's logits.
+pub enum Outcome {
+    Continue,
+    Done(StopReason),
+}
+
+impl<'t> Active<'t> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        job: Job,
+        tokenizer: &'t Tokenizer,
+        sampler: Sampler,
+        cached: usize,
+        queued_at: Instant,
+        ticket: u64,
+    ) -> Active<'t> {
+        let mut sampler = sampler;
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        let decoder = tokenizer.stream_decoder(job.render_special);
+        let stops = StopMatcher::new(job.stop.iter().cloned());
+        Active {
+            next_prompt: cached,
+            cached,
+            sampler,
+            decoder,
+            stops,
+            generated: 0,
+            pending: None,
+            queued_at,
+            admitted_at: Instant::now(),
+            first_token_at: None,
+            ticket,
+            job,
+        }
+    }
+
+    pub fn work(&self, chunk: usize) -> Work {
+        if let Some(t) = self.pending {
+            return Work::Decode(t);
+        }
+        let n = self.job.prompt.len();
+        if self.next_prompt < n {
+            return Work::Prefill {
+                from: self.next_prompt,
+                to: (self.next_prompt + chunk).min(n),
+            };
+        }
+        Work::Idle
+    }
+
+    /// Samples from the logits that followed the last ingested token, streams the token, and
+    /// says whether the job goes on. `false` from the sink cancels.
+    pub fn take_logits(
+        &mut self,
+        logits: &[f32],
+        tokenizer: &Tokenizer,
+    ) -> Result<Outcome, String> {
+        self.first_token_at.get_or_insert_with(Instant::now);
+        let token = self.sampler.sample(logits).map_err(|e| e.to_string())?;
+        if tokenizer.is_eog(token) {
+            return Ok(Outcome::Done(StopReason::EndOfGeneration));
+        }
+        self.sampler.accept(token);
+        self.generated += 1;
+        let piece = self.decoder.push(token).map_err(|e| e.to_string())?;
+        let out = self.stops.push(&piece);
+        let logprobs = self.job.logprobs.map(|top| logprobs(logits, token, top));
+        let delivered = self.job.sink.send(Event::Token {
+            id: token,
+            text: out.text,
+            logprobs,
+        });
+        if !delivered {
+            return Ok(Outcome::Done(StopReason::Cancelled));
+        }
+        if let Some(s) = out.stopped_by {
+            return Ok(Outcome::Done(StopReason::StopString(s)));
+        }
+        if self.generated >= self.job.max_tokens {
+            return Ok(Outcome::Done(StopReason::Length));
+        }
+        self.pending = Some(token);
+        Ok(Outcome::Continue)
+    }
+
+    /// Flushes held-back text and reports the end.
+    pub fn finish(mut self, reason: StopReason) {
+        if !matches!(reason, StopReason::StopString(_) | StopReason::Cancelled) {
+            let tail = self.decoder.finish();
+            let out = self.stops.push(&tail);
+            let rest = out.text + &self.stops.finish();
+            if !rest.is_empty() {
+                self.job.sink.send(Event::Text(rest));
+            }
+        }
+        let now = Instant::now();
+        let first = self.first_token_at.unwrap_or(now);
+        let finish = Finish {
+            reason,
+            prompt_tokens: self.job.prompt.len(),
+            cached_tokens: self.cached,
+            completion_tokens: self.generated,
+            queue_seconds: self
+                .admitted_at
+                .duration_since(self.queued_at)
+                .as_secs_f64(),
+            prefill_seconds: first.duration_since(self.admitted_at).as_secs_f64(),
+            decode_seconds: now.duration_since(first).as_secs_f64(),
+        };
+        self.job.sink.send(Event::Done(finish));
+    }
+}
+
+/// Natural-log probabilities of `token` and of the `top` most likely tokens, from raw logits.
+fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    let log_z = f64::from(max) + sum.ln();
+    let lp = |l: f32| (f64::from(l) - log_z) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if !l.is_finite() {
+                continue;
+            }
+            if best.len() < top || l > best[best.len() - 1].1 {
+                let at = best.partition_point(|&(_, b)| b >= l);
+                best.insert(at, (id as u32, l));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenLogprobs {
+        logprob: lp(logits
+            .get(token as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY)),
+        top: best.into_iter().map(|(id, l)| (id, lp(l))).collect(),
+    }
+}
+
+/// A sequence state with its reuse cache and, when busy, its job.
+pub struct Slot<'t, S: SeqState> {
+    pub state: S,
+    pub cache: PrefixCache<S::Snapshot>,
+    pub active: Option<Active<'t>>,
+    /// When the slot last finished a job (for least-recently-used choice).
+    pub last_used: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_log_softmax_and_top_is_sorted() {
+        let logits = [1.0f32, 3.0, 2.0, f32::NEG_INFINITY];
+        let lp = logprobs(&logits, 2, 2);
+        let z: f64 = logits[..3].iter().map(|&l| f64::from(l).exp()).sum();
+        assert!((f64::from(lp.logprob) - (2.0 - z.ln())).abs() < 1e-6);
+        assert_eq!(lp.top.len(), 2);
+        assert_eq!(lp.top[0].0, 1);
+        assert_eq!(lp.top[1].0, 2);
+        assert!((f64::from(lp.top[0].1) - (3.0 - z.ln())).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,252 @@
+//! The serving scheduler on the CPU: requests batched together produce exactly what each
+//! produces alone (greedy), and what a single-sequence session produces; a second turn
+//! ingests only its new tokens; a client that goes away frees its slot; a full queue refuses.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlite_engine::backend::cpu::CpuBackend;
+use redlite_engine::generate::{generate, GenerateRequest, StopReason};
+use redlite_engine::model::load::config_from_gguf;
+use redlite_engine::sampling::SamplingParams;
+use redlite_engine::serve::{
+    self, Event, EventSink, Finish, Handle, Job, ServeConfig, SubmitError,
+};
+use redlite_engine::session::Session;
+use redlite_engine::state::KvType;
+use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+use redlite_engine::tokenizer::Tokenizer;
+use redlite_gguf::GgufModel;
+
+const CHUNK: usize = 8;
+
+struct Model {
+    _dir: tempfile::TempDir,
+    gguf: Arc<GgufModel>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+fn model() -> Model {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let opts = SynthOptions {
+        config: Preset::Tiny.config(),
+        recipe: Recipe::Q4KM,
+        vocab: VocabChoice::Tiny,
+        seed: 5,
+    };
+    write_synth(&path, &opts, &mut |_, _| {}).unwrap();
+    let gguf = Arc::new(GgufModel::open(&path).unwrap());
+    let tokenizer = Arc::new(Tokenizer::from_metadata(gguf.metadata()).unwrap());
+    Model {
+        _dir: dir,
+        gguf,
+        tokenizer,
+    }
+}
+
+fn start(m: &Model, slots: usize, queue_limit: usize) -> Handle {
+    let gguf = m.gguf.clone();
+    let config = config_from_gguf(&gguf).unwrap();
+    serve::spawn(
+        move || CpuBackend::new(gguf, config),
+        m.tokenizer.clone(),
+        ServeConfig {
+            slots,
+            context: 256,
+            kv_type: KvType::F32,
+            chunk: CHUNK,
+            queue_limit,
+            snapshots_per_slot: 4,
+        },
+    )
+    .unwrap()
+}
+
+/// Collects a job's events; `closed` simulates a client that went away.
+struct TestSink {
+    tx: Mutex<Sender<Event>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl EventSink for TestSink {
+    fn send(&self, event: Event) -> bool {
+        !self.closed.load(Ordering::SeqCst) && self.tx.lock().unwrap().send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+fn job(prompt: Vec<u32>, max_tokens: usize) -> (Job, Receiver<Event>, Arc<AtomicBool>) {
+    let (tx, rx) = channel();
+    let closed = Arc::new(AtomicBool::new(false));
+    let job = Job {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        render_special: false,
+        logprobs: None,
+        sink: Box::new(TestSink {
+            tx: Mutex::new(tx),
+            closed: closed.clone(),
+        }),
+    };
+    (job, rx, closed)
+}
+
+/// The generated ids and the end of a job.
+fn wait(rx: &Receiver<Event>) -> (Vec<u32>, Finish) {
+    let mut ids = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("an event") {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done(f) => return (ids, f),
+            Event::Failed(why) => panic!("job failed: {why}"),
+            Event::Started { .. } | Event::Text(_) => {}
+        }
+    }
+}
+
+fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % 500)
+        .collect()
+}
+
+#[test]
+fn batched_requests_equal_each_request_alone_and_a_plain_session() {
+    let m = model();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|s| prompt(s, 5 + 3 * s as usize)).collect();
+    // Alone: one slot, one request at a time.
+    let alone = start(&m, 1, 16);
+    let reference: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let (j, rx, _) = job(p.clone(), 16);
+            alone.submit(j).unwrap();
+            wait(&rx).0
+        })
+        .collect();
+    alone.shutdown();
+    // The single-sequence path (the CLI's) gives the same tokens.
+    let config = config_from_gguf(&m.gguf).unwrap();
+    let mut session = Session::new(
+        CpuBackend::new(m.gguf.clone(), config).unwrap(),
+        256,
+        KvType::F32,
+        CHUNK,
+    )
+    .unwrap();
+    for (p, want) in prompts.iter().zip(&reference) {
+        session.reset();
+        let req = GenerateRequest {
+            prompt: p.clone(),
+            max_tokens: 16,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            render_special: false,
+        };
+        let stats = generate(&mut session, &m.tokenizer, &req, &mut |_| true).unwrap();
+        assert_eq!(&stats.generated, want, "session vs scheduler for {p:?}");
+    }
+    // Together: 3 slots, all 8 submitted at once (5 wait in the queue).
+    let together = start(&m, 3, 16);
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (j, rx, _) = job(p.clone(), 16);
+            together.submit(j).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in receivers.iter().enumerate() {
+        let (ids, finish) = wait(rx);
+        assert_eq!(ids, reference[i], "request {i} differs when batched");
+        assert_eq!(finish.prompt_tokens, prompts[i].len());
+        assert_eq!(finish.completion_tokens, ids.len());
+    }
+    let metrics = together.metrics();
+    assert!(
+        metrics.step_sequences > metrics.steps,
+        "no step batched several sequences: {metrics:?}"
+    );
+    assert_eq!(metrics.requests_finished, 8);
+    together.shutdown();
+}
+
+#[test]
+fn a_second_turn_ingests_only_its_new_tokens() {
+    let m = model();
+    let handle = start(&m, 2, 8);
+    let turn1 = prompt(1, 20);
+    let (j, rx, _) = job(turn1.clone(), 6);
+    handle.submit(j).unwrap();
+    let (out1, f1) = wait(&rx);
+    assert_eq!(f1.cached_tokens, 0);
+    // The next turn repeats the conversation so far and adds a new message.
+    let mut turn2 = turn1.clone();
+    turn2.extend(&out1);
+    turn2.extend(prompt(2, 7));
+    let before = handle.metrics().prefill_tokens;
+    let (j, rx, _) = job(turn2.clone(), 4);
+    handle.submit(j).unwrap();
+    let (_, f2) = wait(&rx);
+    let fed_in_turn1 = turn1.len() + out1.len() - usize::from(f1.reason == StopReason::Length);
+    assert_eq!(f2.cached_tokens, fed_in_turn1);
+    let ingested = handle.metrics().prefill_tokens - before;
+    assert_eq!(ingested as usize, turn2.len() - fed_in_turn1);
+    // A different conversation in the other slot does not disturb the first one's cache.
+    let (j, rx, _) = job(prompt(9, 12), 3);
+    handle.submit(j).unwrap();
+    assert_eq!(wait(&rx).1.cached_tokens, 0);
+    handle.shutdown();
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_slot_and_a_full_queue_refuses() {
+    let m = model();
+    let handle = start(&m, 1, 1);
+    let (j, rx, closed) = job(prompt(3, 10), 200);
+    handle.submit(j).unwrap();
+    // Wait for the first token, then leave.
+    loop {
+        if let Event::Token { .. } = rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            break;
+        }
+    }
+    // The slot is busy: one request may wait, the next is refused.
+    let (waiting, waiting_rx, _) = job(prompt(4, 6), 2);
+    handle.submit(waiting).unwrap();
+    let (refused, _, _) = job(prompt(5, 6), 2);
+    assert!(matches!(
+        handle.submit(refused),
+        Err(SubmitError::QueueFull { .. })
+    ));
+    closed.store(true, Ordering::SeqCst);
+    let (_, f) = wait(&waiting_rx);
+    assert_eq!(f.completion_tokens, 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handle.metrics().busy_slots != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let metrics = handle.metrics();
+    assert_eq!(metrics.requests_cancelled, 1, "{metrics:?}");
+    assert_eq!(metrics.requests_rejected, 1);
+    assert_eq!(metrics.busy_slots, 0);
+    // Bad requests are refused before they take a slot.
+    let (long, _, _) = job(prompt(6, 300), 1);
+    assert!(matches!(
+        handle.submit(long),
+        Err(SubmitError::PromptTooLong { .. })
+    ));
+    let (too_many, _, _) = job(prompt(6, 200), 100);
+    assert!(matches!(
+        handle.submit(too_many),
+        Err(SubmitError::TooManyTokens { .. })
+    ));
+    handle.shutdown();
+}
