@@ -155,9 +155,10 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
 // floats in registers) and its output. The head's q and k channels are convolved by the
 // first 2 DK threads; every conv channel is read and written by exactly one thread.
 // qkv: the projections before the conv [channels]; z [v_heads][DK]; ba [k_heads][2 r];
-// out [v_heads][DK]. Dynamic shared memory: none.
+// out [v_heads][DK]. Dynamic shared memory: none. At most 256 threads, so that the DK-float
+// state column stays in registers (a 1024-thread bound caps them at 64 and spills it).
 template <int DK, int KERNEL>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      const float* __restrict__ ba, const float* __restrict__ conv_w,
                      float* __restrict__ conv_state, const float* __restrict__ a,

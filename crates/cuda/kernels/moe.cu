@@ -278,35 +278,53 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // x (or act) through L1, which costs less than copying all of it per CTA and waiting on a
 // barrier. WARPS warps per CTA; grids as version 1 with WARPS rows per CTA.
 
+// Both take the shared expert too when its matrices are given (non-null `s*` pointers, same
+// block type and row length as the routed ones): gate/up as slot k = used of grid.y into
+// act_shared [T][shared_ff], down as more items of the same sum, weighted by
+// shared_weight[t]. That saves the shared expert's two launches.
+
 // Gate and up: one warp per row (the 32 lanes take the row's items, gate and up decoded in
 // one loop), as version 2 with 32 lanes.
 template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
-                      float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert,
+                      const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
+                      float* __restrict__ act_shared, int shared_ff) {
     const int k = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * WARPS + warp;
-    if (row >= ff) return;
-    const i64 expert = ids[t * used + k];
-    float* out = act + (i64(t) * used + k) * ff + row;
-    if (expert < 0 || expert >= n_expert) {
-        if (lane == 0) *out = 0.0f;
-        return;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* g_rows;
+    const u8* u_rows;
+    float* out;
+    if (k == used) {
+        if (row >= shared_ff) return;
+        g_rows = shared_gate + row * row_bytes;
+        u_rows = shared_up + row * row_bytes;
+        out = act_shared + i64(t) * shared_ff + row;
+    } else {
+        if (row >= ff) return;
+        const i64 expert = ids[t * used + k];
+        out = act + (i64(t) * used + k) * ff + row;
+        if (expert < 0 || expert >= n_expert) {
+            if (lane == 0) *out = 0.0f;
+            return;
+        }
+        g_rows = gate + (expert * ff + row) * row_bytes;
+        u_rows = up + (expert * ff + row) * row_bytes;
     }
     const float* xs = x + i64(t) * cols;
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const i64 at = (expert * ff + row) * row_bytes;
     const int items = cols / B::VALUES * B::ITEMS;
     float g = 0.0f, u = 0.0f;
 #pragma unroll 2
     for (int i = lane; i < items; i += WARP_SIZE) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const float* xb = xs + block * B::VALUES;
-        const i64 offset = at + i64(block) * B::BYTES;
-        B::decode(gate + offset, item, [&](int index, float value) { g = fmaf(value, xb[index], g); });
-        B::decode(up + offset, item, [&](int index, float value) { u = fmaf(value, xb[index], u); });
+        const i64 offset = i64(block) * B::BYTES;
+        B::decode(g_rows + offset, item, [&](int index, float value) { g = fmaf(value, xb[index], g); });
+        B::decode(u_rows + offset, item, [&](int index, float value) { u = fmaf(value, xb[index], u); });
     }
     g = warp_reduce_sum(g);
     u = warp_reduce_sum(u);
@@ -322,29 +340,45 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
                    float* __restrict__ out, int rows, int ff, int used, int n_expert,
-                   int accumulate) {
+                   int accumulate, const u8* __restrict__ shared_down,
+                   const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
+                   int shared_ff) {
     const int t = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * WARPS + warp;
     if (row >= rows) return;
     const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
     const int per_expert = ff / B::VALUES * B::ITEMS;
-    const int total = used * per_expert;
+    const int routed = used * per_expert;
+    const int total = routed + (shared_down != nullptr ? shared_ff / B::VALUES * B::ITEMS : 0);
     const int* id = ids + t * used;
     const float* weight = weights + t * used;
     const float* a = act + i64(t) * used * ff;
     float acc = 0.0f;
 #pragma unroll 4
     for (int i = lane; i < total; i += WARP_SIZE) {
-        const int k = i / per_expert, it = i % per_expert;
-        const i64 expert = id[k];
-        if (expert < 0 || expert >= n_expert) continue;
-        const int block = it / B::ITEMS, item = it % B::ITEMS;
-        const float* xb = a + k * ff + block * B::VALUES;
-        const u8* w = down + (expert * rows + row) * row_bytes + i64(block) * B::BYTES;
+        const u8* w;
+        const float* xb;
+        float scale;
+        if (i < routed) {
+            const int k = i / per_expert, it = i % per_expert;
+            const i64 expert = id[k];
+            if (expert < 0 || expert >= n_expert) continue;
+            const int block = it / B::ITEMS;
+            xb = a + k * ff + block * B::VALUES;
+            w = down + (expert * rows + row) * row_bytes + i64(block) * B::BYTES;
+            scale = weight[k];
+        } else {
+            const int block = (i - routed) / B::ITEMS;
+            const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
+            xb = act_shared + i64(t) * shared_ff + block * B::VALUES;
+            w = shared_down + row * shared_row_bytes + i64(block) * B::BYTES;
+            scale = shared_weight[t];
+        }
+        const int item = (i < routed ? i % per_expert : i - routed) % B::ITEMS;
         float part = 0.0f;
         B::decode(w, item, [&](int index, float value) { part = fmaf(value, xb[index], part); });
-        acc = fmaf(weight[k], part, acc);
+        acc = fmaf(scale, part, acc);
     }
     const float sum = warp_reduce_sum(acc);
     if (lane == 0) {

@@ -15,7 +15,10 @@ pub struct Graph(SendGraph);
 impl Graph {
     /// Queues one replay of the whole graph on the device's stream.
     pub fn launch(&self) -> Result<(), CudaError> {
-        self.0 .0.launch().map_err(CudaError::driver("cuGraphLaunch"))
+        self.0
+             .0
+            .launch()
+            .map_err(CudaError::driver("cuGraphLaunch"))
     }
 }
 

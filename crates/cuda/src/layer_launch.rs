@@ -8,8 +8,8 @@ use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
     LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
 };
-use redlite_gguf::GgmlType;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
+use redlite_gguf::GgmlType;
 use std::sync::OnceLock;
 
 /// Threads of the one-CTA-per-row kernels (embed, rms_norm, deltanet_prep, moe_route).
@@ -94,7 +94,7 @@ pub(crate) fn matmul(
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
     let x_bytes = cols * size_of::<f32>();
-    let x_shared = x_bytes <= SHARED_MAX_BYTES;
+    let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());
     let shared = if x_shared { x_bytes } else { 0 };
     let shape = (to_i32(rows), to_i32(cols));
     if matvec_v1() {
@@ -112,8 +112,19 @@ pub(crate) fn matmul(
     let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
     let per_cta = MATMUL_V2_WARPS as usize * per_warp;
     crate::profile::label(|| format!("matmul {} {rows}x{cols} t{tokens}", kind.cuda_name));
-    let cfg = config((rows.div_ceil(per_cta), tokens, 1), MATMUL_V2_WARPS * 32, shared);
+    let cfg = config(
+        (rows.div_ceil(per_cta), tokens, 1),
+        MATMUL_V2_WARPS * 32,
+        shared,
+    );
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+/// Whether the version-2 matmul stages x in shared memory (`REDLITE_MATMUL_XSHARED=0`: it
+/// reads x through L1 instead).
+fn stage_x() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_XSHARED").as_deref() != Ok("0"))
 }
 
 /// `REDLITE_MATVEC_V1=1`: the version-1 matvecs (one row per warp, 4 warps per CTA).
@@ -188,12 +199,18 @@ enum MoeVersion {
     V3,
 }
 
-fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
+/// Whether the version-3 expert matvecs run (neither `REDLITE_MATVEC_V1=1` nor
+/// `REDLITE_MOE_V2=1`).
+pub(crate) fn moe_v3() -> bool {
     static V2: OnceLock<bool> = OnceLock::new();
+    !matvec_v1() && !*V2.get_or_init(|| std::env::var("REDLITE_MOE_V2").as_deref() == Ok("1"))
+}
+
+fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
     if matvec_v1() {
         return MoeVersion::V1;
     }
-    if !*V2.get_or_init(|| std::env::var("REDLITE_MOE_V2").as_deref() == Ok("1")) {
+    if moe_v3() {
         return MoeVersion::V3;
     }
     let items = cols / kind.ty.block_values() * kind.items_per_block;
@@ -217,8 +234,9 @@ pub(crate) fn moe_gate_up(
     act: &mut CudaViewMut<'_, f32>,
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
+    shared: Option<raw::SharedUpArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta, threads, shared) = match moe_version(kind, cols) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -238,8 +256,24 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
     };
-    let cfg = config((ff.div_ceil(rows_per_cta), used, tokens), threads, shared);
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
+    if let MoeVersion::V3 = moe_version(kind, cols) {
+        let (slots, rows) = match &shared {
+            Some(s) => (used + 1, ff.max(s.3)),
+            None => (used, ff),
+        };
+        let cfg = config((rows.div_ceil(rows_per_cta), slots, tokens), threads, 0);
+        crate::profile::label(|| {
+            format!("moe_gate_up v3 {} {ff}x{cols} slots{slots}", kind.cuda_name)
+        });
+        let inputs = (gate, up, ids, x);
+        return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
+    }
+    let cfg = config(
+        (ff.div_ceil(rows_per_cta), used, tokens),
+        threads,
+        shared_bytes,
+    );
     crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
 }
@@ -255,9 +289,10 @@ pub(crate) fn moe_down(
     out: &mut CudaViewMut<'_, f32>,
     (rows, ff, accumulate): (usize, usize, bool),
     (tokens, used, n_expert): MoeCounts,
+    shared: Option<raw::SharedDownArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
-    let (kernel, rows_per_cta, threads, shared) = match moe_version(kind, ff) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, ff) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_down_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -277,8 +312,11 @@ pub(crate) fn moe_down(
             staged,
         ),
     };
-    let cfg = config((rows.div_ceil(rows_per_cta), tokens, 1), threads, shared);
-    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
+    let cfg = config(
+        (rows.div_ceil(rows_per_cta), tokens, 1),
+        threads,
+        shared_bytes,
+    );
     let dims = (
         to_i32(rows),
         to_i32(ff),
@@ -286,6 +324,18 @@ pub(crate) fn moe_down(
         to_i32(n_expert),
         i32::from(accumulate),
     );
+    if let MoeVersion::V3 = moe_version(kind, ff) {
+        let with = if shared.is_some() { "+shared" } else { "" };
+        crate::profile::label(|| {
+            format!(
+                "moe_down v3 {} {rows}x{ff} used{used}{with}",
+                kind.cuda_name
+            )
+        });
+        let inputs = (down, ids, weights, act);
+        return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
+    }
+    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
     raw::launch_moe_down(
         device.stream(),
         kernel,

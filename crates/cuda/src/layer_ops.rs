@@ -215,6 +215,7 @@ pub fn moe_gate_up(
     ids: &CudaView<'_, i32>,
     x: &CudaView<'_, f32>,
     act: &mut CudaViewMut<'_, f32>,
+    shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeGateUp;
     let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
@@ -243,6 +244,22 @@ pub fn moe_gate_up(
         (cols * 4) as u64,
         SHARED_MAX_BYTES as u64,
     )?;
+    let shared = match shared {
+        None => None,
+        Some((s_gate, s_up, s_act)) => {
+            folds_shared(op, gate, s_gate)?;
+            folds_shared(op, gate, s_up)?;
+            shape(op, "shared up rows", s_gate.rows, s_up.rows)?;
+            shape(
+                op,
+                "shared act length (tokens x shared ff)",
+                tokens * s_gate.rows,
+                s_act.len(),
+            )?;
+            fits(op, "experts per token + 1", used as u64 + 1, MAX_GRID_YZ)?;
+            Some((&s_gate.bytes, &s_up.bytes, s_act, s_gate.rows))
+        }
+    };
     if used == 0 || ff == 0 {
         return Ok(());
     }
@@ -256,7 +273,41 @@ pub fn moe_gate_up(
         act,
         (ff, cols),
         (tokens, used, n_expert),
+        shared,
     )
+}
+
+/// The shared expert's gate and up (`[shared_ff][cols]`) and its SwiGLU output
+/// (`[tokens][shared_ff]`), computed in the routed experts' launch.
+pub type SharedGateUp<'a, 'b> = (
+    &'a WeightMatrix<'b>,
+    &'a WeightMatrix<'b>,
+    &'a mut CudaViewMut<'b, f32>,
+);
+
+/// The shared expert's down (`[rows][shared_ff]`), its weight per token (`[tokens]`) and
+/// its SwiGLU output (`[tokens][shared_ff]`), summed in the routed experts' launch.
+pub type SharedDown<'a, 'b> = (
+    &'a WeightMatrix<'b>,
+    &'a CudaView<'b, f32>,
+    &'a CudaView<'b, f32>,
+);
+
+/// Whether the routed experts' launches can take the shared expert `shared` along: the
+/// version-3 kernels, the same block type and row length as `routed`.
+pub fn moe_folds_shared(routed: &WeightMatrix<'_>, shared: &WeightMatrix<'_>) -> bool {
+    launch::moe_v3() && routed.ty == shared.ty && routed.cols == shared.cols
+}
+
+fn folds_shared(
+    op: CudaOp,
+    routed: &WeightMatrix<'_>,
+    shared: &WeightMatrix<'_>,
+) -> Result<(), CudaError> {
+    if !moe_folds_shared(routed, shared) {
+        return Err(CudaError::UnsupportedType { op, ty: shared.ty });
+    }
+    Ok(())
 }
 
 /// `out[t] (+)= Σ_k weights[t][k] · down_e · act[t][k]` for `e = ids[t][k]`: down is a stack of
@@ -272,6 +323,7 @@ pub fn moe_down(
     act: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
     accumulate: bool,
+    shared: Option<SharedDown<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeDown;
     let (kind, n_expert) = expert_stack(device, op, down, rows)?;
@@ -294,6 +346,21 @@ pub fn moe_down(
         (used * ff * 4) as u64,
         SHARED_MAX_BYTES as u64,
     )?;
+    let shared = match shared {
+        None => None,
+        Some((s_down, s_weight, s_act)) => {
+            folds_shared(op, down, s_down)?;
+            shape(op, "shared down rows", rows, s_down.rows)?;
+            shape(op, "shared weight length", tokens, s_weight.len())?;
+            shape(
+                op,
+                "shared act length (tokens x shared ff)",
+                tokens * s_down.cols,
+                s_act.len(),
+            )?;
+            Some((&s_down.bytes, s_weight, s_act, s_down.cols))
+        }
+    };
     launch::moe_down(
         device,
         kind,
@@ -304,6 +371,7 @@ pub fn moe_down(
         out,
         (rows, ff, accumulate),
         (tokens, used, n_expert),
+        shared,
     )
 }
 
@@ -428,10 +496,15 @@ pub fn deltanet_step(
         op,
         "threads per key head (v_heads / k_heads x head_dim)",
         (s.v_heads / s.k_heads * dk) as u64,
-        1024,
+        256,
     )?;
     shape(op, "conv weight length", channels * width, p.conv_w.len())?;
-    shape(op, "conv state length", channels * (width - 1), conv_state.len())?;
+    shape(
+        op,
+        "conv state length",
+        channels * (width - 1),
+        conv_state.len(),
+    )?;
     shape(op, "qkv length", channels, qkv.len())?;
     shape(op, "z length", s.inner(), z.len())?;
     shape(op, "ba length", 2 * s.v_heads, ba.len())?;

@@ -259,7 +259,10 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .flat_map(|&k| [moe_gate_up_v3_kernel(k), moe_down_v3_kernel(k)]),
                 )
-                .chain(["moe_route_kernel".to_string(), "moe_route_v2_kernel".to_string()])
+                .chain([
+                    "moe_route_kernel".to_string(),
+                    "moe_route_v2_kernel".to_string(),
+                ])
                 .collect(),
         },
         ModuleSource {

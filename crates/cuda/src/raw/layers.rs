@@ -52,7 +52,9 @@ pub(crate) fn launch_embed(
     launch.arg(table).arg(tokens).arg(x).arg(&rows).arg(&cols);
     // SAFETY: arguments match the signature; the op entry checked table = rows x cols whole
     // blocks and x = tokens x cols; ids past `rows` are zero-filled by the kernel.
-    launched(stream, "cuLaunchKernel(embed)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(embed)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// `rms_norm_kernel(x, w, out, cols, eps)`, one CTA per row.
@@ -70,7 +72,9 @@ pub(crate) fn launch_rms_norm(
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(w).arg(out).arg(&cols).arg(&eps);
     // SAFETY: arguments match the signature; x and out hold grid.x rows of `cols`, w `cols`.
-    launched(stream, "cuLaunchKernel(rms_norm)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(rms_norm)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// `add_kernel(x, y, n)`.
@@ -85,7 +89,9 @@ pub(crate) fn launch_add(
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(y).arg(&n);
     // SAFETY: arguments match the signature; x and y hold n values; threads past n return.
-    launched(stream, "cuLaunchKernel(add)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(add)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// `matmul_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`, grid.y = tokens.
@@ -102,7 +108,9 @@ pub(crate) fn launch_matmul(
     launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
     // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
     // grid.y x cols and y grid.y x rows values; X_SHARED kernels get cols * 4 shared bytes.
-    launched(stream, "cuLaunchKernel(matmul)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(matmul)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
@@ -196,7 +204,111 @@ pub(crate) fn launch_moe_down(
     // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
     // weights tokens x used, act tokens x used x ff, out tokens x rows; versions 1 and 2
     // get used * ff * 4 bytes of dynamic shared memory (version 3 stages nothing).
-    launched(stream, "cuLaunchKernel(moe_down)", unsafe { launch.launch(config) })
+    launched(stream, "cuLaunchKernel(moe_down)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// The shared expert's gate, up, SwiGLU output and ff, for the version-3 gate/up launch.
+pub(crate) type SharedUpArgs<'a, 'b> = (
+    &'a CudaView<'b, u8>,
+    &'a CudaView<'b, u8>,
+    &'a mut CudaViewMut<'b, f32>,
+    usize,
+);
+
+/// The shared expert's down, weight per token, SwiGLU output and ff, for version-3 down.
+pub(crate) type SharedDownArgs<'a, 'b> = (
+    &'a CudaView<'b, u8>,
+    &'a CudaView<'b, f32>,
+    &'a CudaView<'b, f32>,
+    usize,
+);
+
+/// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
+/// shared_gate, shared_up, act_shared, shared_ff)`; null shared pointers without `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_gate_up_v3(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (gate, up, ids, x): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+    ),
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used, n_expert): (i32, i32, i32, i32),
+    shared: Option<SharedUpArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(gate).arg(up).arg(ids).arg(x).arg(act);
+    launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_gate, s_up, s_act, _)) => {
+            launch.arg(s_gate).arg(s_up).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
+    // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
+    // tokens x used x ff (op entry). Grid.y is used + 1 only with `shared`, whose gate and
+    // up hold shared_ff rows of `cols` in the same block type and act_shared tokens x
+    // shared_ff (op entry); without it grid.y = used and the null pointers are never read.
+    launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_down_v3_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert,
+/// accumulate, shared_down, shared_weight, act_shared, shared_ff)`; null shared pointers
+/// without `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_down_v3(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (down, ids, weights, act): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+        &CudaView<'_, f32>,
+    ),
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, used, n_expert, accumulate): (i32, i32, i32, i32, i32),
+    shared: Option<SharedDownArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(down).arg(ids).arg(weights).arg(act).arg(out);
+    launch
+        .arg(&rows)
+        .arg(&ff)
+        .arg(&used)
+        .arg(&n_expert)
+        .arg(&accumulate);
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_down, s_weight, s_act, _)) => {
+            launch.arg(s_down).arg(s_weight).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
+    // weights tokens x used, act tokens x used x ff, out tokens x rows (op entry); with
+    // `shared`, its down holds rows rows of shared_ff in the same block type, its weight
+    // tokens values and act_shared tokens x shared_ff (op entry); without it the kernel
+    // never reads the null pointers (shared_down == null adds no items).
+    launched(stream, "cuLaunchKernel(moe_down_v3)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// `deltanet_split_kernel(p, qkv, z, k_heads, dk, r, dv)`.
@@ -330,7 +442,7 @@ pub(crate) fn launch_deltanet_step(
     // length against one token of the shape (qkv, conv weights and state over all channels,
     // z and out v_heads x DK, ba 2 v_heads, state v_heads x DK x DK, norm weight DK), DK and
     // KERNEL are the specialization, and grid k_heads x block (v_heads / k_heads) x DK
-    // threads (≤ 1024, checked) covers exactly the heads.
+    // threads (≤ 256, the kernel's bound, checked) covers exactly the heads.
     launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
         launch.launch(config)
     })

@@ -93,6 +93,7 @@ struct Inputs<'a> {
 }
 
 /// Norm + RoPE + cache write, then attention over the cache, for one KV element type.
+#[allow(clippy::too_many_arguments)]
 fn over_cache<T: KvElement>(
     device: &Device,
     shape: &AttentionShape,

@@ -66,7 +66,10 @@ enum Mode {
     /// A one-token step was embedded; its first mixer starts a capture or a replay.
     Armed,
     Capturing(Vec<OpKey>),
-    Replaying { graph: usize, next: usize },
+    Replaying {
+        graph: usize,
+        next: usize,
+    },
     /// A capture ended early (`interrupt`): the rest of this step runs eagerly.
     Eager,
 }

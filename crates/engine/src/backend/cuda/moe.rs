@@ -2,9 +2,15 @@
 //! top-k and renormalization on the GPU; the selected experts' gate/up with SwiGLU fused;
 //! their down projections with the weighted sum fused; the shared expert through the same
 //! kernels (a stack of one expert) with its sigmoid gate as the weight, accumulated.
-//! Six launches per layer, no host round trip.
+//! Seven launches per layer, no host round trip; five when the shared expert rides along in
+//! the routed experts' gate/up and down launches (same block types and row lengths, the
+//! version-3 kernels; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate).
 
-use redlite_cuda::{matmul, moe_down, moe_gate_up, moe_route, CudaView, CudaViewMut, Device};
+use std::sync::OnceLock;
+
+use redlite_cuda::{
+    matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, CudaView, CudaViewMut, Device,
+};
 
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::weights::MoeWeights;
@@ -39,6 +45,33 @@ pub fn forward(
         &mut shared_weight,
     )?;
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
+    if fold_shared(w) {
+        let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
+        let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
+        moe_gate_up(
+            device,
+            &w.gate_exps.view(),
+            &w.up_exps.view(),
+            c.expert_ff,
+            &ids.as_view(),
+            h,
+            &mut act,
+            Some((&gate, &up, &mut act_shared)),
+        )?;
+        let down = w.shared_down.view();
+        moe_down(
+            device,
+            &w.down_exps.view(),
+            e,
+            &ids.as_view(),
+            &weights.as_view(),
+            &act.as_view(),
+            out,
+            false,
+            Some((&down, &shared_weight.as_view(), &act_shared.as_view())),
+        )?;
+        return Ok(());
+    }
     moe_gate_up(
         device,
         &w.gate_exps.view(),
@@ -47,6 +80,7 @@ pub fn forward(
         &ids.as_view(),
         h,
         &mut act,
+        None,
     )?;
     moe_down(
         device,
@@ -57,6 +91,7 @@ pub fn forward(
         &act.as_view(),
         out,
         false,
+        None,
     )?;
     let zero_ids = s.zero_ids.slice(..t);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
@@ -68,6 +103,7 @@ pub fn forward(
         &zero_ids,
         h,
         &mut act_shared,
+        None,
     )?;
     moe_down(
         device,
@@ -78,6 +114,16 @@ pub fn forward(
         &act_shared.as_view(),
         out,
         true,
+        None,
     )?;
     Ok(())
+}
+
+/// Whether the shared expert rides along in the routed launches.
+fn fold_shared(w: &MoeWeights) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MOE_FOLD_SHARED").as_deref() != Ok("0"))
+        && moe_folds_shared(&w.gate_exps.view(), &w.shared_gate.view())
+        && moe_folds_shared(&w.up_exps.view(), &w.shared_up.view())
+        && moe_folds_shared(&w.down_exps.view(), &w.shared_down.view())
 }
