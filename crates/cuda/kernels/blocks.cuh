@@ -7,6 +7,37 @@
 // Needs common.cuh and the generated tables (iq2xxs_grid, iq2xs_grid, iq1s_grid,
 // ksigns_iq2xs) before it.
 
+// Every kernel that decodes blocks of B calls B::prepare() first, with all threads of the
+// CTA and before any early return. With REDLITE_SHARED_TABLES (a compile option, on unless
+// REDLITE_SHARED_TABLES=0 in the environment) IQ2_XXS and IQ2_XS copy their codebooks to
+// shared memory there: a warp's 32 data-dependent lookups touch up to 32 L1 lines of a
+// global table, but only a few banks' worth of shared memory. Other types do nothing.
+struct NoTables {
+    static __device__ __forceinline__ void prepare() {}
+};
+
+#if REDLITE_SHARED_TABLES
+__shared__ u64 iq2xxs_grid_s[256];
+__shared__ u64 iq2xs_grid_s[512];
+__shared__ u8 ksigns_s[128];
+#define IQ2XXS_GRID iq2xxs_grid_s
+#define IQ2XS_GRID iq2xs_grid_s
+#define KSIGNS ksigns_s
+#else
+#define IQ2XXS_GRID iq2xxs_grid
+#define IQ2XS_GRID iq2xs_grid
+#define KSIGNS ksigns_iq2xs
+#endif
+
+template <int N>
+static __device__ __forceinline__ void copy_tables(u64* grid_s, const u64* grid) {
+#if REDLITE_SHARED_TABLES
+    for (int i = threadIdx.x; i < N; i += blockDim.x) grid_s[i] = grid[i];
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) ksigns_s[i] = ksigns_iq2xs[i];
+    __syncthreads();
+#endif
+}
+
 // A small unsigned integer (< 2^23) as a float, exactly, without the quarter-rate
 // integer-to-float conversion: 2^23 + v has v in its low mantissa bits; subtracting 2^23 is
 // exact. `byte_to_f32(word, j)` is byte j of `word` that way (one byte permute).
@@ -18,7 +49,7 @@ static __device__ __forceinline__ float byte_to_f32(u32 word, int j) {
     return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440 | j)) - 8388608.0f;
 }
 
-struct F32 {
+struct F32 : NoTables {
     static constexpr int VALUES = 1, BYTES = 4, ITEMS = 1;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
@@ -26,7 +57,7 @@ struct F32 {
     }
 };
 
-struct F16 {
+struct F16 : NoTables {
     static constexpr int VALUES = 1, BYTES = 2, ITEMS = 1;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
@@ -36,7 +67,7 @@ struct F16 {
 
 // F32 / F16 rows read 16 bytes per item (4 or 8 values): the dense matvecs use these for
 // rows whose length is a multiple of 4 (8), the row starts then being 16-byte aligned.
-struct F32x4 {
+struct F32x4 : NoTables {
     static constexpr int VALUES = 4, BYTES = 16, ITEMS = 1;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
@@ -48,7 +79,7 @@ struct F32x4 {
     }
 };
 
-struct F16x8 {
+struct F16x8 : NoTables {
     static constexpr int VALUES = 8, BYTES = 16, ITEMS = 1;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int, Emit&& emit) {
@@ -63,7 +94,7 @@ struct F16x8 {
 };
 
 // d f16 @0, 32 int8 @2. Item: 8 values.
-struct Q8_0 {
+struct Q8_0 : NoTables {
     static constexpr int VALUES = 32, BYTES = 34, ITEMS = 4;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
@@ -80,7 +111,7 @@ struct Q8_0 {
 
 // scales[16] @0, qs[64] @16, d @80, dmin @82. Item = sub-block s of 16 values:
 // value 128H + 32p + 16k + t takes bits 2p of qs[32H + 16k + t] (s = 8H + 2p + k).
-struct Q2K {
+struct Q2K : NoTables {
     static constexpr int VALUES = 256, BYTES = 84, ITEMS = 16;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
@@ -119,7 +150,7 @@ static __device__ __forceinline__ void scale_min_k4(int j, const u8* packed, flo
 // low nibbles are values 64c + 16h + t (sub-block 2c), high nibbles 64c + 32 + 16h + t
 // (sub-block 2c + 1); Q5_K's fifth bit of value 32s + l is bit s of qh[l].
 template <bool FIVE_BITS>
-struct QKAffine {
+struct QKAffine : NoTables {
     static constexpr int VALUES = 256, BYTES = FIVE_BITS ? 176 : 144, ITEMS = 8;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
@@ -159,7 +190,7 @@ typedef QKAffine<true> Q5K;
 
 // ql[128] @0, qh[64] @128, scales[16] int8 @192, d @208. Item (H, k) = (item >> 2,
 // item & 3) covers l = 8k..8k+8 of half H: values 128H + l + 32g for g = 0..4.
-struct Q6K {
+struct Q6K : NoTables {
     static constexpr int VALUES = 256, BYTES = 210, ITEMS = 8;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
@@ -207,6 +238,11 @@ static __device__ __forceinline__ void emit_iq2_group(int base, float db, u64 gr
 // bits, scale in bits 28..32).
 struct IQ2XXS {
     static constexpr int VALUES = 256, BYTES = 66, ITEMS = 8;
+    static __device__ __forceinline__ void prepare() {
+#if REDLITE_SHARED_TABLES
+        copy_tables<256>(iq2xxs_grid_s, iq2xxs_grid);
+#endif
+    }
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
         const float d = f16_to_f32(load_u16(b));
@@ -214,8 +250,8 @@ struct IQ2XXS {
         const float db = d * (0.5f + float(s >> 28)) * 0.25f;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            emit_iq2_group(32 * item + 8 * l, db, iq2xxs_grid[(a >> (8 * l)) & 0xff],
-                           ksigns_iq2xs[(s >> (7 * l)) & 127], emit);
+            emit_iq2_group(32 * item + 8 * l, db, IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+                           KSIGNS[(s >> (7 * l)) & 127], emit);
         }
     }
 };
@@ -223,6 +259,11 @@ struct IQ2XXS {
 // d @0, qs u16[32] @2 (9-bit grid index, 7-bit sign index), scales[8] @66.
 struct IQ2XS {
     static constexpr int VALUES = 256, BYTES = 74, ITEMS = 8;
+    static __device__ __forceinline__ void prepare() {
+#if REDLITE_SHARED_TABLES
+        copy_tables<512>(iq2xs_grid_s, iq2xs_grid);
+#endif
+    }
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {
         const float d = f16_to_f32(load_u16(b));
@@ -231,14 +272,14 @@ struct IQ2XS {
         for (int l = 0; l < 4; ++l) {
             const u16 word = load_u16(b + 2 + 8 * item + 2 * l);
             const float db = d * (0.5f + float((scale >> (4 * (l / 2))) & 0x0f)) * 0.25f;
-            emit_iq2_group(32 * item + 8 * l, db, iq2xs_grid[word & 511], ksigns_iq2xs[word >> 9],
+            emit_iq2_group(32 * item + 8 * l, db, IQ2XS_GRID[word & 511], KSIGNS[word >> 9],
                            emit);
         }
     }
 };
 
 // qs[32] @0, qh[16] @32, four u16 scale words @48 whose top nibbles hold the f16 scale.
-struct IQ1M {
+struct IQ1M : NoTables {
     static constexpr int VALUES = 256, BYTES = 56, ITEMS = 8;
     template <class Emit>
     static __device__ __forceinline__ void decode(const u8* b, int item, Emit&& emit) {

@@ -5,6 +5,7 @@
 template <class B>
 __global__ void dequantize_kernel(const u8* __restrict__ weights, float* __restrict__ out,
                                   i64 total_items) {
+    B::prepare();
     const i64 i = i64(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= total_items) return;
     const i64 block = i / B::ITEMS;

@@ -6,6 +6,7 @@
 template <class B>
 __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict__ tokens,
                              float* __restrict__ x, int rows, int cols) {
+    B::prepare();
     const int t = blockIdx.x;
     const int blocks_per_row = cols / B::VALUES;
     if (tokens[t] >= u32(rows)) {

@@ -7,6 +7,7 @@ template <class B, int WARPS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
               float* __restrict__ y, int rows, int cols) {
+    B::prepare();
     extern __shared__ float x_shared[];
     const float* xs = x + i64(blockIdx.y) * cols;
     if (X_SHARED) {
@@ -31,6 +32,7 @@ template <class B, int WARPS, int ROWS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
+    B::prepare();
     extern __shared__ float4 x_shared4[];
     const float* xs = x + i64(blockIdx.y) * cols;
     if (X_SHARED) {

@@ -80,35 +80,47 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
 }
 
 // Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
-// warp per token and no block barrier. The same selection (largest p first, ties to the lower
-// index); the softmax sums run in warp order. Lane k keeps the k-th choice until the end.
+// warp per token, no block barrier, and p in registers (PER per lane: n_expert ≤ 32 PER).
+// The same selection (largest p first, ties to the lower index); the softmax sums run in
+// warp order. Lane k keeps the k-th choice until the end. No dynamic shared memory.
+template <int PER>
 __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     const float* __restrict__ shared_logit,
                                     int* __restrict__ ids, float* __restrict__ weights,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
-    extern __shared__ float p[];
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + i64(t) * n_expert;
+    float p[PER];
     float m = -INFINITY;
-    for (int i = lane; i < n_expert; i += WARP_SIZE) m = fmaxf(m, l[i]);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + WARP_SIZE * j;
+        p[j] = i < n_expert ? l[i] : -INFINITY;
+        m = fmaxf(m, p[j]);
+    }
     m = warp_reduce_max(m);
     float sum = 0.0f;
-    for (int i = lane; i < n_expert; i += WARP_SIZE) {
-        p[i] = expf(l[i] - m);
-        sum += p[i];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        p[j] = lane + WARP_SIZE * j < n_expert ? expf(p[j] - m) : 0.0f;
+        sum += p[j];
     }
     const float inv = 1.0f / warp_reduce_sum(sum);
-    for (int i = lane; i < n_expert; i += WARP_SIZE) p[i] *= inv;
-    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        // Padding and chosen entries hold -2, below every probability and the -1 start.
+        p[j] = lane + WARP_SIZE * j < n_expert ? p[j] * inv : -2.0f;
+    }
     float total = 0.0f, mine = 0.0f;
     int mine_index = n_expert;
     for (int k = 0; k < used; ++k) {
         float v = -1.0f;
         int index = n_expert;
-        for (int i = lane; i < n_expert; i += WARP_SIZE) {
-            if (p[i] > v) {
-                v = p[i];
-                index = i;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (p[j] > v) {
+                v = p[j];
+                index = lane + WARP_SIZE * j;
             }
         }
 #pragma unroll
@@ -124,8 +136,10 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
             mine = v;
             mine_index = index;
         }
-        if (index < n_expert && lane == index % WARP_SIZE) p[index] = -1.0f;
-        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (lane + WARP_SIZE * j == index) p[j] = -2.0f;
+        }
         total += v;
         if (k % WARP_SIZE == WARP_SIZE - 1 || k == used - 1) {
             // Lanes flush their choices every 32 picks (used > 32 is allowed).
@@ -149,6 +163,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                    const int* __restrict__ ids, const float* __restrict__ x,
                    float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    B::prepare();
     extern __shared__ float xs[];
     const int k = blockIdx.y, t = blockIdx.z;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i64(t) * cols + i];
@@ -177,6 +192,7 @@ moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                 const float* __restrict__ weights, const float* __restrict__ act,
                 float* __restrict__ out, int rows, int ff, int used, int n_expert,
                 int accumulate) {
+    B::prepare();
     extern __shared__ float as[];
     const int t = blockIdx.y;
     for (int i = threadIdx.x; i < used * ff; i += blockDim.x) as[i] = act[i64(t) * used * ff + i];
@@ -210,6 +226,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_v2_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    B::prepare();
     extern __shared__ float xs[];
     const int k = blockIdx.y, t = blockIdx.z;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i64(t) * cols + i];
@@ -250,6 +267,7 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
                    float* __restrict__ out, int rows, int ff, int used, int n_expert,
                    int accumulate) {
+    B::prepare();
     extern __shared__ float as[];
     const int t = blockIdx.y;
     for (int i = threadIdx.x; i < used * ff; i += blockDim.x) as[i] = act[i64(t) * used * ff + i];
@@ -292,6 +310,7 @@ moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    B::prepare();
     const int k = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * WARPS + warp;
@@ -343,6 +362,7 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
+    B::prepare();
     const int t = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * WARPS + warp;

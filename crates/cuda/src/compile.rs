@@ -19,11 +19,15 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
     }
 }
 
+/// `REDLITE_SHARED_TABLES=0` builds the kernels with the IQ codebooks read from global
+/// memory (see `blocks.cuh`); the option is part of the cache key.
 fn options(arch: &str) -> Vec<String> {
+    let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--extra-device-vectorization".to_string(),
+        format!("-DREDLITE_SHARED_TABLES={}", u8::from(shared_tables)),
     ]
 }
 

@@ -167,12 +167,16 @@ pub(crate) fn moe_route(
 ) -> Result<(), CudaError> {
     static V1: OnceLock<bool> = OnceLock::new();
     let v1 = *V1.get_or_init(|| std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1"));
-    let (kernel, threads) = if v1 {
-        (device.kernel("moe_route_kernel")?, ROW_THREADS)
+    let cfg = if v1 || n_expert > 32 * source::ROUTE_V2_PER_LANE {
+        (
+            device.kernel("moe_route_kernel")?,
+            ROW_THREADS,
+            n_expert * size_of::<f32>(),
+        )
     } else {
-        (device.kernel("moe_route_v2_kernel")?, 32)
+        (device.kernel(&source::route_v2_kernel())?, 32, 0)
     };
-    let cfg = config((tokens, 1, 1), threads, n_expert * size_of::<f32>());
+    let (kernel, cfg) = (cfg.0, config((tokens, 1, 1), cfg.1, cfg.2));
     let dims = (to_i32(n_expert), to_i32(used));
     raw::launch_moe_route(
         device.stream(),

@@ -207,6 +207,7 @@ fn expert_stack(
 /// `act[t][k] = silu(gate_e · x[t]) ⊙ (up_e · x[t])` for `e = ids[t][k]`: gate and up are
 /// stacks of experts of `ff` rows (the same block type); x is tokens x cols, ids tokens x
 /// used, act tokens x used x ff. An id outside the stack gives zeros.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up(
     device: &Device,
     gate: &WeightMatrix<'_>,

@@ -140,6 +140,13 @@ pub(crate) fn moe_down_v2_kernel(kind: WeightKind, lanes: usize) -> String {
     )
 }
 
+/// Router probabilities per lane of the version-2 routing (n_expert ≤ 32 x this).
+pub(crate) const ROUTE_V2_PER_LANE: usize = 16;
+
+pub(crate) fn route_v2_kernel() -> String {
+    format!("moe_route_v2_kernel<{ROUTE_V2_PER_LANE}>")
+}
+
 /// Warps (rows) per CTA of the version-3 expert matvecs.
 pub(crate) const MOE_V3_WARPS: u32 = 8;
 
@@ -259,10 +266,7 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .flat_map(|&k| [moe_gate_up_v3_kernel(k), moe_down_v3_kernel(k)]),
                 )
-                .chain([
-                    "moe_route_kernel".to_string(),
-                    "moe_route_v2_kernel".to_string(),
-                ])
+                .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
                 .collect(),
         },
         ModuleSource {
@@ -311,7 +315,7 @@ mod tests {
         for kind in WEIGHT_KINDS {
             let values = kind.ty.block_values();
             assert!(values.is_multiple_of(kind.items_per_block), "{:?}", kind.ty);
-            let needle = format!("struct {} {{", kind.cuda_name);
+            let needle = format!("struct {} ", kind.cuda_name);
             let typedef = format!("> {};", kind.cuda_name);
             assert!(
                 BLOCKS.contains(&needle) || BLOCKS.contains(&typedef),

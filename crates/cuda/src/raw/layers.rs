@@ -136,8 +136,9 @@ pub(crate) fn launch_moe_route(
         .arg(&n_expert)
         .arg(&used);
     // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
-    // ids/weights `used` (≤ n_expert) and shared_logit/shared_weight one; the CTA has
-    // n_expert * 4 bytes of dynamic shared memory.
+    // ids/weights `used` (≤ n_expert) and shared_logit/shared_weight one; version 1 gets
+    // n_expert * 4 bytes of dynamic shared memory, version 2 (registers) runs only when
+    // n_expert ≤ 32 x its PER (the launcher).
     launched(stream, "cuLaunchKernel(moe_route)", unsafe {
         launch.launch(config)
     })
