@@ -215,7 +215,7 @@ moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
     }
 }
 
-// Version 2 of the two expert matvecs (version 1 above stays for A/B through
+// Version 2 of the two expert matvecs (the default; version 1 above stays for A/B through
 // REDLITE_MATVEC_V1=1). LANES lanes (16 or 32) share a row, so a warp covers 32 / LANES
 // rows and short rows (ff = 512 of IQ2_XXS: 16 items) leave no lane idle. Same grid shape
 // as version 1 but ceil(rows / (WARPS * 32 / LANES)) CTAs along x.
@@ -291,10 +291,11 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
     }
 }
 
-// Version 3 of the two expert matvecs (the default; REDLITE_MOE_V2=1 keeps version 2,
-// REDLITE_MATVEC_V1=1 version 1). Nothing is staged in shared memory: a CTA's few rows read
-// x (or act) through L1, which costs less than copying all of it per CTA and waiting on a
-// barrier. WARPS warps per CTA; grids as version 1 with WARPS rows per CTA.
+// Version 3 of the two expert matvecs (REDLITE_MOE_V3=1; version 2 stays the default).
+// Nothing is staged in shared memory: a CTA's few rows read x (or act) through L1, meant to
+// cost less than copying all of it per CTA and waiting on a barrier. Measured on the H200 it
+// costs more (one 4-byte L1 load per value instead of a shared-memory load): kept for A/B
+// and for the shared-expert folding below. WARPS warps per CTA, WARPS rows per CTA.
 
 // Both take the shared expert too when its matrices are given (non-null `s*` pointers, same
 // block type and row length as the routed ones): gate/up as slot k = used of grid.y into

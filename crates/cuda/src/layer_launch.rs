@@ -194,20 +194,21 @@ pub(crate) fn moe_route(
 /// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
 pub(crate) type MoeCounts = (usize, usize, usize);
 
-/// Which expert matvecs run: version 3 (default), version 2 with its lanes per row (16 when
-/// a row has at most 16 thread items, else 32) under `REDLITE_MOE_V2=1`, version 1 under
-/// `REDLITE_MATVEC_V1=1`.
+/// Which expert matvecs run: version 2 (default) with its lanes per row (16 when a row has
+/// at most 16 thread items, else 32), version 3 under `REDLITE_MOE_V3=1` (measured slower on
+/// the H200: reading x through L1 instead of shared memory costs more than staging it; see
+/// docs/PERF.md), version 1 under `REDLITE_MATVEC_V1=1`.
 enum MoeVersion {
     V1,
     V2 { lanes: usize },
     V3,
 }
 
-/// Whether the version-3 expert matvecs run (neither `REDLITE_MATVEC_V1=1` nor
-/// `REDLITE_MOE_V2=1`).
+/// Whether the version-3 expert matvecs run (`REDLITE_MOE_V3=1`, and not
+/// `REDLITE_MATVEC_V1=1`).
 pub(crate) fn moe_v3() -> bool {
-    static V2: OnceLock<bool> = OnceLock::new();
-    !matvec_v1() && !*V2.get_or_init(|| std::env::var("REDLITE_MOE_V2").as_deref() == Ok("1"))
+    static V3: OnceLock<bool> = OnceLock::new();
+    !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
 }
 
 fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {

@@ -2,8 +2,10 @@
 //! legacy split, conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule for
 //! every token in order, gated RMSNorm, output projection. Seven launches per layer.
 //! `REDLITE_FUSED_DELTANET=1` runs a one-token step's conv, norms, gates, delta rule and
-//! gated norm as one launch (`deltanet_step`): off by default, since on the H200 its one CTA
-//! per key head (16) made it slower than the four kernels (docs/PERF.md).
+//! gated norm as one launch (`deltanet_step`). Off by default: with its first launch bound
+//! (1024 threads) the state column spilled and it was slower than the four kernels; bounded
+//! to 256 threads it measured 2 % faster end to end on the H200, but so far only the tiny
+//! model's head dim (32) went through the parity tests (docs/PERF.md).
 
 use std::sync::OnceLock;
 

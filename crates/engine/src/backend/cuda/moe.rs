@@ -3,8 +3,9 @@
 //! their down projections with the weighted sum fused; the shared expert through the same
 //! kernels (a stack of one expert) with its sigmoid gate as the weight, accumulated.
 //! Seven launches per layer, no host round trip; five when the shared expert rides along in
-//! the routed experts' gate/up and down launches (same block types and row lengths, the
-//! version-3 kernels; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate).
+//! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
+//! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
+//! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
 
 use std::sync::OnceLock;
 
