@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """Load test of `redlite serve` on loopback: CLIENTS concurrent streaming clients (the official
-`openai` package's AsyncOpenAI), each sending REQUESTS distinct greedy chat requests one after
-another. Every request is first run alone (sequentially, non-streaming) for its reference
-reply; under load each streamed reply must equal its reference exactly, so nothing is lost or
-mixed between slots and batching does not change results. A 503 (queue full) is retried after
-its Retry-After and counted. Bounded: the concurrent phase fails past --time-limit seconds.
+`openai` package's AsyncOpenAI), each sending REQUESTS distinct chat requests one after
+another (greedy; every 4th samples with its own seed). Every request is first run alone
+(sequentially, non-streaming) for its reference reply; under load each streamed reply must
+equal its reference exactly, so nothing is lost or mixed between slots and batching does not
+change results. A 503 (queue full) is retried after its Retry-After and counted. Bounded: the
+concurrent phase fails past --time-limit seconds.
+
+With --conversations a client's requests are the turns of one conversation (each reply run
+alone becomes the assistant turn of the next request): alone, a turn resumes from the state
+stored after the previous one; under load it may find that state evicted and start from
+scratch, so this also asks that prompt reuse not change results.
 
 Reports p50/p99 time to first token, aggregate completion tok/s, and the slot and queue
 behaviour read from /metrics. The last line is "N passed, N failed" over the requests.
@@ -14,6 +20,7 @@ behaviour read from /metrics. The last line is "N passed, N failed" over the req
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
@@ -37,8 +44,11 @@ def pseudo_words(rng, count):
     return words
 
 
-def make_requests(clients, per_client, max_tokens, model):
-    """requests[client][i]: keyword arguments of chat.completions.create."""
+def make_requests(clients, per_client, max_tokens, model, sampled_every, conversations):
+    """requests[client][i]: keyword arguments of chat.completions.create. No two conversations
+    share a prefix (each opens with its own made-up word). With `conversations`, a client's
+    requests are the turns of one conversation and `messages` holds only what a turn adds (the
+    history is prepended when the reference run has produced it)."""
     rng = random.Random(20261202)
     openers = pseudo_words(rng, clients * per_client)
     vocabulary = pseudo_words(rng, 400)
@@ -47,13 +57,24 @@ def make_requests(clients, per_client, max_tokens, model):
         row = []
         for r in range(per_client):
             i = c * per_client + r
-            # Prompt lengths from ~20 to ~500 tokens: some prefills take several chunks and
-            # interleave with the decode steps of running streams.
-            body = " ".join(rng.choice(vocabulary) for _ in range(4 + (i * 37) % 160))
-            messages = [{"role": "user", "content": f"{openers[i].capitalize()} {body}. Continue the list."}]
-            if i % 3 == 0:
-                messages.insert(0, {"role": "system", "content": f"{openers[i].capitalize()} mode: reply with words."})
-            row.append(dict(model=model, messages=messages, temperature=0, max_tokens=max_tokens, seed=7))
+            opener = openers[c * per_client if conversations else i].capitalize()
+            # Prompts of ~20 to ~500 tokens (later turns add less): some prefills take several
+            # chunks and interleave with the decode steps of running streams.
+            follow_up = conversations and r > 0
+            words = 4 + (i * 37) % (50 if follow_up else 160)
+            body = " ".join(rng.choice(vocabulary) for _ in range(words))
+            if follow_up:
+                messages = [{"role": "user", "content": f"Now these: {body}."}]
+            else:
+                messages = [{"role": "user", "content": f"{opener} {body}. Continue the list."}]
+                if i % 3 == 0:
+                    messages.insert(0, {"role": "system", "content": f"{opener} mode: reply with words."})
+            req = dict(model=model, messages=messages, temperature=0, max_tokens=max_tokens, seed=7)
+            if sampled_every and i % sampled_every == sampled_every - 1:
+                # Seeded sampling: each request's random stream is its own, so it too must not
+                # depend on what else runs.
+                req.update(temperature=0.8, top_p=0.95, seed=1000 + i)
+            row.append(req)
         out.append(row)
     return out
 
@@ -162,9 +183,13 @@ def main():
     ap.add_argument("--base-url", required=True, help="http://127.0.0.1:PORT (no /v1)")
     ap.add_argument("--api-key", required=True)
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=3, help="requests per client, one after another")
+    ap.add_argument("--requests", type=int, default=3, help="requests of each client, one after another")
+    ap.add_argument("--conversations", action="store_true",
+                    help="a client's requests are the turns of one conversation (under load a turn may resume from a stored state or not)")
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--sampled-every", type=int, default=4, help="every Nth request samples (temperature 0.8, its own seed) instead of greedy; 0: none")
     ap.add_argument("--time-limit", type=float, default=240, help="seconds the concurrent phase may take")
+    ap.add_argument("--dump", help="write every request, its reply alone and its reply under load to this JSON file")
     ap.add_argument("--slots", type=int, help="the server's --slots, to check the metrics against")
     ap.add_argument("--queue", type=int, help="the server's --queue, to check the metrics against")
     args = ap.parse_args()
@@ -172,28 +197,36 @@ def main():
     http = httpx.Client(base_url=base, timeout=60)
     sync_client = openai.OpenAI(base_url=base + "/v1", api_key=args.api_key, max_retries=0, timeout=120)
     model = sync_client.models.list().data[0].id
-    reqs = make_requests(args.clients, args.requests, args.max_tokens, model)
+    reqs = make_requests(args.clients, args.requests, args.max_tokens, model, args.sampled_every, args.conversations)
     total = args.clients * args.requests
     print(f"openai {openai.__version__}, server {base}, model {model}")
-    print(f"{args.clients} clients x {args.requests} requests, greedy, max_tokens {args.max_tokens}")
+    sampled = sum(req["temperature"] > 0 for row in reqs for req in row)
+    shape = "turns of one conversation" if args.conversations else "independent requests"
+    print(f"{args.clients} clients x {args.requests} {shape}, max_tokens {args.max_tokens}: {total - sampled} greedy, {sampled} seeded sampling")
 
     # Phase 1: every request alone.
+    start_metrics = read_metrics(http, args.api_key)
     t0 = time.perf_counter()
     refs = []
     for row in reqs:
-        ref_row = []
+        ref_row, history = [], []
         for req in row:
+            if args.conversations:  # the conversation so far, replies run alone included
+                req["messages"] = history + req["messages"]
             r = sync_client.chat.completions.create(**req)
             ref_row.append((r.choices[0].message.content, r.choices[0].finish_reason, r.usage))
+            history = req["messages"] + [{"role": "assistant", "content": r.choices[0].message.content}]
         refs.append(ref_row)
     alone_s = time.perf_counter() - t0
     alone_tokens = sum(u.completion_tokens for row in refs for _, _, u in row)
     prompt_tokens = [u.prompt_tokens for row in refs for _, _, u in row]
+    before = read_metrics(http, args.api_key)
+    alone = lambda name: value(before, name) - value(start_metrics, name)  # noqa: E731
     print(f"-- alone: {total} requests in {alone_s:.1f} s, {alone_tokens} completion tokens ({alone_tokens / alone_s:.1f} tok/s), "
-          f"prompts {min(prompt_tokens)}..{max(prompt_tokens)} tokens")
+          f"prompts {min(prompt_tokens)}..{max(prompt_tokens)} tokens, {alone('redlite_prompt_tokens_total'):.0f} in all, "
+          f"{alone('redlite_prompt_tokens_cached_total'):.0f} reused from snapshots")
 
     # Phase 2: all clients at once.
-    before = read_metrics(http, args.api_key)
     results = [[Result() for _ in row] for row in reqs]
     bad_503s = []
 
@@ -225,7 +258,7 @@ def main():
     flat = [(c, i, results[c][i], refs[c][i]) for c in range(args.clients) for i in range(args.requests)]
     passed, failures = 0, []
     for c, i, res, (ref_text, ref_finish, ref_usage) in flat:
-        tag = f"client {c} request {i}"
+        tag = f"client {c} request {i} ({'greedy' if reqs[c][i]['temperature'] == 0 else 'seeded sampling'})"
         if res.error:
             failures.append(f"{tag}: {res.error}")
         elif res.text is None:
@@ -243,6 +276,11 @@ def main():
                             f"{ref_usage.prompt_tokens}+{ref_usage.completion_tokens} alone")
         else:
             passed += 1
+
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump([{"client": c, "turn": i, "request": reqs[c][i], "alone": ref[0], "under_load": res.text, "error": res.error}
+                       for c, i, res, ref in flat], f, ensure_ascii=False, indent=1)
 
     d = lambda name, **labels: value(after, name, **labels) - value(before, name, **labels)  # noqa: E731
     done = [r for _, _, r, _ in flat if r.text is not None]

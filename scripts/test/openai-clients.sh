@@ -10,8 +10,8 @@
 #   bash scripts/test/openai-clients.sh [REDLITE_BIN]
 #
 # Env: LOAD_CLIENTS (32), LOAD_REQUESTS (3 per client), LOAD_QUEUE (8: the load server's
-# --queue), LOAD_TIME_LIMIT (240 s for the concurrent phase), LOGS (where the server logs go,
-# default .cache/test-logs).
+# --queue), LOAD_TIME_LIMIT (240 s for the concurrent phase), LOAD_ARGS (more load_test.py
+# flags, e.g. --conversations), LOGS (where the server logs go, default .cache/test-logs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/scripts/test"
@@ -103,7 +103,7 @@ echo "== load test"
 start_server load --queue "${LOAD_QUEUE:-8}"
 if ! "$PY" "$HERE/load_test.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY" \
     --clients "${LOAD_CLIENTS:-32}" --requests "${LOAD_REQUESTS:-3}" \
-    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}"; then
+    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}" ${LOAD_ARGS:-}; then
   failed+=("load_test.py")
 fi
 stop_server

@@ -139,6 +139,14 @@ def show(label, obj, limit=160):
     print(f"    {label}: {text}")
 
 
+def sse_content(line):
+    """The delta text of one `data: {...}` line of a chat stream ("" for anything else)."""
+    if not line.startswith("data: {"):
+        return ""
+    choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+    return (choices[0].get("delta") or {}).get("content") or ""
+
+
 def error_body(status, body_bytes, label):
     """Asserts an OpenAI-style error object and returns it."""
     try:
@@ -515,6 +523,8 @@ def check_auth_errors(ctx):
     expect_error(ctx, "no key", 401, json_body=body, auth=False)
     expect_error(ctx, "wrong key", 401, json_body=body, auth=False, headers={"Authorization": "Bearer wrong-key"})
     expect_error(ctx, "not a bearer", 401, json_body=body, auth=False, headers={"Authorization": "test-key"})
+    r = ctx.http.get("/v1/models", headers={"Authorization": f"bearer {ctx.key}"})
+    show("lower-case 'bearer' scheme", f"HTTP {r.status_code} (the scheme is case-insensitive in HTTP)")
     r = ctx.http.get("/v1/models")
     show("GET /v1/models (no key)", f"HTTP {r.status_code}")
     assert r.status_code == 401, f"/v1/models without a key: {r.status_code}"
@@ -619,7 +629,7 @@ def check_disconnect_mid_stream(ctx):
         assert r.status_code == 200, r.status_code
         assert r.headers.get("content-type", "").startswith("text/event-stream"), r.headers.get("content-type")
         for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
+            if sse_content(line):
                 got += 1
                 if got == 2:
                     break
@@ -632,7 +642,7 @@ def check_disconnect_mid_stream(ctx):
     freed = time.monotonic() - closed
     cancelled = value(m, "redlite_requests_total", outcome="cancelled") - value(before, "redlite_requests_total", outcome="cancelled")
     generated = value(m, "redlite_completion_tokens_total") - value(before, "redlite_completion_tokens_total")
-    show("stream closed after 2 chunks", f"slot free after {freed:.2f} s; cancelled +{cancelled:.0f}; {generated:.0f} tokens generated in all")
+    show("stream closed after 2 tokens", f"slot free after {freed:.2f} s; cancelled +{cancelled:.0f}; {generated:.0f} tokens generated in all")
     assert value(m, "redlite_slots_busy") == 0, "the slot of a closed stream is still busy after 3 s"
     assert cancelled == 1, f"cancelled requests +{cancelled}, expected +1"
     assert generated < 1000, "the closed stream ran to max_tokens"
@@ -679,14 +689,149 @@ def check_final_metrics(ctx):
     assert value(m, "redlite_prompt_tokens_total") == value(m, "redlite_prompt_tokens_cached_total") + value(m, "redlite_prefill_tokens_total"), "prompt != cached + prefill"
 
 
+def check_prompt_reuse(ctx):
+    """The second turn of a conversation resumes from the first turn's state: it ingests only
+    its new tokens, and the reply is the one computed from scratch."""
+    turn1 = [
+        {"role": "system", "content": "You keep a ship's log, tersely."},
+        {"role": "user", "content": "Log entry one: we left the harbour at dawn."},
+    ]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": "Noted: departed harbour, dawn, calm sea."},
+        {"role": "user", "content": "Log entry two: the wind turned north by noon."},
+    ]
+    args = dict(model=ctx.model, temperature=0, max_tokens=12)
+    cached = lambda r: (r.usage.prompt_tokens_details.cached_tokens or 0) if r.usage.prompt_tokens_details else 0  # noqa: E731
+    # Turn 2 first, cold: nothing stored holds its first turn yet.
+    cold = ctx.client.chat.completions.create(messages=turn2, **args)
+    first = ctx.client.chat.completions.create(messages=turn1, **args)
+    before = ctx.metrics()
+    warm = ctx.client.chat.completions.create(messages=turn2, **args)
+    after = ctx.metrics()
+    ingested = value(after, "redlite_prefill_tokens_total") - value(before, "redlite_prefill_tokens_total")
+    show("turn 1", f"{first.usage.prompt_tokens} prompt tokens, cached {cached(first)}")
+    show("turn 2 cold", f"{cold.usage.prompt_tokens} prompt tokens, cached {cached(cold)}: {cold.choices[0].message.content!r}")
+    show("turn 2 warm", f"cached {cached(warm)}, ingested {ingested:.0f} (new tokens {warm.usage.prompt_tokens - first.usage.prompt_tokens}): {warm.choices[0].message.content!r}")
+    assert cached(warm) >= first.usage.prompt_tokens, f"turn 2 reused {cached(warm)} tokens, turn 1's prompt has {first.usage.prompt_tokens}"
+    assert ingested == warm.usage.prompt_tokens - cached(warm), f"ingested {ingested} != prompt {warm.usage.prompt_tokens} - cached {cached(warm)}"
+    assert warm.choices[0].message.content == cold.choices[0].message.content, "resuming from a snapshot changed the greedy reply"
+    # A real conversation: the model's own reply goes back as the assistant turn.
+    reply = first.choices[0].message.content
+    real2 = turn1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And the next entry?"}]
+    r = ctx.client.chat.completions.create(messages=real2, **args)
+    show("turn 2 after the model's reply", f"{r.usage.prompt_tokens} prompt tokens, cached {cached(r)} "
+         f"(turn 1 prompt {first.usage.prompt_tokens}, + reply {first.usage.completion_tokens})")
+    assert cached(r) >= first.usage.prompt_tokens
+    # A regenerated answer: the same prompt again.
+    again = ctx.client.chat.completions.create(messages=turn1, **args)
+    show("turn 1 again (regenerate)", f"cached {cached(again)} of {again.usage.prompt_tokens}")
+    if cached(again) == 0:
+        print("    NOTE: resending an identical prompt reuses nothing (the prompt-end snapshot is not used for the same prompt)")
+
+
+def check_n(ctx):
+    try:
+        r = ctx.client.chat.completions.create(model=ctx.model, messages=GREEDY_MESSAGES, n=2, temperature=0.7, max_tokens=4, seed=3)
+        show("n=2", f"{len(r.choices)} choices")
+        assert len(r.choices) == 2, f"n=2 answered with {len(r.choices)} choice(s) and no error"
+    except openai.BadRequestError as e:
+        show("n=2", f"refused: 400 {e.message}")
+
+
+def check_raw_event_stream(ctx):
+    body = {"model": ctx.model, "messages": GREEDY_MESSAGES, "stream": True, **GREEDY}
+    with ctx.http.stream("POST", "/v1/chat/completions", json=body, headers=ctx.auth()) as r:
+        assert r.status_code == 200
+        ctype = r.headers.get("content-type", "")
+        raw = r.read().decode()
+    events = [e for e in raw.split("\n\n") if e.strip()]
+    show("content-type", ctype)
+    show("last events", events[-2:])
+    assert ctype.startswith("text/event-stream"), ctype
+    assert raw.endswith("\n\n"), "the stream does not end with a blank line"
+    assert all(e.startswith("data: ") for e in events), [e for e in events if not e.startswith("data: ")][:3]
+    assert events[-1] == "data: [DONE]", f"last event {events[-1]!r}"
+    assert sum(e == "data: [DONE]" for e in events) == 1
+    for e in events[:-1]:
+        json.loads(e[len("data: "):])
+
+
+def check_context_boundary(ctx):
+    text = "pear" + " pear" * 1989
+    messages = [{"role": "user", "content": text}]
+    r = ctx.client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=1, temperature=0)
+    prompt = r.usage.prompt_tokens
+    ctx_len = 2048
+    room = ctx_len - prompt
+    show("prompt", f"{prompt} tokens; room {room}")
+    assert room > 0
+    r = ctx.client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=room, temperature=0)
+    show(f"max_tokens={room} (prompt + max_tokens = {ctx_len})", f"HTTP 200, {r.usage.completion_tokens} tokens, {r.choices[0].finish_reason}")
+    assert r.usage.completion_tokens <= room
+    try:
+        ctx.client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=room + 1, temperature=0)
+        raise AssertionError(f"max_tokens={room + 1} (one past the context) accepted")
+    except openai.BadRequestError as e:
+        show(f"max_tokens={room + 1}", f"400 {e.message}")
+        assert "context" in e.message.lower()
+
+
+def check_disconnect_while_queued(ctx):
+    """Four long streams hold the four slots; a fifth waits in the queue and its client goes
+    away: the queue empties while the four still run."""
+    before = ctx.wait_idle()
+    body = lambda i: {"model": ctx.model, "messages": [{"role": "user", "content": f"Story number {i}, long."}],  # noqa: E731
+                      "max_tokens": 1000, "temperature": 0, "stream": True}
+    holders = []
+    try:
+        for i in range(4):
+            cm = ctx.http.stream("POST", "/v1/chat/completions", json=body(i), headers=ctx.auth())
+            r = cm.__enter__()
+            assert r.status_code == 200
+            holders.append((cm, r.iter_lines()))
+        for _, lines in holders:  # every holder has its slot: its first token came
+            next(line for line in lines if sse_content(line))
+        m = ctx.metrics()
+        show("4 streams running", f"slots busy {value(m, 'redlite_slots_busy'):.0f}")
+        waiter = httpx.Client(base_url=ctx.base, timeout=0.5)
+        try:
+            waiter.post("/v1/chat/completions", json=body(99), headers=ctx.auth())
+            raise AssertionError("a fifth request was answered while four 1000-token streams held every slot")
+        except httpx.TimeoutException:
+            pass
+        finally:
+            waiter.close()
+        gave_up = time.monotonic()
+        while time.monotonic() - gave_up < 3.0:
+            m = ctx.metrics()
+            if value(m, "redlite_queue_depth") == 0:
+                break
+            time.sleep(0.05)
+        busy = value(m, "redlite_slots_busy")
+        show("fifth client gave up", f"queue {value(m, 'redlite_queue_depth'):.0f} after {time.monotonic() - gave_up:.2f} s, slots busy {busy:.0f}")
+        assert value(m, "redlite_queue_depth") == 0, "the queued request of a client that went away still waits"
+    finally:
+        for cm, _ in holders:
+            cm.__exit__(None, None, None)
+    m = ctx.wait_idle()
+    cancelled = value(m, "redlite_requests_total", outcome="cancelled") - value(before, "redlite_requests_total", outcome="cancelled")
+    show("all closed", f"slots busy {value(m, 'redlite_slots_busy'):.0f}, cancelled +{cancelled:.0f}")
+    assert value(m, "redlite_slots_busy") == 0
+    assert cancelled == 5, f"cancelled +{cancelled}, expected +5"
+
+
 CHECKS = [
     ("models, /health, /metrics", check_models_health_metrics),
     ("chat, non-streaming, greedy twice", check_chat_nonstreaming),
     ("chat, streaming with include_usage", check_chat_streaming),
+    ("raw event stream ends with data: [DONE]", check_raw_event_stream),
     ("content parts and roles", check_content_parts_and_roles),
     ("completions, plain and streaming", check_completions),
     ("logprobs with top_logprobs=3", check_logprobs),
     ("stop, max_completion_tokens, sampling fields", check_sampling_fields),
+    ("n=2: two choices or a 400", check_n),
+    ("prompt reuse across turns", check_prompt_reuse),
+    ("prompt + max_tokens = context", check_context_boundary),
     ("tool-call round trip and /apply-template", check_tool_round_trip),
     ("chat_template_kwargs.enable_thinking", check_reasoning_switch),
     ("errors: API key", check_auth_errors),
@@ -696,6 +841,7 @@ CHECKS = [
     ("still serving, nothing leaked", check_still_serving),
     ("client closes a stream mid-way", check_disconnect_mid_stream),
     ("non-streaming client gives up", check_disconnect_nonstreaming),
+    ("queued client gives up", check_disconnect_while_queued),
     ("final metrics add up", check_final_metrics),
 ]
 
