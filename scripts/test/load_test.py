@@ -28,7 +28,7 @@ import time
 
 import openai
 
-from openai_clients import httpx, parse_prometheus, value
+from client_util import httpx, parse_prometheus, value
 
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 
@@ -184,11 +184,20 @@ def main():
     ap.add_argument("--api-key", required=True)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests", type=int, default=3, help="requests of each client, one after another")
-    ap.add_argument("--conversations", action="store_true",
-                    help="a client's requests are the turns of one conversation (under load a turn may resume from a stored state or not)")
+    ap.add_argument(
+        "--conversations",
+        action="store_true",
+        help="a client's requests are the turns of one conversation (under load a turn may resume from a stored state or not)",
+    )
     ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--sampled-every", type=int, default=4, help="every Nth request samples (temperature 0.8, its own seed) instead of greedy; 0: none")
+    ap.add_argument(
+        "--sampled-every",
+        type=int,
+        default=4,
+        help="every Nth request samples (temperature 0.8, its own seed) instead of greedy; 0: none",
+    )
     ap.add_argument("--time-limit", type=float, default=240, help="seconds the concurrent phase may take")
+    ap.add_argument("--alone-limit", type=float, default=300, help="seconds the run of every request alone may take")
     ap.add_argument("--dump", help="write every request, its reply alone and its reply under load to this JSON file")
     ap.add_argument("--slots", type=int, help="the server's --slots, to check the metrics against")
     ap.add_argument("--queue", type=int, help="the server's --queue, to check the metrics against")
@@ -202,7 +211,9 @@ def main():
     print(f"openai {openai.__version__}, server {base}, model {model}")
     sampled = sum(req["temperature"] > 0 for row in reqs for req in row)
     shape = "turns of one conversation" if args.conversations else "independent requests"
-    print(f"{args.clients} clients x {args.requests} {shape}, max_tokens {args.max_tokens}: {total - sampled} greedy, {sampled} seeded sampling")
+    print(
+        f"{args.clients} clients x {args.requests} {shape}, max_tokens {args.max_tokens}: {total - sampled} greedy, {sampled} seeded sampling"
+    )
 
     # Phase 1: every request alone.
     start_metrics = read_metrics(http, args.api_key)
@@ -211,6 +222,10 @@ def main():
     for row in reqs:
         ref_row, history = [], []
         for req in row:
+            if time.perf_counter() - t0 > args.alone_limit:
+                print(f"FAIL running every request alone took more than {args.alone_limit:.0f} s")
+                print("0 passed, 1 failed")
+                return 1
             if args.conversations:  # the conversation so far, replies run alone included
                 req["messages"] = history + req["messages"]
             r = sync_client.chat.completions.create(**req)
@@ -222,16 +237,20 @@ def main():
     prompt_tokens = [u.prompt_tokens for row in refs for _, _, u in row]
     before = read_metrics(http, args.api_key)
     alone = lambda name: value(before, name) - value(start_metrics, name)  # noqa: E731
-    print(f"-- alone: {total} requests in {alone_s:.1f} s, {alone_tokens} completion tokens ({alone_tokens / alone_s:.1f} tok/s), "
-          f"prompts {min(prompt_tokens)}..{max(prompt_tokens)} tokens, {alone('redlite_prompt_tokens_total'):.0f} in all, "
-          f"{alone('redlite_prompt_tokens_cached_total'):.0f} reused from snapshots")
+    print(
+        f"-- alone: {total} requests in {alone_s:.1f} s, {alone_tokens} completion tokens ({alone_tokens / alone_s:.1f} tok/s), "
+        f"prompts {min(prompt_tokens)}..{max(prompt_tokens)} tokens, {alone('redlite_prompt_tokens_total'):.0f} in all, "
+        f"{alone('redlite_prompt_tokens_cached_total'):.0f} reused from snapshots"
+    )
 
     # Phase 2: all clients at once.
     results = [[Result() for _ in row] for row in reqs]
     bad_503s = []
 
     async def concurrent():
-        aclient = openai.AsyncOpenAI(base_url=base + "/v1", api_key=args.api_key, max_retries=0, timeout=args.time_limit)
+        aclient = openai.AsyncOpenAI(
+            base_url=base + "/v1", api_key=args.api_key, max_retries=0, timeout=args.time_limit
+        )
         sampler = Sampler(base, args.api_key)
         sampling = asyncio.create_task(sampler.run())
         deadline = time.perf_counter() + args.time_limit
@@ -239,7 +258,9 @@ def main():
         timed_out = False
         try:
             await asyncio.wait_for(
-                asyncio.gather(*(client_loop(aclient, reqs[c], results[c], deadline, bad_503s) for c in range(args.clients))),
+                asyncio.gather(
+                    *(client_loop(aclient, reqs[c], results[c], deadline, bad_503s) for c in range(args.clients))
+                ),
                 timeout=args.time_limit,
             )
         except asyncio.TimeoutError:
@@ -264,23 +285,46 @@ def main():
         elif res.text is None:
             failures.append(f"{tag}: did not finish")
         elif res.text != ref_text:
-            k = next((j for j, (a, b) in enumerate(zip(res.text, ref_text)) if a != b), min(len(res.text), len(ref_text)))
-            failures.append(f"{tag}: text differs from the request run alone at char {k}: "
-                            f"alone {ref_text[max(0, k - 20):k + 30]!r}, under load {res.text[max(0, k - 20):k + 30]!r}")
+            k = next(
+                (j for j, (a, b) in enumerate(zip(res.text, ref_text)) if a != b), min(len(res.text), len(ref_text))
+            )
+            failures.append(
+                f"{tag}: text differs from the request run alone at char {k}: "
+                f"alone {ref_text[max(0, k - 20) : k + 30]!r}, under load {res.text[max(0, k - 20) : k + 30]!r}"
+            )
         elif res.finish != ref_finish:
             failures.append(f"{tag}: finish_reason {res.finish} under load, {ref_finish} alone")
         elif res.usage is None:
             failures.append(f"{tag}: no usage chunk")
-        elif (res.usage.prompt_tokens, res.usage.completion_tokens) != (ref_usage.prompt_tokens, ref_usage.completion_tokens):
-            failures.append(f"{tag}: usage {res.usage.prompt_tokens}+{res.usage.completion_tokens} under load, "
-                            f"{ref_usage.prompt_tokens}+{ref_usage.completion_tokens} alone")
+        elif (res.usage.prompt_tokens, res.usage.completion_tokens) != (
+            ref_usage.prompt_tokens,
+            ref_usage.completion_tokens,
+        ):
+            failures.append(
+                f"{tag}: usage {res.usage.prompt_tokens}+{res.usage.completion_tokens} under load, "
+                f"{ref_usage.prompt_tokens}+{ref_usage.completion_tokens} alone"
+            )
         else:
             passed += 1
 
     if args.dump:
         with open(args.dump, "w") as f:
-            json.dump([{"client": c, "turn": i, "request": reqs[c][i], "alone": ref[0], "under_load": res.text, "error": res.error}
-                       for c, i, res, ref in flat], f, ensure_ascii=False, indent=1)
+            json.dump(
+                [
+                    {
+                        "client": c,
+                        "turn": i,
+                        "request": reqs[c][i],
+                        "alone": ref[0],
+                        "under_load": res.text,
+                        "error": res.error,
+                    }
+                    for c, i, res, ref in flat
+                ],
+                f,
+                ensure_ascii=False,
+                indent=1,
+            )
 
     d = lambda name, **labels: value(after, name, **labels) - value(before, name, **labels)  # noqa: E731
     done = [r for _, _, r, _ in flat if r.text is not None]
@@ -293,22 +337,53 @@ def main():
     rows = [
         ("requests", f"{len(done)}/{total} finished, {passed} equal to the request run alone"),
         ("wall time", f"{wall:.1f} s (limit {args.time_limit:.0f} s){' TIMED OUT' if timed_out else ''}"),
-        ("TTFT p50 / p99", f"{percentile(ttft, 50) * 1000:.0f} / {percentile(ttft, 99) * 1000:.0f} ms (from the accepted attempt)"),
-        ("TTFT incl. 503 waits", f"{percentile(ttft_total, 50) * 1000:.0f} / {percentile(ttft_total, 99) * 1000:.0f} ms"),
+        (
+            "TTFT p50 / p99",
+            f"{percentile(ttft, 50) * 1000:.0f} / {percentile(ttft, 99) * 1000:.0f} ms (from the accepted attempt)",
+        ),
+        (
+            "TTFT incl. 503 waits",
+            f"{percentile(ttft_total, 50) * 1000:.0f} / {percentile(ttft_total, 99) * 1000:.0f} ms",
+        ),
         ("latency p50 / p99", f"{percentile(latency, 50):.2f} / {percentile(latency, 99):.2f} s"),
         ("completion tokens", f"{completion} (server counted {d('redlite_completion_tokens_total'):.0f})"),
-        ("aggregate tok/s", f"{completion / wall:.1f} under load vs {alone_tokens / alone_s:.1f} alone"),
-        ("503 + Retry-After", f"{rejections} seen, server rejected {d('redlite_requests_total', outcome='rejected'):.0f}"),
-        ("steps", f"{steps:.0f}: {d('redlite_step_sequences_total') / max(steps, 1):.2f} sequences and "
-                  f"{d('redlite_step_rows_total') / max(steps, 1):.1f} rows per step on average"),
-        ("slots busy", f"max {max(sampler.busy, default=float('nan')):.0f}, mean {statistics.fmean(sampler.busy) if sampler.busy else float('nan'):.2f} "
-                       f"of {value(after, 'redlite_slots'):.0f} ({len(sampler.busy)} samples)"),
-        ("queue depth", f"max {value(after, 'redlite_queue_depth_max'):.0f} (server), max sampled {max(sampler.queue, default=float('nan')):.0f}"
-                        f", limit {args.queue if args.queue is not None else '?'}"),
-        ("prompt tokens", f"{d('redlite_prompt_tokens_total'):.0f}, {d('redlite_prompt_tokens_cached_total'):.0f} reused from snapshots "
-                          f"({d('redlite_prefix_cache_hits_total'):.0f} hits of {d('redlite_prefix_cache_lookups_total'):.0f} lookups)"),
-        ("after the load", f"slots busy {value(after, 'redlite_slots_busy'):.0f}, queue {value(after, 'redlite_queue_depth'):.0f}, "
-                           f"failed +{d('redlite_requests_total', outcome='failed'):.0f}, cancelled +{d('redlite_requests_total', outcome='cancelled'):.0f}"),
+        (
+            "aggregate tok/s",
+            f"{completion / wall:.1f} under load vs {alone_tokens / alone_s:.1f} alone (completion tokens / wall time)",
+        ),
+        (
+            "prompt tok/s",
+            f"{d('redlite_prefill_tokens_total') / wall:.0f} ingested under load vs {alone('redlite_prefill_tokens_total') / alone_s:.0f} alone",
+        ),
+        (
+            "503 + Retry-After",
+            f"{rejections} seen, server rejected {d('redlite_requests_total', outcome='rejected'):.0f}",
+        ),
+        (
+            "steps",
+            f"{steps:.0f}: {d('redlite_step_sequences_total') / max(steps, 1):.2f} sequences and "
+            f"{d('redlite_step_rows_total') / max(steps, 1):.1f} rows per step on average",
+        ),
+        (
+            "slots busy",
+            f"max {max(sampler.busy, default=float('nan')):.0f}, mean {statistics.fmean(sampler.busy) if sampler.busy else float('nan'):.2f} "
+            f"of {value(after, 'redlite_slots'):.0f} ({len(sampler.busy)} samples)",
+        ),
+        (
+            "queue depth",
+            f"max {value(after, 'redlite_queue_depth_max'):.0f} (server), max sampled {max(sampler.queue, default=float('nan')):.0f}"
+            f", limit {args.queue if args.queue is not None else '?'}",
+        ),
+        (
+            "prompt tokens",
+            f"{d('redlite_prompt_tokens_total'):.0f}, {d('redlite_prompt_tokens_cached_total'):.0f} reused from snapshots "
+            f"({d('redlite_prefix_cache_hits_total'):.0f} hits of {d('redlite_prefix_cache_lookups_total'):.0f} lookups)",
+        ),
+        (
+            "after the load",
+            f"slots busy {value(after, 'redlite_slots_busy'):.0f}, queue {value(after, 'redlite_queue_depth'):.0f}, "
+            f"failed +{d('redlite_requests_total', outcome='failed'):.0f}, cancelled +{d('redlite_requests_total', outcome='cancelled'):.0f}",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     print()
@@ -326,16 +401,29 @@ def main():
         ("every 503 carries Retry-After and an OpenAI error object", not bad_503s),
         (f"503s seen ({rejections}) = rejections counted by the server ({rejected:.0f})", rejections == rejected),
         ("no request failed inside the engine", d("redlite_requests_total", outcome="failed") == 0),
-        ("no slot busy and nothing queued after the load", value(after, "redlite_slots_busy") == 0 and value(after, "redlite_queue_depth") == 0),
-        (f"completion tokens received ({completion}) = counted by the server", completion == d("redlite_completion_tokens_total")),
+        (
+            "no slot busy and nothing queued after the load",
+            value(after, "redlite_slots_busy") == 0 and value(after, "redlite_queue_depth") == 0,
+        ),
+        (
+            f"completion tokens received ({completion}) = counted by the server",
+            completion == d("redlite_completion_tokens_total"),
+        ),
         ("decode steps are batched (more than one sequence per step on average)", avg_batch > 1.0 or args.clients == 1),
     ]
     if args.slots is not None:
         checks.append((f"busy slots never above {args.slots}", max(sampler.busy, default=0) <= args.slots))
         if args.clients > args.slots:
-            checks.append((f"{args.clients} clients on {args.slots} slots: requests queued", value(after, "redlite_queue_depth_max") >= 1))
+            checks.append(
+                (
+                    f"{args.clients} clients on {args.slots} slots: requests queued",
+                    value(after, "redlite_queue_depth_max") >= 1,
+                )
+            )
     if args.queue is not None:
-        checks.append((f"queue depth never above --queue {args.queue}", value(after, "redlite_queue_depth_max") <= args.queue))
+        checks.append(
+            (f"queue depth never above --queue {args.queue}", value(after, "redlite_queue_depth_max") <= args.queue)
+        )
     for what, ok in checks:
         if not ok:
             failures.append(what)
