@@ -105,8 +105,7 @@ def check_chat_nonstreaming(ctx):
     assert second.usage.prompt_tokens == first.usage.prompt_tokens
     assert second.usage.completion_tokens == first.usage.completion_tokens
     assert cached is None or 0 <= cached <= second.usage.prompt_tokens, f"cached_tokens {cached}"
-    ctx.greedy_text = c.message.content
-    ctx.greedy_usage = first.usage
+    ctx.reference = (c.message.content, first.usage)
 
 
 def check_chat_streaming(ctx):
@@ -181,6 +180,16 @@ def check_content_parts_and_roles(ctx):
     r = ctx.client.chat.completions.create(model=ctx.model, messages=convo, temperature=0, max_tokens=8)
     show("multi-turn reply", r.choices[0].message.content)
     assert isinstance(r.choices[0].message.content, str)
+    # Text that spells a control token: counted as one special token, or as plain text?
+    probe = [{"role": "user", "content": "<|im_end|>"}]
+    spelled = ctx.client.chat.completions.create(model=ctx.model, messages=probe, max_tokens=1).usage.prompt_tokens
+    plain = ctx.client.chat.completions.create(
+        model=ctx.model, messages=[{"role": "user", "content": "x"}], max_tokens=1
+    ).usage.prompt_tokens
+    show(
+        "user text '<|im_end|>'",
+        f"{spelled - plain + 1} token(s): " + ("read as the control token" if spelled == plain else "plain text"),
+    )
     # "developer" is the newer name of the system role in OpenAI's API.
     try:
         r = ctx.client.chat.completions.create(
@@ -216,6 +225,15 @@ def check_completions(ctx):
     assert text == c.text, f"streamed completion {text!r} != {c.text!r}"
     usage = [ch.usage for ch in chunks if ch.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == r.usage.completion_tokens, f"streamed usage {usage}"
+    # The legacy `logprobs: N` of text completions: the legacy shape, or a 400.
+    try:
+        r = ctx.client.completions.create(model=ctx.model, prompt=prompt, max_tokens=4, temperature=0, logprobs=2)
+        lp = r.choices[0].logprobs
+        show("logprobs=2", lp.model_dump() if lp else None)
+        assert lp is not None and lp.tokens and len(lp.tokens) == r.usage.completion_tokens, "logprobs=2 ignored"
+        assert lp.token_logprobs and len(lp.token_logprobs) == len(lp.tokens)
+    except openai.BadRequestError as e:
+        show("logprobs=2", f"refused: 400 {e.message}")
 
 
 def check_logprobs(ctx):
@@ -245,6 +263,12 @@ def check_logprobs(ctx):
     assert r.choices[0].message.content == ctx.greedy_text, "asking for logprobs changed the greedy text"
     joined = "".join(e.token for e in lp.content)
     show("tokens joined == content", joined == ctx.greedy_text)
+    # logprobs without top_logprobs: the sampled token's only.
+    r = ctx.client.chat.completions.create(model=ctx.model, messages=GREEDY_MESSAGES, logprobs=True, **GREEDY)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens and all(e.top_logprobs == [] for e in entries), (
+        f"logprobs=true alone: {len(entries)} entries, top_logprobs {[len(e.top_logprobs) for e in entries][:4]}"
+    )
     # Streaming carries the same entries, chunk by chunk.
     chunks = list(
         ctx.client.chat.completions.create(

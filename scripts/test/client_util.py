@@ -49,7 +49,22 @@ class Ctx:
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120)
         self.http = httpx.Client(base_url=self.base, timeout=120)
         self.model = None
-        self.greedy_text = None  # the reference greedy chat reply, reused by later checks
+        # (text, usage) of the greedy reply to GREEDY_MESSAGES: many checks compare with it.
+        self.reference = None
+
+    def _reference(self):
+        if self.reference is None:
+            r = self.client.chat.completions.create(model=self.model, messages=GREEDY_MESSAGES, **GREEDY)
+            self.reference = (r.choices[0].message.content, r.usage)
+        return self.reference
+
+    @property
+    def greedy_text(self):
+        return self._reference()[0]
+
+    @property
+    def greedy_usage(self):
+        return self._reference()[1]
 
     def auth(self):
         return {"Authorization": f"Bearer {self.key}"}

@@ -33,47 +33,54 @@ def check_auth_errors(ctx):
 def check_request_errors(ctx):
     m = ctx.model
     user = [{"role": "user", "content": "hi"}]
-    expect_error(ctx, "invalid JSON", 400, content=b'{"model": "m", "messages": [')
-    expect_error(ctx, "JSON not an object", 400, content=b"[1, 2, 3]")
-    expect_error(ctx, "messages is a string", 400, json_body={"model": m, "messages": "hi"})
-    expect_error(ctx, "messages missing", 400, json_body={"model": m})
-    expect_error(ctx, "temperature is a string", 400, json_body={"model": m, "messages": user, "temperature": "hot"})
-    expect_error(ctx, "max_tokens is a string", 400, json_body={"model": m, "messages": user, "max_tokens": "ten"})
-    expect_error(ctx, "max_tokens negative", 400, json_body={"model": m, "messages": user, "max_tokens": -5})
-    expect_error(ctx, "content is a number", 400, json_body={"model": m, "messages": [{"role": "user", "content": 42}]})
-    expect_error(ctx, "stop is a number", 400, json_body={"model": m, "messages": user, "stop": 7})
-    expect_error(ctx, "unknown role", 400, json_body={"model": m, "messages": [{"role": "wizard", "content": "hi"}]})
-    expect_error(ctx, "role missing", 400, json_body={"model": m, "messages": [{"content": "hi"}]})
-    expect_error(ctx, "empty messages", 400, json_body={"model": m, "messages": []})
-    expect_error(
-        ctx, "top_logprobs > 20", 400, json_body={"model": m, "messages": user, "logprobs": True, "top_logprobs": 50}
+    misses = []  # every case runs; the check fails at the end, naming each miss
+
+    def refuse(label, **request):
+        try:
+            return expect_error(ctx, label, 400, **request)
+        except AssertionError as e:
+            misses.append(str(e)[:100])
+            return None
+
+    refuse("invalid JSON", content=b'{"model": "m", "messages": [')
+    refuse("JSON not an object", content=b"[1, 2, 3]")
+    refuse("messages is a string", json_body={"model": m, "messages": "hi"})
+    refuse("messages missing", json_body={"model": m})
+    refuse("temperature is a string", json_body={"model": m, "messages": user, "temperature": "hot"})
+    refuse("max_tokens is a string", json_body={"model": m, "messages": user, "max_tokens": "ten"})
+    refuse("max_tokens negative", json_body={"model": m, "messages": user, "max_tokens": -5})
+    refuse("content is a number", json_body={"model": m, "messages": [{"role": "user", "content": 42}]})
+    refuse("stop is a number", json_body={"model": m, "messages": user, "stop": 7})
+    refuse("unknown role", json_body={"model": m, "messages": [{"role": "wizard", "content": "hi"}]})
+    refuse("role missing", json_body={"model": m, "messages": [{"content": "hi"}]})
+    refuse("empty messages", json_body={"model": m, "messages": []})
+    refuse("max_tokens 0", json_body={"model": m, "messages": user, "max_tokens": 0})
+    refuse("temperature -1", json_body={"model": m, "messages": user, "max_tokens": 2, "temperature": -1})
+    refuse("top_p 1.5", json_body={"model": m, "messages": user, "max_tokens": 2, "top_p": 1.5})
+    refuse("tool_choice unknown", json_body={"model": m, "messages": user, "max_tokens": 2, "tool_choice": "sometimes"})
+    refuse(
+        "tool without a function",
+        json_body={"model": m, "messages": user, "max_tokens": 2, "tools": [{"type": "function"}]},
     )
-    expect_error(
-        ctx,
+    refuse("top_logprobs > 20", json_body={"model": m, "messages": user, "logprobs": True, "top_logprobs": 50})
+    refuse(
         "invalid UTF-8",
-        400,
         content=b'{"model": "m", "messages": [{"role": "user", "content": "bad \xff\xfe bytes"}]}',
     )
     # ~3000 tokens: each " apple" is one token of the Qwen vocabulary.
     long_text = "apple" + " apple" * 2999
-    expect_error(
-        ctx,
+    refuse(
         "prompt past the context",
-        400,
         json_body={"model": m, "messages": [{"role": "user", "content": long_text}]},
         contains="context",
     )
-    expect_error(
-        ctx,
+    refuse(
         "max_tokens past the context",
-        400,
         json_body={"model": m, "messages": user, "max_tokens": 5000},
         contains="context",
     )
-    expect_error(
-        ctx,
+    refuse(
         "max_completion_tokens past the context",
-        400,
         json_body={"model": m, "messages": user, "max_completion_tokens": 5000},
         contains="context",
     )
@@ -85,6 +92,11 @@ def check_request_errors(ctx):
     show("completion prompt is a number", f"HTTP {r.status_code}")
     assert r.status_code == 400, r.status_code
     error_body(r.status_code, r.content, "completion prompt is a number")
+    # Many small messages: the template's fuel or the context refuses them, quickly, with a 400.
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(20000)]
+    t0 = time.monotonic()
+    refuse("20000 messages", json_body={"model": m, "messages": many})
+    assert time.monotonic() - t0 < 10, f"refusing 20000 messages took {time.monotonic() - t0:.1f} s"
     # The SDK surfaces these as BadRequestError with the error object as body.
     try:
         ctx.client.chat.completions.create(model=m, messages=[], max_tokens=2)
@@ -92,6 +104,7 @@ def check_request_errors(ctx):
     except openai.BadRequestError as e:
         show("SDK, empty messages", f"BadRequestError {e.status_code}: {e.message}")
         assert isinstance(e.body, dict) and e.body.get("message")
+    assert not misses, "; ".join(misses)
 
 
 def check_body_limits(ctx):
