@@ -93,14 +93,16 @@ class Sampler:
 
     def __init__(self, base, key, period=0.1):
         self.base, self.key, self.period = base, key, period
-        self.busy, self.queue = [], []
+        self.busy, self.queue, self.latency = [], [], []
         self.stop = False
 
     async def run(self):
         async with httpx.AsyncClient(base_url=self.base, timeout=10) as http:
             while not self.stop:
                 try:
+                    t0 = time.perf_counter()
                     r = await http.get("/metrics", headers={"Authorization": f"Bearer {self.key}"})
+                    self.latency.append(time.perf_counter() - t0)
                     m = parse_prometheus(r.text)
                     self.busy.append(value(m, "redlite_slots_busy"))
                     self.queue.append(value(m, "redlite_queue_depth"))
@@ -368,6 +370,10 @@ def main():
             "slots busy",
             f"max {max(sampler.busy, default=float('nan')):.0f}, mean {statistics.fmean(sampler.busy) if sampler.busy else float('nan'):.2f} "
             f"of {value(after, 'redlite_slots'):.0f} ({len(sampler.busy)} samples)",
+        ),
+        (
+            "/metrics under load",
+            f"answered in {percentile(sampler.latency, 50) * 1000:.1f} ms p50, {max(sampler.latency, default=0) * 1000:.1f} ms max",
         ),
         (
             "queue depth",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `redlite serve` driven by real clients: the official `openai` Python package (pinned, in a
-# venv under .cache/test-venv, reused when present) runs the API checks of openai_clients.py
+# `redlite serve` driven by real clients: the official `openai` Python package (pinned, with
+# the httpx2 HTTP client it brings, in a venv under .cache/test-venv, reused when present; the
+# scripts use httpx2 directly where the SDK gets in the way) runs the checks of openai_clients.py
 # against one server, then load_test.py runs 32 concurrent streaming clients against a second
 # server whose queue is shorter than the crowd, so both waiting and 503 + Retry-After happen.
 # The default model is used (no -m: the binary writes a tiny random-weight model with the real
