@@ -91,12 +91,26 @@ except Exception:
 }
 
 failed=()
+deaths=0
+
+# server_alive NAME: the server must have survived what was just sent to it.
+server_alive() {
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "redlite serve died during $1; the end of its log:" >&2
+    tail -n 40 "$LOGS/$1.log" >&2
+    failed+=("the $1 server died")
+    deaths=$((deaths + 1))
+    SERVER_PID=""
+  fi
+}
 
 echo "== API checks (openai $OPENAI_VERSION)"
 start_server api
-if ! "$PY" "$HERE/openai_clients.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY"; then
+if ! "$PY" "$HERE/openai_clients.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY" \
+    | tee "$LOGS/api-transcript.txt"; then
   failed+=("openai_clients.py")
 fi
+server_alive api
 stop_server
 
 echo
@@ -104,14 +118,27 @@ echo "== load test"
 start_server load --queue "${LOAD_QUEUE:-8}"
 if ! "$PY" "$HERE/load_test.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY" \
     --clients "${LOAD_CLIENTS:-32}" --requests "${LOAD_REQUESTS:-3}" \
-    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}" ${LOAD_ARGS:-}; then
+    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}" ${LOAD_ARGS:-} \
+    | tee "$LOGS/load-transcript.txt"; then
   failed+=("load_test.py")
 fi
+server_alive load
 stop_server
 
+# One closing line over both programs (their own last lines are "N passed, N failed").
+passed=0; failures=$deaths
+for t in api load; do
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOGS/$t-transcript.txt" 2>/dev/null | tail -n 1 || true)"
+  if [ -n "$line" ]; then
+    passed=$((passed + $(echo "$line" | cut -d' ' -f1)))
+    failures=$((failures + $(echo "$line" | cut -d' ' -f3)))
+  fi
+done
 echo
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "FAILED: ${failed[*]} (server logs in $LOGS)"
+  echo "FAILED: ${failed[*]} (server logs and transcripts in $LOGS)"
+  [ "$failures" -gt 0 ] || failures=${#failed[@]}
+  echo "clients: $passed passed, $failures failed"
   exit 1
 fi
-echo "all client tests passed"
+echo "clients: $passed passed, 0 failed"
