@@ -504,6 +504,10 @@ def check_tool_round_trip(ctx):
         )
         assert r.choices[0].message.role == "assistant"
     show("tool_choice none/required/named", "accepted")
+    off = apply_template(
+        ctx, {"model": ctx.model, "messages": TOOL_CONVERSATION[:2], "tools": [WEATHER_TOOL], "tool_choice": "none"}
+    )
+    assert "<tools>" not in off, "tool_choice none still renders the tools"
 
 
 def check_reasoning_switch(ctx):

@@ -88,10 +88,26 @@ def check_request_errors(ctx):
     err = error_body(r.status_code, r.content, "completion prompt past the context")
     show("completion prompt past the context", f"HTTP {r.status_code} {err}")
     assert r.status_code == 400 and "context" in err["message"].lower()
-    r = ctx.http.post("/v1/completions", json={"model": m, "prompt": 12}, headers=ctx.auth())
-    show("completion prompt is a number", f"HTTP {r.status_code}")
-    assert r.status_code == 400, r.status_code
-    error_body(r.status_code, r.content, "completion prompt is a number")
+    for label, prompt in (
+        ("completion prompt is a number", 12),
+        ("completion prompt empty", ""),
+        ("completion token id past the vocabulary", [1, 2, 999_999_999]),
+    ):
+        r = ctx.http.post("/v1/completions", json={"model": m, "prompt": prompt, "max_tokens": 2}, headers=ctx.auth())
+        show(label, f"HTTP {r.status_code} {r.text[:160]}")
+        if r.status_code != 400:
+            misses.append(f"{label}: expected HTTP 400, got {r.status_code}")
+        else:
+            error_body(r.status_code, r.content, label)
+    # A format the server cannot guarantee must be refused, not ignored.
+    r = ctx.http.post(
+        "/v1/chat/completions",
+        json={"model": m, "messages": user, "max_tokens": 2, "response_format": {"type": "json_object"}},
+        headers=ctx.auth(),
+    )
+    show("response_format json_object", f"HTTP {r.status_code} {r.text[:160]}")
+    if r.status_code != 400:
+        misses.append(f"response_format json_object: expected HTTP 400 (no JSON mode), got {r.status_code}")
     # Many small messages: the template's fuel or the context refuses them, quickly, with a 400.
     many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(20000)]
     t0 = time.monotonic()
