@@ -335,6 +335,7 @@ def main():
     latency = [r.latency for r in done]
     completion = sum(r.usage.completion_tokens for r in done if r.usage)
     rejections = sum(r.rejections for _, _, r, _ in flat)
+    max_refused = max((r.rejections for _, _, r, _ in flat), default=0)
     steps = d("redlite_steps_total")
     rows = [
         ("requests", f"{len(done)}/{total} finished, {passed} equal to the request run alone"),
@@ -359,7 +360,8 @@ def main():
         ),
         (
             "503 + Retry-After",
-            f"{rejections} seen, server rejected {d('redlite_requests_total', outcome='rejected'):.0f}",
+            f"{rejections} seen, server rejected {d('redlite_requests_total', outcome='rejected'):.0f}; "
+            f"{sum(r.rejections > 0 for _, _, r, _ in flat)} requests refused at least once, one {max_refused} times",
         ),
         (
             "steps",
