@@ -8,7 +8,7 @@ use std::sync::Arc;
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::quality::{kl_divergence, perplexity};
-use redlite_engine::session::{Runner, Session};
+use redlite_engine::session::Session;
 use redlite_engine::state::KvType;
 use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
 use redlite_gguf::GgufModel;
