@@ -17,7 +17,13 @@ pub(crate) type Acts4<'a> = [&'a [u8]; 4];
 pub(crate) fn dot_decoded_x4(row: &DecodedRow, ys: Acts4<'_>) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for blk in 0..row.d.len() {
-        let yb = ys.map(|y| &y[blk * Q8K_BYTES..(blk + 1) * Q8K_BYTES]);
+        let base = blk * Q8K_BYTES;
+        let yb = [
+            &ys[0][base..base + Q8K_BYTES],
+            &ys[1][base..base + Q8K_BYTES],
+            &ys[2][base..base + Q8K_BYTES],
+            &ys[3][base..base + Q8K_BYTES],
+        ];
         let mut sumi = [_mm256_setzero_si256(); 4];
         for ib in 0..8 {
             let sub = blk * 8 + ib;
@@ -35,7 +41,12 @@ pub(crate) fn dot_decoded_x4(row: &DecodedRow, ys: Acts4<'_>) -> [f32; 4] {
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), d, acc[t]);
         }
     }
-    acc.map(|a| 0.125 * hsum_f32x8(a))
+    [
+        0.125 * hsum_f32x8(acc[0]),
+        0.125 * hsum_f32x8(acc[1]),
+        0.125 * hsum_f32x8(acc[2]),
+        0.125 * hsum_f32x8(acc[3]),
+    ]
 }
 
 /// [`super::kquants`]' Q4_K / Q5_K kernel for four activations.
@@ -45,7 +56,13 @@ pub(crate) fn affine_k_x4(row: &[u8], ys: Acts4<'_>, five_bit: bool) -> [f32; 4]
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_min = [_mm_setzero_ps(); 4];
     for (blk, x) in row.chunks_exact(block_bytes).enumerate() {
-        let yb = ys.map(|y| &y[blk * Q8K_BYTES..(blk + 1) * Q8K_BYTES]);
+        let base = blk * Q8K_BYTES;
+        let yb = [
+            &ys[0][base..base + Q8K_BYTES],
+            &ys[1][base..base + Q8K_BYTES],
+            &ys[2][base..base + Q8K_BYTES],
+            &ys[3][base..base + Q8K_BYTES],
+        ];
         let (scales, mins) = scales_mins_k4(&x[4..16]);
         for t in 0..4 {
             let dmin = _mm_set1_ps(f32_at(yb[t], 0) * f16_at(x, 2));
@@ -76,5 +93,10 @@ pub(crate) fn affine_k_x4(row: &[u8], ys: Acts4<'_>, five_bit: bool) -> [f32; 4]
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), d, acc[t]);
         }
     }
-    [0, 1, 2, 3].map(|t| hsum_f32x8(acc[t]) - hsum_f32x4(acc_min[t]))
+    [
+        hsum_f32x8(acc[0]) - hsum_f32x4(acc_min[0]),
+        hsum_f32x8(acc[1]) - hsum_f32x4(acc_min[1]),
+        hsum_f32x8(acc[2]) - hsum_f32x4(acc_min[2]),
+        hsum_f32x8(acc[3]) - hsum_f32x4(acc_min[3]),
+    ]
 }
