@@ -153,7 +153,7 @@ fn weight_totals_match_the_files() {
     assert_eq!(iq2.dense.token_embd, 102_100_992); // Q2_K
     assert_eq!(iq2.dense.output, 213_925_888); // Q5_K
     assert_eq!(q4.expert_bytes(), 46_808_432_640);
-    // One expert: gate + up + down; the first six down stacks are Q2_K in IQ2_XXS, half of
+    // One expert: gate + up + down; the down stacks of layers 0-2 are Q2_K in IQ2_XXS, half of
     // them Q6_K in Q4_K_M.
     assert_eq!(iq2.experts[0].per_expert, 2 * 270_336 + 344_064);
     assert_eq!(iq2.experts[47].per_expert, 3 * 270_336);
@@ -484,4 +484,17 @@ fn json_has_every_line() {
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
+}
+
+#[test]
+fn a_slot_set_is_one_expert_of_every_layer() {
+    let pool = |recipe| {
+        plan(&full(recipe), &PlanSettings::new(16 * GIB))
+            .unwrap()
+            .experts
+            .pool
+    };
+    // Down stacks: Q2_K in layers 0-2 (the first six ffn_down tensors, shared ones counted).
+    assert_eq!(pool(IQ2).slot_set, 3 * 884_736 + 45 * 811_008);
+    assert_eq!(pool(Q4).slot_set, 24 * 2_039_808 + 24 * 1_769_472);
 }

@@ -141,16 +141,25 @@ impl fmt::Display for Plan {
             b.cuda_workspace,
             "decode graphs, allocator rounding, headroom (fixed reserve)".into(),
         )?;
+        let expert_note = match self.experts.residency {
+            Residency::Resident => format!(
+                "all resident: {} layers x {} experts of {}",
+                pool.moe_layers,
+                pool.experts_per_layer,
+                per_expert_text(self)
+            ),
+            Residency::Cache { slots_per_layer } => format!(
+                "a cache of {slots_per_layer} slots per layer ({}) out of {}",
+                per_expert_text(self),
+                human(pool.total)
+            ),
+            Residency::Cpu => format!("none: all {} stay in host memory", human(pool.total)),
+        };
         line(
             f,
             "routed experts on the GPU",
             self.experts.gpu_bytes,
-            format!(
-                "{}; all {}, {} per expert",
-                residency_text(self),
-                human(pool.total),
-                per_expert_text(self)
-            ),
+            expert_note,
         )?;
         writeln!(f, "  {:-<28} {:->11}", "", "")?;
         line(f, "total", self.used, String::new())?;

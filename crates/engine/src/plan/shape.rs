@@ -145,7 +145,11 @@ impl ModelShape {
             };
             let in_mtp = plan.layer.is_some_and(|l| l >= config.n_layer);
             match (plan.role, plan.layer) {
-                (role, Some(layer)) if role.is_expert() => layer_experts[layer] += bytes,
+                (role, Some(layer)) if role.is_expert() => {
+                    if let Some(total) = layer_experts.get_mut(layer) {
+                        *total += bytes;
+                    }
+                }
                 _ if in_mtp => mtp_dense += bytes,
                 (Role::TokenEmbd, _) => dense.token_embd = bytes,
                 (Role::Output, _) => dense.output = bytes,
