@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `redlite serve` driven by real clients: the official `openai` Python package (pinned, in a
-# venv under .cache/test-venv, reused when present) runs the API checks of openai_clients.py
+# `redlite serve` driven by real clients: the official `openai` Python package (pinned, with
+# the httpx2 HTTP client it brings, in a venv under .cache/test-venv, reused when present; the
+# scripts use httpx2 directly where the SDK gets in the way) runs the checks of openai_clients.py
 # against one server, then load_test.py runs 32 concurrent streaming clients against a second
 # server whose queue is shorter than the crowd, so both waiting and 503 + Retry-After happen.
 # The default model is used (no -m: the binary writes a tiny random-weight model with the real
@@ -10,8 +11,8 @@
 #   bash scripts/test/openai-clients.sh [REDLITE_BIN]
 #
 # Env: LOAD_CLIENTS (32), LOAD_REQUESTS (3 per client), LOAD_QUEUE (8: the load server's
-# --queue), LOAD_TIME_LIMIT (240 s for the concurrent phase), LOGS (where the server logs go,
-# default .cache/test-logs).
+# --queue), LOAD_TIME_LIMIT (240 s for the concurrent phase), LOAD_ARGS (more load_test.py
+# flags, e.g. --conversations), LOGS (where the server logs go, default .cache/test-logs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/scripts/test"
@@ -90,12 +91,26 @@ except Exception:
 }
 
 failed=()
+deaths=0
+
+# server_alive NAME: the server must have survived what was just sent to it.
+server_alive() {
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "redlite serve died during $1; the end of its log:" >&2
+    tail -n 40 "$LOGS/$1.log" >&2
+    failed+=("the $1 server died")
+    deaths=$((deaths + 1))
+    SERVER_PID=""
+  fi
+}
 
 echo "== API checks (openai $OPENAI_VERSION)"
 start_server api
-if ! "$PY" "$HERE/openai_clients.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY"; then
+if ! "$PY" "$HERE/openai_clients.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY" \
+    | tee "$LOGS/api-transcript.txt"; then
   failed+=("openai_clients.py")
 fi
+server_alive api
 stop_server
 
 echo
@@ -103,14 +118,27 @@ echo "== load test"
 start_server load --queue "${LOAD_QUEUE:-8}"
 if ! "$PY" "$HERE/load_test.py" --base-url "http://127.0.0.1:$PORT" --api-key "$API_KEY" \
     --clients "${LOAD_CLIENTS:-32}" --requests "${LOAD_REQUESTS:-3}" \
-    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}"; then
+    --time-limit "${LOAD_TIME_LIMIT:-240}" --slots 4 --queue "${LOAD_QUEUE:-8}" ${LOAD_ARGS:-} \
+    | tee "$LOGS/load-transcript.txt"; then
   failed+=("load_test.py")
 fi
+server_alive load
 stop_server
 
+# One closing line over both programs (their own last lines are "N passed, N failed").
+passed=0; failures=$deaths
+for t in api load; do
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOGS/$t-transcript.txt" 2>/dev/null | tail -n 1 || true)"
+  if [ -n "$line" ]; then
+    passed=$((passed + $(echo "$line" | cut -d' ' -f1)))
+    failures=$((failures + $(echo "$line" | cut -d' ' -f3)))
+  fi
+done
 echo
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "FAILED: ${failed[*]} (server logs in $LOGS)"
+  echo "FAILED: ${failed[*]} (server logs and transcripts in $LOGS)"
+  [ "$failures" -gt 0 ] || failures=${#failed[@]}
+  echo "clients: $passed passed, $failures failed"
   exit 1
 fi
-echo "all client tests passed"
+echo "clients: $passed passed, 0 failed"

@@ -199,6 +199,23 @@ fn a_second_turn_ingests_only_its_new_tokens() {
     assert_eq!(f2.cached_tokens, fed_in_turn1);
     let ingested = handle.metrics().prefill_tokens - before;
     assert_eq!(ingested as usize, turn2.len() - fed_in_turn1);
+    // The same prompt again (a regenerated answer) needs no prompt token at all and gives
+    // the same greedy answer.
+    let before = handle.metrics().prefill_tokens;
+    let (j, rx, _) = job(turn2.clone(), 4);
+    handle.submit(j).unwrap();
+    let (again, f3) = wait(&rx);
+    assert_eq!(f3.cached_tokens, turn2.len());
+    assert_eq!(handle.metrics().prefill_tokens, before);
+    let (j, rx, _) = job(turn2.clone(), 4);
+    let fresh = start(&m, 1, 1);
+    fresh.submit(j).unwrap();
+    assert_eq!(
+        wait(&rx).0,
+        again,
+        "a regenerated answer differs from a fresh one"
+    );
+    fresh.shutdown();
     // A different conversation in the other slot does not disturb the first one's cache.
     let (j, rx, _) = job(prompt(9, 12), 3);
     handle.submit(j).unwrap();

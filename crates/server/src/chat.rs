@@ -42,6 +42,7 @@ fn render(state: &Shared, req: &ChatRequest) -> Result<(String, bool), ApiError>
         .iter()
         .map(|m| m.to_chat())
         .collect::<Result<Vec<_>, _>>()?;
+    check_tools(req)?;
     let tools_off = matches!(&req.tool_choice, Some(Value::String(s)) if s == "none");
     let tools = match &req.tools {
         Some(t) if !t.is_empty() && !tools_off => Some(t.clone()),
@@ -64,6 +65,41 @@ fn render(state: &Shared, req: &ChatRequest) -> Result<(String, bool), ApiError>
         )
         .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
     Ok((text, parse_tools))
+}
+
+/// `tools` are function definitions with a name; `tool_choice` is `none`, `auto`,
+/// `required`, or one of the functions.
+fn check_tools(req: &ChatRequest) -> Result<(), ApiError> {
+    let tools = req.tools.as_deref().unwrap_or_default();
+    let name_of = |t: &Value| {
+        t.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    for t in tools {
+        let is_function = t.get("type").and_then(Value::as_str) == Some("function");
+        if !is_function || name_of(t).is_none() {
+            return Err(ApiError::bad_request(
+                "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}",
+            )
+            .with_param("tools"));
+        }
+    }
+    match &req.tool_choice {
+        None => Ok(()),
+        Some(Value::String(s)) if matches!(s.as_str(), "none" | "auto" | "required") => Ok(()),
+        Some(choice @ Value::Object(_))
+            if choice.get("type").and_then(Value::as_str) == Some("function")
+                && name_of(choice).is_some_and(|n| tools.iter().any(|t| name_of(t) == Some(n.clone()))) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(ApiError::bad_request(
+            "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}} naming one of the tools",
+        )
+        .with_param("tool_choice")),
+    }
 }
 
 fn prepare(state: &Shared, bytes: &[u8]) -> Result<Prepared, ApiError> {

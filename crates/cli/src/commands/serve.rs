@@ -1,5 +1,6 @@
 //! `redlite serve`: the OpenAI-compatible server on loopback (or `--host`).
 
+use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -90,6 +91,7 @@ fn clone_tokenizer(opened: &Opened) -> Result<Tokenizer> {
 pub fn run(args: ServeArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
     let start = Instant::now();

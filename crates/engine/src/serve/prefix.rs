@@ -29,6 +29,9 @@ impl Resume {
 struct Entry<T> {
     pos: usize,
     snapshot: T,
+    /// The logits after the snapshot's last token, kept at the end of a prompt so the same
+    /// prompt again (a regenerated answer) needs no forward call at all.
+    logits: Option<Vec<f32>>,
     last_use: u64,
 }
 
@@ -50,8 +53,8 @@ impl<T> PrefixCache<T> {
         }
     }
 
-    /// The best resume point for `prompt`: at least one prompt token is always left to
-    /// ingest (its logits start the completion).
+    /// The best resume point for `prompt`. At least one prompt token is left to ingest (its
+    /// logits start the completion), unless a snapshot kept the logits of the whole prompt.
     pub fn best(&self, prompt: &[u32]) -> Resume {
         let common = self
             .history
@@ -67,7 +70,8 @@ impl<T> PrefixCache<T> {
             };
         }
         for (index, e) in self.entries.iter().enumerate() {
-            if usable(e.pos) && e.pos > best.reused() {
+            let whole_prompt = e.logits.is_some() && e.pos == prompt.len() && e.pos == common;
+            if (usable(e.pos) || whole_prompt) && e.pos > best.reused() {
                 best = Resume::Snapshot { index, pos: e.pos };
             }
         }
@@ -75,10 +79,11 @@ impl<T> PrefixCache<T> {
     }
 
     /// The snapshot to restore for `Resume::Snapshot { index, .. }`, marked as used.
-    pub fn take_for_restore(&mut self, index: usize, tick: u64) -> Option<&T> {
+    /// With the logits it kept, if any.
+    pub fn take_for_restore(&mut self, index: usize, tick: u64) -> Option<(&T, Option<&[f32]>)> {
         let e = self.entries.get_mut(index)?;
         e.last_use = tick;
-        Some(&e.snapshot)
+        Some((&e.snapshot, e.logits.as_deref()))
     }
 
     /// The live state now holds `history[..pos]` (after a restore or a reset): later
@@ -95,7 +100,7 @@ impl<T> PrefixCache<T> {
 
     /// Keeps a snapshot of the live state (at `history.len()`), replacing one at the same
     /// position and evicting the least recently used beyond the limit.
-    pub fn insert(&mut self, snapshot: T, tick: u64) {
+    pub fn insert(&mut self, snapshot: T, logits: Option<Vec<f32>>, tick: u64) {
         if self.limit == 0 {
             return;
         }
@@ -110,6 +115,7 @@ impl<T> PrefixCache<T> {
         self.entries.push(Entry {
             pos,
             snapshot,
+            logits,
             last_use: tick,
         });
     }
@@ -131,7 +137,7 @@ mod tests {
         for (tick, &pos) in snapshots_at.iter().enumerate() {
             c.extend(&history[fed..pos]);
             fed = pos;
-            c.insert(pos, tick as u64);
+            c.insert(pos, None, tick as u64);
         }
         c.extend(&history[fed..]);
         c
@@ -163,6 +169,19 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_with_logits_serves_the_same_prompt_again() {
+        let mut c: PrefixCache<usize> = PrefixCache::new(4);
+        c.extend(&[1, 2, 3]);
+        c.insert(3, Some(vec![0.5]), 0);
+        c.extend(&[4, 5]);
+        assert_eq!(c.best(&[1, 2, 3]), Resume::Snapshot { index: 0, pos: 3 });
+        assert_eq!(
+            c.take_for_restore(0, 1).map(|(_, l)| l.is_some()),
+            Some(true)
+        );
+    }
+
+    #[test]
     fn truncating_drops_snapshots_past_the_new_end() {
         let mut c = cache_with(&[1, 2, 3, 4, 5], &[2, 4]);
         c.truncate(3);
@@ -179,12 +198,12 @@ mod tests {
     fn the_least_recently_used_snapshot_is_evicted() {
         let mut c: PrefixCache<usize> = PrefixCache::new(2);
         c.extend(&[1]);
-        c.insert(1, 0);
+        c.insert(1, None, 0);
         c.extend(&[2]);
-        c.insert(2, 1);
+        c.insert(2, None, 1);
         assert!(c.take_for_restore(0, 5).is_some());
         c.extend(&[3]);
-        c.insert(3, 6);
+        c.insert(3, None, 6);
         let kept: Vec<usize> = c.entries.iter().map(|e| e.pos).collect();
         assert_eq!(kept.len(), 2);
         assert!(kept.contains(&1) && kept.contains(&3));

@@ -82,8 +82,17 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         }
     }
 
-    /// Frees the slots whose client went away.
+    /// Frees the slots, and drops the queued jobs, whose client went away.
     fn cancel_closed(&mut self) {
+        let gone = {
+            let mut queue = self.shared.queue();
+            let before = queue.jobs.len();
+            queue.jobs.retain(|p| !p.job.sink.is_closed());
+            before - queue.jobs.len()
+        };
+        for _ in 0..gone {
+            self.shared.metrics.ended(&StopReason::Cancelled);
+        }
         for slot in &mut self.slots {
             if slot.active.as_ref().is_some_and(|a| a.job.sink.is_closed()) {
                 if let Some(active) = slot.active.take() {
@@ -134,6 +143,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         };
         self.tick += 1;
         let slot = &mut self.slots[index];
+        let mut ready = None;
         let restored = match resume {
             Resume::Empty => {
                 slot.state.reset_state();
@@ -143,9 +153,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             Resume::Live { .. } => Ok(()),
             Resume::Snapshot { index: at, pos } => {
                 match slot.cache.take_for_restore(at, self.tick) {
-                    Some(snapshot) => slot.state.restore(snapshot).map(|()| {
-                        slot.cache.truncate(pos);
-                    }),
+                    Some((snapshot, logits)) => {
+                        if pos == prompt.len() {
+                            ready = logits.map(<[f32]>::to_vec);
+                        }
+                        slot.state.restore(snapshot).map(|()| {
+                            slot.cache.truncate(pos);
+                        })
+                    }
                     None => Ok(()),
                 }
             }
@@ -181,6 +196,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             self.tick,
         );
         if started {
+            let mut active = active;
+            active.ready = ready;
             slot.active = Some(active);
         } else {
             self.shared.metrics.ended(&StopReason::Cancelled);
@@ -199,7 +216,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             if let Some(active) = &slot.active {
                 match active.work(chunk) {
                     Work::Idle => {}
-                    w @ Work::Decode(_) => plan.push((i, w)),
+                    w @ (Work::Decode(_) | Work::Ready) => plan.push((i, w)),
                     w @ Work::Prefill { .. } => prefills.push((active.ticket, i, w)),
                 }
             }
@@ -243,7 +260,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         let want = if last { Logits::Last } else { Logits::None };
                         (&active.job.prompt[*from..*to], want)
                     }
-                    Work::Idle => continue,
+                    Work::Idle | Work::Ready => continue,
                 };
                 wants_logits.push(logits == Logits::Last);
                 seqs.push(SeqInput {
@@ -252,13 +269,18 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     logits,
                 });
             }
-            forward_batch(self.backend, &mut self.work, &mut seqs, false)
+            if seqs.is_empty() {
+                Ok(Default::default())
+            } else {
+                forward_batch(self.backend, &mut self.work, &mut seqs, false)
+            }
         };
         let rows: usize = plan
             .iter()
             .map(|(_, w)| match w {
                 Work::Prefill { from, to } => to - from,
-                _ => 1,
+                Work::Decode(_) => 1,
+                Work::Ready | Work::Idle => 0,
             })
             .sum();
         let prefill = rows
@@ -266,6 +288,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 .iter()
                 .filter(|(_, w)| matches!(w, Work::Decode(_)))
                 .count();
+        let sequences = plan.iter().filter(|(_, w)| *w != Work::Ready).count();
         let output = match result {
             Ok(o) => o,
             Err(e) => {
@@ -276,13 +299,26 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         let n_vocab = self.backend.config().n_vocab;
         let mut logit_rows = output.logits.chunks(n_vocab);
         let mut generated = 0u64;
-        for ((index, work), wants) in plan.iter().zip(wants_logits) {
-            let logits = if wants { logit_rows.next() } else { None };
+        let mut wants = wants_logits.into_iter();
+        for (index, work) in &plan {
+            if *work == Work::Ready {
+                let ready = self.slots[*index]
+                    .active
+                    .as_mut()
+                    .and_then(|a| a.ready.take());
+                generated += u64::from(self.advance(*index, work, ready.as_deref()));
+                continue;
+            }
+            let logits = if wants.next() == Some(true) {
+                logit_rows.next()
+            } else {
+                None
+            };
             generated += u64::from(self.advance(*index, work, logits));
         }
         self.shared
             .metrics
-            .step(rows, plan.len(), prefill, generated, self.busy());
+            .step(rows, sequences, prefill, generated, self.busy());
     }
 
     /// Records what slot `index` ingested and, with logits, samples its next token; returns
@@ -304,13 +340,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 active.next_prompt = to;
                 if to == active.job.prompt.len() {
                     // The end of a prompt: a request that repeats it (a regenerated answer)
-                    // resumes here.
+                    // resumes here, with these logits.
                     if let Ok(s) = slot.state.snapshot() {
-                        slot.cache.insert(s, tick);
+                        slot.cache.insert(s, logits.map(<[f32]>::to_vec), tick);
                     }
                 }
             }
-            Work::Idle => {}
+            Work::Idle | Work::Ready => {}
         }
         let Some(logits) = logits else {
             return false;
@@ -331,7 +367,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         if reason != StopReason::Cancelled {
             // The end of a turn: the next turn of the conversation starts with these tokens.
             if let Ok(s) = slot.state.snapshot() {
-                slot.cache.insert(s, tick);
+                slot.cache.insert(s, None, tick);
             }
         }
         slot.last_used = tick;

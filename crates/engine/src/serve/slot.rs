@@ -23,6 +23,8 @@ pub struct Active<'t> {
     generated: usize,
     /// The last sampled token, fed at the next step.
     pub pending: Option<u32>,
+    /// Logits already known for the whole prompt (resumed from a snapshot that kept them).
+    pub ready: Option<Vec<f32>>,
     queued_at: Instant,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
@@ -41,6 +43,8 @@ pub enum Work {
     },
     /// Feed the last sampled token.
     Decode(u32),
+    /// Sample from logits the slot already has (no rows in the forward call).
+    Ready,
 }
 
 /// A slot's outcome after a step's logits.
@@ -73,6 +77,7 @@ impl<'t> Active<'t> {
             stops,
             generated: 0,
             pending: None,
+            ready: None,
             queued_at,
             admitted_at: Instant::now(),
             first_token_at: None,
@@ -82,6 +87,9 @@ impl<'t> Active<'t> {
     }
 
     pub fn work(&self, chunk: usize) -> Work {
+        if self.ready.is_some() {
+            return Work::Ready;
+        }
         if let Some(t) = self.pending {
             return Work::Decode(t);
         }

@@ -261,15 +261,29 @@ pub fn vec_dot_many(
     };
     let dot = kernel(Some(best().1), ty, first)?;
     check_bytes(QuantOp::Dot, ty, first.values, row.len())?;
-    for (o, act) in out.iter_mut().zip(acts) {
-        if act.ty != first.ty || act.values != first.values {
-            return Err(QuantError::ValueLength {
-                op: QuantOp::Dot,
-                ty,
-                expected: first.values,
-                found: act.values,
-            });
-        }
+    if let Some(act) = acts
+        .iter()
+        .find(|a| a.ty != first.ty || a.values != first.values)
+    {
+        return Err(QuantError::ValueLength {
+            op: QuantOp::Dot,
+            ty,
+            expected: first.values,
+            found: act.values,
+        });
+    }
+    let mut done = 0;
+    // Four activations per pass where a four-wide kernel exists (bit-identical to `dot`).
+    #[cfg(target_arch = "x86_64")]
+    while done + 4 <= acts.len() && done + 4 <= out.len() {
+        let four = [0, 1, 2, 3].map(|i| &acts[done + i].bytes[..]);
+        let Some(dots) = avx2::vec_dot_x4(ty, row, four) else {
+            break;
+        };
+        out[done..done + 4].copy_from_slice(&dots);
+        done += 4;
+    }
+    for (o, act) in out.iter_mut().zip(acts).skip(done) {
         *o = dot(row, &act.bytes);
     }
     Ok(())
@@ -286,18 +300,31 @@ pub fn dot_decoded_many(
     };
     // Validates the row against the first activation (and the CPU's support).
     out[0] = dot_decoded(row, first)?;
-    for (o, act) in out.iter_mut().zip(acts).skip(1) {
-        if act.ty != first.ty || act.values != first.values {
-            return Err(QuantError::ValueLength {
-                op: QuantOp::Dot,
-                ty: GgmlType::Q8K,
-                expected: first.values,
-                found: act.values,
-            });
+    if let Some(act) = acts
+        .iter()
+        .find(|a| a.ty != first.ty || a.values != first.values)
+    {
+        return Err(QuantError::ValueLength {
+            op: QuantOp::Dot,
+            ty: GgmlType::Q8K,
+            expected: first.values,
+            found: act.values,
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // `dot_decoded` above proved AVX2 is present and the lengths agree; four
+        // activations per pass are bit-identical to one at a time.
+        let mut done = 1;
+        while done + 4 <= acts.len() && done + 4 <= out.len() {
+            let four = [0, 1, 2, 3].map(|i| &acts[done + i].bytes[..]);
+            match avx2::dot_decoded_x4(row, four) {
+                Some(dots) => out[done..done + 4].copy_from_slice(&dots),
+                None => break,
+            }
+            done += 4;
         }
-        #[cfg(target_arch = "x86_64")]
-        {
-            // `dot_decoded` above proved AVX2 is present and the lengths agree.
+        for (o, act) in out.iter_mut().zip(acts).skip(done) {
             *o = avx2::dot_decoded(row, &act.bytes).unwrap_or(f32::NAN);
         }
     }

@@ -361,3 +361,56 @@ fn decoded_test_row(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
     }
     bytes
 }
+
+/// The many-activation entry points (four activations per pass where a four-wide kernel
+/// exists, the rest one by one) give each activation exactly what `vec_dot` gives it.
+#[test]
+fn many_activation_dots_are_bit_identical_to_vec_dot() {
+    use crate::{decode_row, decoded_dots_available, dot_decoded_many, DecodedRow};
+    let mut rng = Rng(0x5eed);
+    for ty in [
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q2K,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2XS,
+        GgmlType::IQ1M,
+    ] {
+        for (blocks, n_acts) in [(1usize, 1usize), (2, 4), (8, 9), (3, 13)] {
+            let values = blocks * 256;
+            let row = match ty {
+                GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ1M => {
+                    decoded_test_row(ty, blocks, n_acts as u64)
+                }
+                _ => random_rows(&mut rng, ty, values, 1),
+            };
+            let acts: Vec<QuantizedActivation> = (0..n_acts)
+                .map(|t| QuantizedActivation::new(ty, &random_activation(&mut rng, values, t)))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let want: Vec<u32> = acts
+                .iter()
+                .map(|a| vec_dot(ty, &row, a).unwrap().to_bits())
+                .collect();
+            let mut out = vec![0f32; n_acts];
+            vec_dot_many(ty, &row, &acts, &mut out).unwrap();
+            let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                got, want,
+                "{ty}: vec_dot_many, {blocks} blocks, {n_acts} acts"
+            );
+            if decoded_dots_available() && crate::decodable(ty) {
+                let mut decoded = DecodedRow::default();
+                decode_row(ty, &row, &mut decoded).unwrap();
+                let mut out = vec![0f32; n_acts];
+                dot_decoded_many(&decoded, &acts, &mut out).unwrap();
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    got, want,
+                    "{ty}: dot_decoded_many, {blocks} blocks, {n_acts} acts"
+                );
+            }
+        }
+    }
+}

@@ -44,18 +44,27 @@ pub struct MatmulCtx<'a> {
 /// Rows handed to one parallel task.
 const ROWS_PER_TASK: usize = 16;
 
-/// f32 dot product with eight partial sums (vectorizes; a fixed order, so repeatable).
+/// f32 dot product with eight partial sums (lane `l` sums elements `8c + l`), then a fixed
+/// pairwise reduction: a repeatable order that compiles to vector multiplies and adds (no
+/// fused multiply-add, which would round differently).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (a_rest, b_rest) = (a8.remainder(), b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        let (x, y): (&[f32; 8], &[f32; 8]) = match (x.try_into(), y.try_into()) {
+            (Ok(x), Ok(y)) => (x, y),
+            _ => unreachable!("chunks_exact(8) yields 8 values"),
+        };
         for l in 0..8 {
-            acc[l] += a[8 * c + l] * b[8 * c + l];
+            acc[l] += x[l] * y[l];
         }
     }
     let mut sum = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in 8 * chunks..a.len() {
-        sum += a[i] * b[i];
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
     }
     sum
 }
@@ -214,4 +223,46 @@ pub fn matmul_rows(
 /// The whole matrix.
 pub fn matmul(mm: &MatmulCtx, w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
     matmul_rows(mm, w, 0, w.rows, x, tokens, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dot;
+
+    /// The order `dot` promises, written as plain index loops.
+    fn dot_by_index(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 8];
+        let chunks = a.len() / 8;
+        for c in 0..chunks {
+            for l in 0..8 {
+                acc[l] += a[8 * c + l] * b[8 * c + l];
+            }
+        }
+        let mut sum =
+            (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in 8 * chunks..a.len() {
+            sum += a[i] * b[i];
+        }
+        sum
+    }
+
+    #[test]
+    fn dot_keeps_its_summation_order() {
+        let mut state = 0x1234_5678_u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
+            let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            assert_eq!(
+                dot(&a, &b).to_bits(),
+                dot_by_index(&a, &b).to_bits(),
+                "n = {n}"
+            );
+        }
+    }
 }

@@ -26,14 +26,14 @@ pub(crate) fn dot_decoded(row: &DecodedRow, act: &[u8]) -> f32 {
 }
 
 #[inline]
-fn load_i8(v: &[u8]) -> __m256i {
+pub(super) fn load_i8(v: &[u8]) -> __m256i {
     debug_assert!(v.len() >= 32);
     // SAFETY: callers pass 32-element slices (`dot_decoded` checked the row and activation lengths); loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
 #[inline]
-fn load_i16(v: &[i16]) -> __m256i {
+pub(super) fn load_i16(v: &[i16]) -> __m256i {
     debug_assert!(v.len() >= 16);
     // SAFETY: callers pass 16-element slices (`dot_decoded` checked the row and activation lengths); loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }

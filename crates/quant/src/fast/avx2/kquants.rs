@@ -40,7 +40,7 @@ pub(super) fn q2_k(row: &[u8], act: &[u8]) -> f32 {
 /// The min term of Q4_K / Q5_K: Σ_j bsums[j]·min[j/2] as four i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_min_sums(y: &[u8], mins: [u8; 8]) -> __m128i {
+pub(super) fn k4_min_sums(y: &[u8], mins: [u8; 8]) -> __m128i {
     let bsums = load_256(&y[Q8K_BSUMS..]);
     let pair_sums = _mm_hadd_epi16(
         _mm256_castsi256_si128(bsums),
@@ -55,7 +55,7 @@ fn k4_min_sums(y: &[u8], mins: [u8; 8]) -> __m128i {
 /// @48; bit s of qh[l] is bit 4 of value 32s + l).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_codes(x: &[u8], high_bits: Option<&mut __m256i>, c: usize) -> (__m256i, __m256i) {
+pub(super) fn k4_codes(x: &[u8], high_bits: Option<&mut __m256i>, c: usize) -> (__m256i, __m256i) {
     let low4 = _mm256_set1_epi8(0x0f);
     let Some(high_bits) = high_bits else {
         let q = load_256(&x[16 + 32 * c..]);

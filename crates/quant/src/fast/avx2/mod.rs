@@ -8,6 +8,7 @@
 mod decoded;
 mod iquants;
 mod kquants;
+mod many;
 
 use super::dispatch::RowDots;
 use super::scalar::{f16_to_f32, f32_at, u16_at, Q8_0_BYTES};
@@ -185,4 +186,29 @@ fn f16_avx2(row: &[u8], act: &[u8]) -> f32 {
 pub(super) fn dot_decoded(row: &super::decoded::DecodedRow, act: &[u8]) -> Option<f32> {
     // SAFETY: the features the kernel is compiled for were detected just before.
     kernels().map(|_| unsafe { decoded::dot_decoded(row, act) })
+}
+
+/// One row against four activations: the grid types' decoded rows (`None` without AVX2).
+pub(super) fn dot_decoded_x4(
+    row: &super::decoded::DecodedRow,
+    acts: many::Acts4<'_>,
+) -> Option<[f32; 4]> {
+    // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
+    kernels().map(|_| unsafe { many::dot_decoded_x4(row, acts) })
+}
+
+/// One Q4_K or Q5_K row against four Q8_K activations (`None` for other types or without
+/// AVX2).
+pub(super) fn vec_dot_x4(
+    ty: redlite_gguf::GgmlType,
+    row: &[u8],
+    acts: many::Acts4<'_>,
+) -> Option<[f32; 4]> {
+    let five_bit = match ty {
+        redlite_gguf::GgmlType::Q4K => false,
+        redlite_gguf::GgmlType::Q5K => true,
+        _ => return None,
+    };
+    // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
+    kernels().map(|_| unsafe { many::affine_k_x4(row, acts, five_bit) })
 }

@@ -1,0 +1,102 @@
+//! One weight row against four activations at once (prompt processing). Each weight vector
+//! is loaded and unpacked once and used four times, and the per-block scale work is shared.
+//! For every activation the integer vectors, their order and the float operations are those
+//! of the one-activation kernel, so each result is bit-identical to it.
+
+use super::decoded::{load_i16, load_i8};
+use super::{f16_at, hsum_f32x4, hsum_f32x8, load_256};
+use crate::fast::decoded::DecodedRow;
+use crate::fast::scalar::{f32_at, scales_mins_k4, Q8K_BYTES, Q8K_QS};
+use std::arch::x86_64::*;
+
+/// Four Q8_K activations, each as long as the row.
+pub(crate) type Acts4<'a> = [&'a [u8]; 4];
+
+/// [`super::decoded::dot_decoded`] for four activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_decoded_x4(row: &DecodedRow, ys: Acts4<'_>) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for blk in 0..row.d.len() {
+        let base = blk * Q8K_BYTES;
+        let yb = [
+            &ys[0][base..base + Q8K_BYTES],
+            &ys[1][base..base + Q8K_BYTES],
+            &ys[2][base..base + Q8K_BYTES],
+            &ys[3][base..base + Q8K_BYTES],
+        ];
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for ib in 0..8 {
+            let sub = blk * 8 + ib;
+            let w = load_i8(&row.w[sub * 32..sub * 32 + 32]);
+            let magnitudes = _mm256_sign_epi8(w, w);
+            let scales = load_i16(&row.scales[sub * 16..sub * 16 + 16]);
+            for t in 0..4 {
+                let q8 = load_256(&yb[t][Q8K_QS + 32 * ib..]);
+                let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(q8, w));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scales));
+            }
+        }
+        for t in 0..4 {
+            let d = _mm256_set1_ps(row.d[blk] * f32_at(yb[t], 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), d, acc[t]);
+        }
+    }
+    [
+        0.125 * hsum_f32x8(acc[0]),
+        0.125 * hsum_f32x8(acc[1]),
+        0.125 * hsum_f32x8(acc[2]),
+        0.125 * hsum_f32x8(acc[3]),
+    ]
+}
+
+/// [`super::kquants`]' Q4_K / Q5_K kernel for four activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn affine_k_x4(row: &[u8], ys: Acts4<'_>, five_bit: bool) -> [f32; 4] {
+    let block_bytes = if five_bit { 176 } else { 144 };
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_min = [_mm_setzero_ps(); 4];
+    for (blk, x) in row.chunks_exact(block_bytes).enumerate() {
+        let base = blk * Q8K_BYTES;
+        let yb = [
+            &ys[0][base..base + Q8K_BYTES],
+            &ys[1][base..base + Q8K_BYTES],
+            &ys[2][base..base + Q8K_BYTES],
+            &ys[3][base..base + Q8K_BYTES],
+        ];
+        let (scales, mins) = scales_mins_k4(&x[4..16]);
+        for t in 0..4 {
+            let dmin = _mm_set1_ps(f32_at(yb[t], 0) * f16_at(x, 2));
+            let min_sums = super::kquants::k4_min_sums(yb[t], mins);
+            acc_min[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(min_sums), dmin, acc_min[t]);
+        }
+        let mut high_bits = if five_bit {
+            load_256(&x[16..])
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for c in 0..4 {
+            let (low, high) = super::kquants::k4_codes(x, five_bit.then_some(&mut high_bits), c);
+            let scale_low = _mm256_set1_epi16(i16::from(scales[2 * c]));
+            let scale_high = _mm256_set1_epi16(i16::from(scales[2 * c + 1]));
+            for t in 0..4 {
+                let a = &yb[t][Q8K_QS + 64 * c..];
+                let l = _mm256_maddubs_epi16(low, load_256(a));
+                let h = _mm256_maddubs_epi16(high, load_256(&a[32..]));
+                let l = _mm256_madd_epi16(l, scale_low);
+                let h = _mm256_madd_epi16(h, scale_high);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(l, h));
+            }
+        }
+        for t in 0..4 {
+            let d = _mm256_set1_ps(f32_at(yb[t], 0) * f16_at(x, 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), d, acc[t]);
+        }
+    }
+    [
+        hsum_f32x8(acc[0]) - hsum_f32x4(acc_min[0]),
+        hsum_f32x8(acc[1]) - hsum_f32x4(acc_min[1]),
+        hsum_f32x8(acc[2]) - hsum_f32x4(acc_min[2]),
+        hsum_f32x8(acc[3]) - hsum_f32x4(acc_min[3]),
+    ]
+}
