@@ -1,6 +1,7 @@
 //! The memory planner on the full 80B-A3B shapes (no file needed: shapes and recipe types
 //! give every byte), checked against real synthetic files for the parts that can be.
 
+use redlite_engine::model::DeltaNetLayout;
 use redlite_engine::plan::{
     evaluate, plan, plan_file, Change, ExpertPolicy, Goal, ModelShape, PlanError, PlanSettings,
     Residency, GIB, MIB,
@@ -188,9 +189,10 @@ fn state_lines_follow_the_spec() {
     assert_eq!(b.cuda_context + b.cuda_workspace, 768 * MIB);
 }
 
-fn tiny_options(recipe: Recipe, mtp: bool) -> SynthOptions {
+fn tiny_options(recipe: Recipe, mtp: bool, layout: DeltaNetLayout) -> SynthOptions {
     let mut config = Preset::Tiny.config();
     config.n_mtp = usize::from(mtp);
+    config.layout = layout;
     SynthOptions {
         config,
         recipe,
@@ -203,9 +205,14 @@ fn tiny_options(recipe: Recipe, mtp: bool) -> SynthOptions {
 #[test]
 fn shapes_agree_with_a_written_file() {
     let dir = tempfile::tempdir().unwrap();
-    for (recipe, mtp) in [(IQ2, false), (Q4, true), (Recipe::F16, false)] {
-        let opts = tiny_options(recipe, mtp);
-        let path = dir.path().join(format!("{recipe:?}-{mtp}.gguf"));
+    for (recipe, mtp, layout) in [
+        (IQ2, false, DeltaNetLayout::Split),
+        (Q4, true, DeltaNetLayout::Split),
+        (Recipe::F16, false, DeltaNetLayout::Split),
+        (Recipe::IQ1M, false, DeltaNetLayout::Legacy),
+    ] {
+        let opts = tiny_options(recipe, mtp, layout);
+        let path = dir.path().join(format!("{recipe:?}-{mtp}-{layout:?}.gguf"));
         write_synth(&path, &opts, &mut |_, _| {}).unwrap();
         let model = GgufModel::open(&path).unwrap();
         let from_file = ModelShape::from_gguf(&model).unwrap();
