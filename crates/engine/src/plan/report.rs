@@ -56,7 +56,11 @@ impl fmt::Display for Plan {
             m.layers,
             m.deltanet_layers,
             m.attention_layers,
-            if m.has_mtp_block { " + MTP block" } else { "" },
+            match (m.has_mtp_block, s.mtp) {
+                (true, true) => " + MTP block",
+                (true, false) => " + MTP block (not counted without --mtp)",
+                (false, _) => "",
+            },
             m.experts,
             m.experts_used
         )?;
