@@ -5,7 +5,8 @@
 //! The rule for the cheapest change: the changes below are ordered by what they cost;
 //! the first one that makes the plan fit on its own is the advice; when none does, they are
 //! made together, in order, each as far as it goes, until the plan fits.
-//! 1. an f16 KV cache (halves the KV; no measurable loss),
+//!
+//! 1. an f16 KV cache (halves the KV; llama.cpp's default KV type),
 //! 2. a smaller prefill chunk (the largest multiple of 64 that fits, at least 64; costs
 //!    prefill speed only),
 //! 3. fewer slots (the most that fit; costs concurrent requests),
