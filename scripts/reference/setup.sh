@@ -38,11 +38,11 @@ SRC="$W/llama_cpp_python-$LCP_VERSION"
 LC="$SRC/vendor/llama.cpp"
 
 export PATH="$W/venv/bin:$PATH"
-if [ ! -x build/bin/llama-simple ] || [ ! -f build/bin/libllama.so ]; then
+if [ ! -x build/bin/llama-perplexity ] || [ ! -f build/bin/libllama.so ]; then
   cmake -S "$LC" -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF > cmake-configure.log 2>&1
   cmake --build build -j"$THREADS" --target llama llama-simple llama-completion llama-tokenize \
-    llama-quantize llama-bench > cmake-build.log 2>&1
+    llama-quantize llama-bench llama-perplexity > cmake-build.log 2>&1
 fi
 echo "reference tools ready under $W (venv/, build/bin/, $(basename "$SRC")/)"

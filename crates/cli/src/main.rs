@@ -34,6 +34,11 @@ enum Command {
     Chat(Box<commands::chat::ChatArgs>),
     /// Time prompt processing and generation (llama-bench's tests; --json for scripts).
     Bench(Box<commands::bench::BenchArgs>),
+    /// Perplexity of a text file (llama-perplexity's procedure: chunks of --ctx, second
+    /// halves scored).
+    Perplexity(Box<commands::quality::PerplexityArgs>),
+    /// KL divergence of the model's next-token distributions from a base model's.
+    Kld(Box<commands::quality::KldArgs>),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(Box<commands::serve::ServeArgs>),
     /// Print the token ids (and pieces) of a text.
@@ -61,5 +66,7 @@ fn main() -> Result<()> {
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Bench(args) => commands::bench::run(*args),
         Command::Serve(args) => commands::serve::run(*args),
+        Command::Perplexity(args) => commands::quality::run_perplexity(*args),
+        Command::Kld(args) => commands::quality::run_kld(*args),
     }
 }

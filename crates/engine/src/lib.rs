@@ -11,6 +11,7 @@ pub mod generate;
 pub mod inspect;
 pub mod model;
 pub mod plan;
+pub mod quality;
 pub mod sampling;
 pub mod serve;
 pub mod session;

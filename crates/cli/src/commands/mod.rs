@@ -4,6 +4,7 @@ pub mod generate;
 pub mod inspect;
 pub mod logits;
 pub mod plan;
+pub mod quality;
 pub mod sampling_args;
 pub mod serve;
 pub mod synth;

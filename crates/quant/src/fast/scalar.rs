@@ -29,10 +29,12 @@ pub(crate) const Q8K_BSUMS: usize = 260;
 /// Q8_0 block: `d` f16 @0, 32 int8 codes @2.
 pub(crate) const Q8_0_BYTES: usize = 34;
 
+#[inline]
 pub(crate) fn u16_at(bytes: &[u8], offset: usize) -> u16 {
     u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
 }
 
+#[inline]
 pub(crate) fn u32_at(bytes: &[u8], offset: usize) -> u32 {
     u32::from_le_bytes([
         bytes[offset],
@@ -42,6 +44,7 @@ pub(crate) fn u32_at(bytes: &[u8], offset: usize) -> u32 {
     ])
 }
 
+#[inline]
 pub(crate) fn f32_at(bytes: &[u8], offset: usize) -> f32 {
     f32::from_bits(u32_at(bytes, offset))
 }
@@ -81,6 +84,7 @@ fn q8(q8k: &[u8], i: usize) -> i32 {
 
 /// The eight 6-bit scales and eight 6-bit mins of Q4_K / Q5_K from their 12 packed bytes
 /// (ggml's `get_scale_min_k4` for all sub-blocks at once).
+#[inline]
 pub(crate) fn scales_mins_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (s0, s1, s2) = (u32_at(packed, 0), u32_at(packed, 4), u32_at(packed, 8));
     let low6 = 0x3f3f_3f3f;
