@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::model::HybridConfig;
+use redlite_engine::plan::{human, parse_bytes, plan_file, ExpertPolicy, PlanSettings, Residency};
 use redlite_engine::session::{Runner, Session, DEFAULT_CHUNK};
 use redlite_engine::state::KvType;
 use redlite_engine::tokenizer::Tokenizer;
@@ -36,6 +37,48 @@ pub struct ModelArgs {
     /// with a message when no GPU, driver or NVRTC is found).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// With --device cuda: the GPU memory the run may use (24GiB, 16000MiB, ...). The plan
+    /// (`redlite plan`) is checked before anything is loaded; one that does not fit, or that
+    /// needs an expert cache (not built yet), is refused with what would make it fit.
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_limit: Option<String>,
+}
+
+/// Refuses, before any weight is read, a GPU run whose plan does not fit `--gpu-limit`.
+pub fn check_plan(args: &ModelArgs, gguf: &GgufModel, kv_type: KvType, slots: usize) -> Result<()> {
+    let Some(limit) = &args.gpu_limit else {
+        return Ok(());
+    };
+    if args.device != "cuda" {
+        eprintln!(
+            "note: --gpu-limit applies to --device cuda; this run is on the {}",
+            args.device
+        );
+        return Ok(());
+    }
+    let settings = PlanSettings {
+        gpu_limit: parse_bytes(limit)?,
+        ctx: args.ctx,
+        chunk: args.chunk,
+        kv: kv_type,
+        slots,
+        mtp: false,
+        experts: ExpertPolicy::Auto,
+    };
+    let plan = plan_file(gguf, &settings).context("planning the run")?;
+    if !plan.fits {
+        bail!("the run does not fit in {limit}:\n{plan}");
+    }
+    if plan.experts.residency != Residency::Resident {
+        bail!(
+            "the run fits in {limit} only with the routed experts in a cache or on the CPU, which the CUDA backend does not do yet (it keeps every expert resident):\n{plan}"
+        );
+    }
+    eprintln!(
+        "plan: fits in {limit} with every expert resident ({} used)",
+        human(plan.used)
+    );
+    Ok(())
 }
 
 pub struct Loaded {
@@ -100,7 +143,8 @@ pub struct Opened {
 }
 
 /// Opens the file (or the default model), reads its config and tokenizer.
-pub fn open(args: &ModelArgs) -> Result<Opened> {
+/// `slots`: sequences run at once (the server's), for the plan check.
+pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
     let path = match &args.model {
         Some(p) => p.clone(),
         None => default_model::path_or_create()?,
@@ -120,6 +164,7 @@ pub fn open(args: &ModelArgs) -> Result<Opened> {
     }
     let gguf =
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    check_plan(args, &gguf, kv_type, slots)?;
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
     let tokenizer = Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?;
     Ok(Opened {
@@ -153,7 +198,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let bar = ProgressBar::new_spinner();
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
     bar.enable_steady_tick(Duration::from_millis(100));
-    let opened = open(args)?;
+    let opened = open(args, 1)?;
     bar.set_message(format!("loading {}", opened.path.display()));
     let (session, device) = session(&opened.gguf, opened.config.clone(), args, opened.kv_type)?;
     bar.finish_and_clear();

@@ -43,6 +43,8 @@ enum Command {
     Serve(Box<commands::serve::ServeArgs>),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
+    /// How a model would use a GPU of a given size (metadata only), and whether it fits.
+    Plan(Box<commands::plan::PlanArgs>),
     /// Write the logits of every position of a token sequence (for parity tools).
     Logits(commands::logits::LogitsArgs),
 }
@@ -58,6 +60,7 @@ fn main() -> Result<()> {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Synth(args) => commands::synth::run(*args),
         Command::Logits(args) => commands::logits::run(args),
+        Command::Plan(args) => commands::plan::run(*args),
         Command::Generate(args) => commands::generate::run(*args),
         Command::Chat(args) => commands::chat::run(*args),
         Command::Tokenize(args) => commands::tokenize::run(args),

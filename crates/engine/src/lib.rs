@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod inspect;
 pub mod model;
+pub mod plan;
 pub mod quality;
 pub mod sampling;
 pub mod serve;

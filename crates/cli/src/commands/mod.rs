@@ -3,6 +3,7 @@ pub mod chat;
 pub mod generate;
 pub mod inspect;
 pub mod logits;
+pub mod plan;
 pub mod quality;
 pub mod sampling_args;
 pub mod serve;

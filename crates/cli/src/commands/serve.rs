@@ -95,7 +95,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_target(false)
         .init();
     let start = Instant::now();
-    let opened = open(&args.model)?;
+    let opened = open(&args.model, args.slots)?;
     let template = match opened.gguf.metadata().str("tokenizer.chat_template") {
         Ok(source) => Some(ChatTemplate::new(source).context("compiling the chat template")?),
         Err(_) => {

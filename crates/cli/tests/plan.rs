@@ -1,0 +1,96 @@
+//! `redlite plan` end to end: it reads only the tensor table, prints the plan, and its exit
+//! status says whether the plan fits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+
+/// A tiny model written once per test run (removed by the guard).
+struct TinyFile(PathBuf);
+
+impl TinyFile {
+    fn new(name: &str, mtp: bool) -> TinyFile {
+        let mut config = Preset::Tiny.config();
+        config.n_mtp = usize::from(mtp);
+        let opts = SynthOptions {
+            config,
+            recipe: Recipe::IQ2XXS,
+            vocab: VocabChoice::Tiny,
+            seed: 1,
+        };
+        let path =
+            std::env::temp_dir().join(format!("redlite-plan-{}-{name}.gguf", std::process::id()));
+        write_synth(&path, &opts, &mut |_, _| {}).unwrap();
+        TinyFile(path)
+    }
+}
+
+impl Drop for TinyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn plan(file: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .arg("plan")
+        .arg("-m")
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_plan_that_fits_exits_zero() {
+    let file = TinyFile::new("fits", false);
+    let out = plan(&file.0, &["--gpu-limit", "2GiB", "--kv", "f16"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("verdict   fits: experts all resident"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("KV f16"), "{stdout}");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_exits_non_zero_with_advice() {
+    let file = TinyFile::new("tight", false);
+    let out = plan(&file.0, &["--gpu-limit", "900MiB", "--ctx", "200000"]);
+    assert!(!out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("does NOT fit"), "{stdout}");
+    assert!(stdout.contains("advice    to fit: --kv f16"), "{stdout}");
+    assert!(text(&out.stderr).contains("the limit is 900.0 MiB"));
+}
+
+#[test]
+fn json_for_scripts() {
+    let file = TinyFile::new("json", true);
+    let out = plan(&file.0, &["--gpu-limit", "1G", "--mtp", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["fits"], true);
+    assert_eq!(json["settings"]["mtp"], true);
+    assert_eq!(json["settings"]["gpu_limit"], 1u64 << 30);
+    assert!(json["budget"]["mtp_weights"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_input_is_named() {
+    let file = TinyFile::new("bad", false);
+    let out = plan(&file.0, &["--gpu-limit", "24XB"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("\"24XB\" is not a byte size"));
+    let out = plan(&file.0, &["--gpu-limit", "24GiB", "--mtp"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("the file has none"));
+    let out = plan(&file.0, &["--gpu-limit", "24GiB", "--experts", "most"]);
+    assert!(text(&out.stderr).contains("--experts is most"));
+}

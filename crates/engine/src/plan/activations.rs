@@ -1,0 +1,117 @@
+//! Device memory of one forward call's activations, mirroring what the CUDA backend
+//! allocates: the forward `Workspace` (`x`, `h`, `mix`, each `[rows][n_embd]`), the
+//! backend's `Scratch` (`backend/cuda/scratch.rs`: one buffer per intermediate, each
+//! `[rows][width]`), its one-token flash-decoding partials and its logits rows.
+//! When either of those files gains a buffer, this file gains the same line.
+
+use serde::Serialize;
+
+use crate::model::config::HybridConfig;
+
+/// `redlite_cuda::ATTENTION_MAX_SPLITS`: flash-decoding splits per head (the cuda crate is
+/// an optional dependency, so the number is repeated here and checked by a test under the
+/// `cuda` feature).
+pub const ATTENTION_MAX_SPLITS: u64 = 64;
+
+/// What the activations of a batch of `rows` cost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Activations {
+    /// Rows of every buffer: the largest batch one forward call holds.
+    pub rows: u64,
+    /// Bytes per row over the workspace and every scratch buffer.
+    pub bytes_per_row: u64,
+    /// Buffers whose size does not depend on the rows (attention partials).
+    pub fixed: u64,
+    /// Rows of logits one call returns, and their bytes.
+    pub logit_rows: u64,
+    pub logits: u64,
+    /// MTP: the trunk's hidden state and the `[embedding ; hidden]` input of `eh_proj`.
+    pub mtp: u64,
+}
+
+impl Activations {
+    pub fn total(&self) -> u64 {
+        self.rows
+            .saturating_mul(self.bytes_per_row)
+            .saturating_add(self.fixed)
+            .saturating_add(self.logits)
+            .saturating_add(self.mtp)
+    }
+}
+
+/// 4-byte values per row of `Scratch::new` (f32, plus the u32/i32 id buffers), in its order.
+fn scratch_values_per_row(c: &HybridConfig) -> u64 {
+    let channels = c.conv_channels();
+    let inner = c.ssm_inner();
+    let attn = c.n_head * c.head_dim;
+    let kv = c.n_head_kv * c.head_dim;
+    let widths = [
+        1,                                // token_ids
+        (channels + inner).max(2 * attn), // proj
+        channels,                         // qkv
+        inner,                            // z
+        2 * c.ssm_v_heads,                // ba
+        c.ssm_v_heads,                    // beta
+        c.ssm_v_heads,                    // g
+        inner.max(attn),                  // o
+        attn,                             // q
+        kv,                               // k
+        kv,                               // v
+        c.n_expert,                       // router
+        1,                                // shared_logit
+        1,                                // shared_weight
+        c.n_expert_used,                  // ids
+        c.n_expert_used,                  // weights
+        c.n_expert_used * c.expert_ff,    // act
+        c.shared_ff,                      // act_shared
+        1,                                // zero_ids
+    ];
+    widths.iter().map(|&w| w.max(1) as u64).sum()
+}
+
+/// Activations of a forward call holding `rows` tokens and returning `logit_rows` rows of
+/// logits; `mtp` adds the MTP block's inputs.
+pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> Activations {
+    let e = c.n_embd as u64;
+    let workspace = 3 * e;
+    let partials = c.n_head as u64 * ATTENTION_MAX_SPLITS * (c.head_dim as u64 + 2);
+    let logit_rows = logit_rows.max(1);
+    Activations {
+        rows,
+        bytes_per_row: 4 * (workspace + scratch_values_per_row(c)),
+        fixed: 4 * partials,
+        logit_rows,
+        logits: logit_rows.saturating_mul(4 * c.n_vocab as u64),
+        mtp: if mtp {
+            rows.saturating_mul(4 * 3 * e)
+        } else {
+            0
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::Preset;
+
+    #[test]
+    fn full_model_row_is_pinned() {
+        let c = Preset::Full.config();
+        // 3 x 2048 workspace values + 40,088 scratch values, 4 bytes each.
+        assert_eq!(scratch_values_per_row(&c), 40_088);
+        let a = activations(&c, 513, 1, false);
+        assert_eq!(a.bytes_per_row, 184_928);
+        assert_eq!(a.fixed, 16 * 64 * 258 * 4);
+        assert_eq!(a.logits, 151_936 * 4);
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn partials_match_the_cuda_crate() {
+        let c = Preset::Full.config();
+        let a = activations(&c, 1, 1, false);
+        let len = redlite_cuda::attention_partials_len(1, c.n_head, c.head_dim) as u64;
+        assert_eq!(a.fixed, 4 * len);
+    }
+}
