@@ -40,12 +40,4 @@ impl Device {
             .map_err(CudaError::driver("cuStreamEndCapture"))?;
         Ok(graph.map(|g| Graph(SendGraph(g))))
     }
-
-    /// Whether the stream is recording.
-    pub fn capturing(&self) -> bool {
-        matches!(
-            self.stream().capture_status(),
-            Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        )
-    }
 }

@@ -304,6 +304,8 @@ impl SeqState for CudaState {
 
     /// Copies the DeltaNet state to the host (a snapshot waits off the GPU's memory).
     fn snapshot(&self) -> Result<CudaSnapshot> {
+        // A step that failed half-way left its capture open: copies must not join it.
+        graph::lock(&self.graphs)?.abandon();
         let buffers = self
             .buffers
             .as_ref()
@@ -325,6 +327,7 @@ impl SeqState for CudaState {
     }
 
     fn restore(&mut self, snapshot: &CudaSnapshot) -> Result<()> {
+        graph::lock(&self.graphs)?.abandon();
         let device = self.device.clone();
         let buffers = self.buffers_mut()?;
         if buffers.deltanet.len() != snapshot.deltanet.len() {
