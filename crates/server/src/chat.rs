@@ -314,12 +314,7 @@ fn stream(
                 Some(Event::Started { .. }) => continue,
                 Some(Event::Done(f)) => break f,
                 Some(Event::Failed(why)) => {
-                    let _ = tx
-                        .send(Ok(
-                            SseEvent::default().data(ApiError::server(why).body().to_string())
-                        ))
-                        .await;
-                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    job::fail_stream(&tx, why).await;
                     return;
                 }
                 None => return,
@@ -356,20 +351,13 @@ fn stream(
         }
         let reason = job::finish_reason(&finish.reason, calls > 0);
         let _ = tx.send(chunk(json!({}), Value::Null, json!(reason))).await;
-        if include_usage {
-            let body = json!({
-                "id": id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": state.model_id,
-                "choices": [],
-                "usage": job::usage(&finish),
-            });
-            let _ = tx
-                .send(Ok(SseEvent::default().data(body.to_string())))
-                .await;
-        }
-        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+        let head = job::StreamHead {
+            id: &id,
+            object: "chat.completion.chunk",
+            created,
+            model: &state.model_id,
+        };
+        job::finish_stream(&tx, &head, include_usage.then_some(&finish)).await;
     });
     Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

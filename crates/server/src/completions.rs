@@ -163,9 +163,7 @@ fn stream_events(
                 Some(Event::Started { .. }) => continue,
                 Some(Event::Done(f)) => break f,
                 Some(Event::Failed(why)) => {
-                    let body = ApiError::server(why).body().to_string();
-                    let _ = tx.send(Ok(SseEvent::default().data(body))).await;
-                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    job::fail_stream(&tx, why).await;
                     return;
                 }
                 None => return,
@@ -182,20 +180,13 @@ fn stream_events(
         };
         let reason = job::finish_reason(&finish.reason, false);
         let _ = tx.send(chunk("", Value::Null, json!(reason))).await;
-        if include_usage {
-            let body = json!({
-                "id": id,
-                "object": "text_completion",
-                "created": created,
-                "model": state.model_id,
-                "choices": [],
-                "usage": job::usage(&finish),
-            });
-            let _ = tx
-                .send(Ok(SseEvent::default().data(body.to_string())))
-                .await;
-        }
-        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+        let head = job::StreamHead {
+            id: &id,
+            object: "text_completion",
+            created,
+            model: &state.model_id,
+        };
+        job::finish_stream(&tx, &head, include_usage.then_some(&finish)).await;
     });
     Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

@@ -6,7 +6,10 @@ use redlite_engine::generate::StopReason;
 use redlite_engine::serve::{Event, EventSink, Finish, Job, TokenLogprobs};
 use redlite_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use std::convert::Infallible;
+
+use axum::response::sse::Event as SseEvent;
+use tokio::sync::mpsc::{unbounded_channel, Sender, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -143,4 +146,40 @@ pub fn request_id(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     format!("{prefix}{:x}{nanos:08x}{n:06x}", now())
+}
+
+/// The event stream of a streamed response.
+pub type SseTx = Sender<Result<SseEvent, Infallible>>;
+
+/// What every chunk of a stream repeats.
+pub struct StreamHead<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+}
+
+/// The end of a stream: the usage chunk when asked for, then `[DONE]`.
+pub async fn finish_stream(tx: &SseTx, head: &StreamHead<'_>, usage: Option<&Finish>) {
+    if let Some(f) = usage {
+        let body = json!({
+            "id": head.id,
+            "object": head.object,
+            "created": head.created,
+            "model": head.model,
+            "choices": [],
+            "usage": self::usage(f),
+        });
+        let _ = tx
+            .send(Ok(SseEvent::default().data(body.to_string())))
+            .await;
+    }
+    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+}
+
+/// A job that failed mid-stream: an OpenAI error object as an event, then `[DONE]`.
+pub async fn fail_stream(tx: &SseTx, why: String) {
+    let body = ApiError::server(why).body().to_string();
+    let _ = tx.send(Ok(SseEvent::default().data(body))).await;
+    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
 }

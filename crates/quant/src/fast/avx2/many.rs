@@ -12,18 +12,24 @@ use std::arch::x86_64::*;
 /// Four Q8_K activations, each as long as the row.
 pub(crate) type Acts4<'a> = [&'a [u8]; 4];
 
+/// Block `blk` of each activation.
+#[inline(always)]
+fn block_of(ys: Acts4<'_>, blk: usize) -> Acts4<'_> {
+    let base = blk * Q8K_BYTES;
+    [
+        &ys[0][base..base + Q8K_BYTES],
+        &ys[1][base..base + Q8K_BYTES],
+        &ys[2][base..base + Q8K_BYTES],
+        &ys[3][base..base + Q8K_BYTES],
+    ]
+}
+
 /// [`super::decoded::dot_decoded`] for four activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_decoded_x4(row: &DecodedRow, ys: Acts4<'_>) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for blk in 0..row.d.len() {
-        let base = blk * Q8K_BYTES;
-        let yb = [
-            &ys[0][base..base + Q8K_BYTES],
-            &ys[1][base..base + Q8K_BYTES],
-            &ys[2][base..base + Q8K_BYTES],
-            &ys[3][base..base + Q8K_BYTES],
-        ];
+        let yb = block_of(ys, blk);
         let mut sumi = [_mm256_setzero_si256(); 4];
         for ib in 0..8 {
             let sub = blk * 8 + ib;
@@ -56,13 +62,7 @@ pub(crate) fn affine_k_x4(row: &[u8], ys: Acts4<'_>, five_bit: bool) -> [f32; 4]
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_min = [_mm_setzero_ps(); 4];
     for (blk, x) in row.chunks_exact(block_bytes).enumerate() {
-        let base = blk * Q8K_BYTES;
-        let yb = [
-            &ys[0][base..base + Q8K_BYTES],
-            &ys[1][base..base + Q8K_BYTES],
-            &ys[2][base..base + Q8K_BYTES],
-            &ys[3][base..base + Q8K_BYTES],
-        ];
+        let yb = block_of(ys, blk);
         let (scales, mins) = scales_mins_k4(&x[4..16]);
         for t in 0..4 {
             let dmin = _mm_set1_ps(f32_at(yb[t], 0) * f16_at(x, 2));
