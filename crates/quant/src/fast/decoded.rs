@@ -98,6 +98,17 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
     out.d.resize(blocks, 0.0);
     out.w.resize(blocks * QK, 0);
     out.scales.resize(blocks * QK / SUB * 16, 0);
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::IQ2XXS && super::avx2::decode_iq2xxs(row, out) {
+        return Ok(());
+    }
+    decode_blocks(ty, row, out);
+    Ok(())
+}
+
+/// The portable decoder (and the reference the AVX2 one is tested against).
+pub(crate) fn decode_blocks(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
+    let block = ty.block_bytes();
     let (d, w, scales) = (&mut out.d, &mut out.w, &mut out.scales);
     for (b, x) in row.chunks_exact(block).enumerate() {
         match ty {
@@ -165,5 +176,4 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
             }
         }
     }
-    Ok(())
 }

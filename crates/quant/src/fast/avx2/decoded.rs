@@ -1,8 +1,11 @@
 //! The AVX2 dot of a decoded grid row with a Q8_K activation (see `fast::decoded`).
 
+use super::iquants::SIGN_MASKS;
 use super::{hsum_f32x8, load_256};
 use crate::fast::decoded::DecodedRow;
+use crate::fast::scalar::{f16_to_f32, u32_at};
 use crate::fast::scalar::{f32_at, Q8K_BYTES, Q8K_QS};
+use crate::tables::IQ2XXS_GRID;
 use std::arch::x86_64::*;
 
 /// Same integer vectors and float order as the row kernels of IQ2_XXS, IQ2_XS and IQ1_M.
@@ -37,4 +40,31 @@ pub(super) fn load_i16(v: &[i16]) -> __m256i {
     debug_assert!(v.len() >= 16);
     // SAFETY: callers pass 16-element slices (`dot_decoded` checked the row and activation lengths); loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+}
+
+/// IQ2_XXS blocks decoded with vector sign application: for each 32-value sub-block the four
+/// grid entries take their signs in one `sign_epi8` (the masks hold −1 or +1 per byte), which
+/// gives the same bytes as the portable decoder's two's-complement negation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_iq2xxs(row: &[u8], out: &mut DecodedRow) {
+    for (b, x) in row.chunks_exact(66).enumerate() {
+        out.d[b] = f16_to_f32(u16::from_le_bytes([x[0], x[1]]));
+        for ib in 0..8 {
+            let sub = b * 8 + ib;
+            let (a, bits) = (u32_at(x, 2 + 8 * ib), u32_at(x, 6 + 8 * ib));
+            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((a >> (8 * l)) & 0xff) as usize] as i64);
+            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((bits >> (7 * l)) & 127) as usize] as i64);
+            let w = _mm256_sign_epi8(
+                _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]),
+                _mm256_set_epi64x(signs[3], signs[2], signs[1], signs[0]),
+            );
+            let dst = &mut out.w[sub * 32..sub * 32 + 32];
+            // SAFETY: `dst` holds 32 bytes; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), w) };
+            let s = _mm256_set1_epi16(2 * (bits >> 28) as i16 + 1);
+            let dst = &mut out.scales[sub * 16..sub * 16 + 16];
+            // SAFETY: `dst` holds 16 i16 (32 bytes); storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), s) };
+        }
+    }
 }

@@ -212,3 +212,11 @@ pub(super) fn vec_dot_x4(
     // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
     kernels().map(|_| unsafe { many::affine_k_x4(row, acts, five_bit) })
 }
+
+/// Decodes an IQ2_XXS row (buffers already sized) with AVX2; `false` without AVX2.
+pub(super) fn decode_iq2xxs(row: &[u8], out: &mut super::decoded::DecodedRow) -> bool {
+    // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
+    kernels()
+        .map(|_| unsafe { decoded::decode_iq2xxs(row, out) })
+        .is_some()
+}
