@@ -99,7 +99,7 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
     out.w.resize(blocks * QK, 0);
     out.scales.resize(blocks * QK / SUB * 16, 0);
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::IQ2XXS && super::avx2::decode_iq2xxs(row, out) {
+    if super::avx2::decode_grid_row(ty, row, out) {
         return Ok(());
     }
     decode_blocks(ty, row, out);

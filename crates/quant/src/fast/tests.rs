@@ -415,21 +415,27 @@ fn many_activation_dots_are_bit_identical_to_vec_dot() {
     }
 }
 
-/// The AVX2 IQ2_XXS row decoder writes exactly what the portable decoder writes.
+/// The AVX2 row decoders (IQ2_XXS, IQ2_XS) write exactly what the portable decoder writes.
 #[test]
 fn vector_decoding_equals_the_portable_decoder() {
     use crate::{decode_row, DecodedRow};
-    for (seed, blocks) in [(1u64, 1usize), (7, 8), (9, 17)] {
-        let row = decoded_test_row(GgmlType::IQ2XXS, blocks, seed);
+    for (ty, seed, blocks) in [
+        (GgmlType::IQ2XXS, 1u64, 1usize),
+        (GgmlType::IQ2XXS, 7, 8),
+        (GgmlType::IQ2XXS, 9, 17),
+        (GgmlType::IQ2XS, 2, 1),
+        (GgmlType::IQ2XS, 5, 9),
+    ] {
+        let row = decoded_test_row(ty, blocks, seed);
         let mut fast = DecodedRow::default();
-        decode_row(GgmlType::IQ2XXS, &row, &mut fast).unwrap();
+        decode_row(ty, &row, &mut fast).unwrap();
         let mut portable = fast.clone();
         portable.w.fill(0);
         portable.scales.fill(0);
         portable.d.fill(0.0);
-        super::decoded::decode_blocks(GgmlType::IQ2XXS, &row, &mut portable);
-        assert_eq!(fast.w, portable.w, "weights, {blocks} blocks");
-        assert_eq!(fast.scales, portable.scales, "scales, {blocks} blocks");
+        super::decoded::decode_blocks(ty, &row, &mut portable);
+        assert_eq!(fast.w, portable.w, "{ty} weights, {blocks} blocks");
+        assert_eq!(fast.scales, portable.scales, "{ty} scales, {blocks} blocks");
         assert_eq!(
             fast.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             portable.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

@@ -1,11 +1,10 @@
 //! The AVX2 dot of a decoded grid row with a Q8_K activation (see `fast::decoded`).
 
 use super::iquants::SIGN_MASKS;
-use super::{hsum_f32x8, load_256};
+use super::{hsum_f32x8, load_256, split_scales};
 use crate::fast::decoded::DecodedRow;
-use crate::fast::scalar::{f16_to_f32, u32_at};
-use crate::fast::scalar::{f32_at, Q8K_BYTES, Q8K_QS};
-use crate::tables::IQ2XXS_GRID;
+use crate::fast::scalar::{f16_to_f32, f32_at, u16_at, u32_at, Q8K_BYTES, Q8K_QS};
+use crate::tables::{IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
 
 /// Same integer vectors and float order as the row kernels of IQ2_XXS, IQ2_XS and IQ1_M.
@@ -42,6 +41,42 @@ pub(super) fn load_i16(v: &[i16]) -> __m256i {
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
+/// Four grid entries with their sign masks applied, stored as 32 weight bytes, and the
+/// sub-block's 16 scale lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store_sub(out: &mut DecodedRow, sub: usize, grid: [u64; 4], signs: [u64; 4], scales: __m256i) {
+    let g = grid.map(|v| v as i64);
+    let m = signs.map(|v| v as i64);
+    let w = _mm256_sign_epi8(
+        _mm256_set_epi64x(g[3], g[2], g[1], g[0]),
+        _mm256_set_epi64x(m[3], m[2], m[1], m[0]),
+    );
+    let dst = &mut out.w[sub * 32..sub * 32 + 32];
+    // SAFETY: `dst` holds 32 bytes; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), w) };
+    let dst = &mut out.scales[sub * 16..sub * 16 + 16];
+    // SAFETY: `dst` holds 16 i16 (32 bytes); storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), scales) };
+}
+
+/// IQ2_XS blocks (d @0, one u16 per group: 9-bit grid index, 7-bit sign index; scales @66),
+/// decoded like [`decode_iq2xxs`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_iq2xs(row: &[u8], out: &mut DecodedRow) {
+    for (b, x) in row.chunks_exact(74).enumerate() {
+        out.d[b] = f16_to_f32(u16_at(x, 0));
+        for ib in 0..8 {
+            let words = [0, 1, 2, 3].map(|l| u16_at(x, 2 + 8 * ib + 2 * l));
+            let grid = words.map(|w| IQ2XS_GRID[usize::from(w & 511)]);
+            let signs = words.map(|w| SIGN_MASKS[usize::from(w >> 9)]);
+            let packed = i16::from(x[66 + ib]);
+            let scales = split_scales(2 * (packed & 0x0f) + 1, 2 * (packed >> 4) + 1);
+            store_sub(out, b * 8 + ib, grid, signs, scales);
+        }
+    }
+}
+
 /// IQ2_XXS blocks decoded with vector sign application: for each 32-value sub-block the four
 /// grid entries take their signs in one `sign_epi8` (the masks hold −1 or +1 per byte), which
 /// gives the same bytes as the portable decoder's two's-complement negation.
@@ -52,19 +87,10 @@ pub(crate) fn decode_iq2xxs(row: &[u8], out: &mut DecodedRow) {
         for ib in 0..8 {
             let sub = b * 8 + ib;
             let (a, bits) = (u32_at(x, 2 + 8 * ib), u32_at(x, 6 + 8 * ib));
-            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((a >> (8 * l)) & 0xff) as usize] as i64);
-            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((bits >> (7 * l)) & 127) as usize] as i64);
-            let w = _mm256_sign_epi8(
-                _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]),
-                _mm256_set_epi64x(signs[3], signs[2], signs[1], signs[0]),
-            );
-            let dst = &mut out.w[sub * 32..sub * 32 + 32];
-            // SAFETY: `dst` holds 32 bytes; storeu has no alignment requirement.
-            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), w) };
-            let s = _mm256_set1_epi16(2 * (bits >> 28) as i16 + 1);
-            let dst = &mut out.scales[sub * 16..sub * 16 + 16];
-            // SAFETY: `dst` holds 16 i16 (32 bytes); storeu has no alignment requirement.
-            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), s) };
+            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((a >> (8 * l)) & 0xff) as usize]);
+            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((bits >> (7 * l)) & 127) as usize]);
+            let scales = _mm256_set1_epi16(2 * (bits >> 28) as i16 + 1);
+            store_sub(out, sub, grid, signs, scales);
         }
     }
 }

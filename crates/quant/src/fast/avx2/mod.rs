@@ -213,10 +213,26 @@ pub(super) fn vec_dot_x4(
     kernels().map(|_| unsafe { many::affine_k_x4(row, acts, five_bit) })
 }
 
-/// Decodes an IQ2_XXS row (buffers already sized) with AVX2; `false` without AVX2.
-pub(super) fn decode_iq2xxs(row: &[u8], out: &mut super::decoded::DecodedRow) -> bool {
+/// Decodes an IQ2_XXS or IQ2_XS row (buffers already sized) with AVX2; `false` for other
+/// types or without AVX2.
+pub(super) fn decode_grid_row(
+    ty: redlite_gguf::GgmlType,
+    row: &[u8],
+    out: &mut super::decoded::DecodedRow,
+) -> bool {
+    let iq2xs = match ty {
+        redlite_gguf::GgmlType::IQ2XXS => false,
+        redlite_gguf::GgmlType::IQ2XS => true,
+        _ => return false,
+    };
     // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
     kernels()
-        .map(|_| unsafe { decoded::decode_iq2xxs(row, out) })
+        .map(|_| unsafe {
+            if iq2xs {
+                decoded::decode_iq2xs(row, out)
+            } else {
+                decoded::decode_iq2xxs(row, out)
+            }
+        })
         .is_some()
 }
