@@ -83,7 +83,7 @@ pub fn check_plan(args: &ModelArgs, gguf: &GgufModel, kv_type: KvType, slots: us
 
 pub struct Loaded {
     pub gguf: Arc<GgufModel>,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
     pub session: Box<dyn Runner>,
     /// The backend that runs: "cpu" or "cuda".
     pub device: &'static str,
@@ -138,7 +138,8 @@ pub struct Opened {
     pub path: PathBuf,
     pub gguf: Arc<GgufModel>,
     pub config: HybridConfig,
-    pub tokenizer: Tokenizer,
+    /// Shared: the server's scheduler thread and its handlers hold it too.
+    pub tokenizer: Arc<Tokenizer>,
     pub kv_type: KvType,
 }
 
@@ -166,7 +167,8 @@ pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
     check_plan(args, &gguf, kv_type, slots)?;
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
-    let tokenizer = Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?;
+    let tokenizer =
+        Arc::new(Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?);
     Ok(Opened {
         path,
         gguf,

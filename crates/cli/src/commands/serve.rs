@@ -2,7 +2,6 @@
 
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -10,7 +9,6 @@ use clap::Args;
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::chat::ChatTemplate;
 use redlite_engine::serve::{self, Handle, ServeConfig};
-use redlite_engine::tokenizer::Tokenizer;
 use redlite_server::{AppState, DEFAULT_MAX_BODY_BYTES};
 
 use crate::loader::{open, report_loaded, ModelArgs, Opened};
@@ -50,7 +48,7 @@ fn start_scheduler(
     args: &ModelArgs,
     config: ServeConfig,
 ) -> Result<(Handle, &'static str)> {
-    let tokenizer = Arc::new(clone_tokenizer(opened)?);
+    let tokenizer = opened.tokenizer.clone();
     let cpu = || {
         let (gguf, model) = (opened.gguf.clone(), opened.config.clone());
         serve::spawn(
@@ -81,11 +79,6 @@ fn start_scheduler(
         "cuda" => bail!("this redlite was built without CUDA: rebuild with `cargo build --release --features cuda`"),
         other => bail!("unknown device {other:?} (expected cpu or cuda)"),
     }
-}
-
-/// The scheduler thread and the HTTP handlers each hold the tokenizer.
-fn clone_tokenizer(opened: &Opened) -> Result<Tokenizer> {
-    Tokenizer::from_metadata(opened.gguf.metadata()).context("building the tokenizer")
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -121,7 +114,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     });
     let state = AppState {
         handle,
-        tokenizer: Arc::new(opened.tokenizer),
+        tokenizer: opened.tokenizer.clone(),
         template,
         model_id,
         api_key: args.api_key.clone(),

@@ -54,12 +54,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let (a_rest, b_rest) = (a8.remainder(), b8.remainder());
     for (x, y) in a8.zip(b8) {
-        let (x, y): (&[f32; 8], &[f32; 8]) = match (x.try_into(), y.try_into()) {
-            (Ok(x), Ok(y)) => (x, y),
-            _ => unreachable!("chunks_exact(8) yields 8 values"),
-        };
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
+        for ((s, xv), yv) in acc.iter_mut().zip(x).zip(y) {
+            *s += xv * yv;
         }
     }
     let mut sum = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
