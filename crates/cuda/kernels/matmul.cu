@@ -75,3 +75,44 @@ matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
         if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
     }
 }
+
+// Version q8 (the default for the types of q8dot.cuh under the backend's `Precision::Ggml`;
+// version 2 stays for `Precision::Exact` and the other types): version 2's layout, with x[t]
+// quantized to Q8_K into shared memory by each CTA and integer block dots. Dynamic shared
+// memory: q8_scales_bytes(cols) + cols bytes.
+template <class B, int WARPS, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                 float* __restrict__ y, int rows, int cols) {
+    B::prepare();
+    extern __shared__ float4 q8_shared[];
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, xd, xq);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    if (row0 >= rows) return;
+    const int valid = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const int items = cols / B::VALUES * B::ITEMS;
+    const u8* w = weights + i64(row0) * row_bytes;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const i8* qb = xq + block * B::VALUES;
+        const float db = xd[block];
+        const u8* wb = w + i64(block) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < valid) acc[r] += Q8Dot<B>::dot(wb + r * row_bytes, item, qb, db);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float sum = warp_reduce_sum(acc[r]);
+        if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
+    }
+}

@@ -407,3 +407,81 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
         *o = (accumulate ? *o : 0.0f) + sum;
     }
 }
+
+// Version q8 of the two expert matvecs (the default for the types of q8dot.cuh under the
+// backend's `Precision::Ggml`): version 2's layout, the input quantized to Q8_K into
+// shared memory by each CTA (x[t]: cols values; act[t]: used x ff values, each expert's
+// ff a whole number of 256-value blocks) and integer block dots.
+
+template <class B, int WARPS, int LANES>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                      const int* __restrict__ ids, const float* __restrict__ x,
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    B::prepare();
+    extern __shared__ float4 q8_shared[];
+    const int k = blockIdx.y, t = blockIdx.z;
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    quantize_q8k_shared(x + i64(t) * cols, cols, xd, xq);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const i64 expert = ids[t * used + k];
+    float* out = act + (i64(t) * used + k) * ff + row;
+    if (expert < 0 || expert >= n_expert) {
+        if (member == 0 && row < ff) *out = 0.0f;
+        return;
+    }
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const i64 at = (expert * ff + min(row, ff - 1)) * row_bytes;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float g = 0.0f, u = 0.0f;
+    for (int i = member; i < items; i += LANES) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const i8* qb = xq + block * B::VALUES;
+        const float db = xd[block];
+        const i64 offset = at + i64(block) * B::BYTES;
+        g += Q8Dot<B>::dot(gate + offset, item, qb, db);
+        u += Q8Dot<B>::dot(up + offset, item, qb, db);
+    }
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, offset);
+        u += __shfl_xor_sync(0xffffffffu, u, offset);
+    }
+    if (member == 0 && row < ff) *out = siluf(g) * u;
+}
+
+template <class B, int WARPS, int LANES>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                   const float* __restrict__ weights, const float* __restrict__ act,
+                   float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                   int accumulate) {
+    B::prepare();
+    extern __shared__ float4 q8_shared[];
+    const int t = blockIdx.y;
+    float* ad = reinterpret_cast<float*>(q8_shared);
+    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(used * ff);
+    quantize_q8k_shared(act + i64(t) * used * ff, used * ff, ad, aq);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 clamped = min(row, rows - 1);
+    const int blocks = ff / B::VALUES;
+    float partial = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        const i64 expert = ids[t * used + k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const u8* w = down + (expert * rows + clamped) * row_bytes;
+        partial += weights[t * used + k] *
+                   row_dot_lane_q8<B, LANES>(w, aq + k * ff, ad + k * blocks, ff, member);
+    }
+    const float total = group_reduce_sum<LANES>(partial);
+    if (member == 0 && row < rows) {
+        float* o = out + i64(t) * rows + row;
+        *o = (accumulate ? *o : 0.0f) + total;
+    }
+}

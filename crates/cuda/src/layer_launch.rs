@@ -3,6 +3,7 @@
 
 use crate::device::Device;
 use crate::error::CudaError;
+use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
@@ -85,14 +86,29 @@ pub(crate) fn add(
     raw::launch_add(device.stream(), kernel, cfg, x, y, to_i32(n))
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     weights: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
+    if dots.quantizes(kind.ty) && !matvec_v1() {
+        let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
+        let kernel = device.kernel(&source::matmul_q8_kernel(kind, per_warp))?;
+        let per_cta = MATMUL_V2_WARPS as usize * per_warp;
+        crate::profile::label(|| format!("matmul q8 {} {rows}x{cols} t{tokens}", kind.cuda_name));
+        let cfg = config(
+            (rows.div_ceil(per_cta), tokens, 1),
+            MATMUL_V2_WARPS * 32,
+            q8_shared_bytes(cols),
+        );
+        let shape = (to_i32(rows), to_i32(cols));
+        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());
     let shared = if x_shared { x_bytes } else { 0 };
@@ -118,6 +134,13 @@ pub(crate) fn matmul(
         shared,
     );
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+/// Dynamic shared memory of a q8 kernel staging `values` activation values: the f32 scale
+/// of each 256 values (padded to 16 bytes), then the int8 codes (`q8_scales_bytes` in
+/// `q8dot.cuh`).
+fn q8_shared_bytes(values: usize) -> usize {
+    (values / 256 * 4).next_multiple_of(16) + values
 }
 
 /// Whether the version-2 matmul stages x in shared memory (`REDLITE_MATMUL_XSHARED=0`: it
@@ -202,6 +225,7 @@ enum MoeVersion {
     V1,
     V2 { lanes: usize },
     V3,
+    Q8 { lanes: usize },
 }
 
 /// Whether the version-3 expert matvecs run (`REDLITE_MOE_V3=1`, and not
@@ -211,7 +235,7 @@ pub(crate) fn moe_v3() -> bool {
     !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
 }
 
-fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
+fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     if matvec_v1() {
         return MoeVersion::V1;
     }
@@ -219,12 +243,15 @@ fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
         return MoeVersion::V3;
     }
     let items = cols / kind.ty.block_values() * kind.items_per_block;
-    MoeVersion::V2 {
-        lanes: if items <= MOE_LANES[0] {
-            MOE_LANES[0]
-        } else {
-            MOE_LANES[1]
-        },
+    let lanes = if items <= MOE_LANES[0] {
+        MOE_LANES[0]
+    } else {
+        MOE_LANES[1]
+    };
+    if dots.quantizes(kind.ty) {
+        MoeVersion::Q8 { lanes }
+    } else {
+        MoeVersion::V2 { lanes }
     }
 }
 
@@ -232,6 +259,7 @@ fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
 pub(crate) fn moe_gate_up(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     gate: &CudaView<'_, u8>,
     up: &CudaView<'_, u8>,
     ids: &CudaView<'_, i32>,
@@ -241,7 +269,7 @@ pub(crate) fn moe_gate_up(
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, cols) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -254,6 +282,12 @@ pub(crate) fn moe_gate_up(
             LAYER_WARPS * 32,
             cols * size_of::<f32>(),
         ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            q8_shared_bytes(cols),
+        ),
         MoeVersion::V1 => (
             device.kernel(&source::moe_gate_up_kernel(kind))?,
             LAYER_WARPS as usize,
@@ -262,7 +296,7 @@ pub(crate) fn moe_gate_up(
         ),
     };
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
-    if let MoeVersion::V3 = moe_version(kind, cols) {
+    if let MoeVersion::V3 = moe_version(kind, dots, cols) {
         let (slots, rows) = match &shared {
             Some(s) => (used + 1, ff.max(s.3)),
             None => (used, ff),
@@ -279,7 +313,8 @@ pub(crate) fn moe_gate_up(
         threads,
         shared_bytes,
     );
-    crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
+    let q8 = if dots.quantizes(kind.ty) { " q8" } else { "" };
+    crate::profile::label(|| format!("moe_gate_up{q8} {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
 }
 
@@ -287,6 +322,7 @@ pub(crate) fn moe_gate_up(
 pub(crate) fn moe_down(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     down: &CudaView<'_, u8>,
     ids: &CudaView<'_, i32>,
     weights: &CudaView<'_, f32>,
@@ -297,7 +333,7 @@ pub(crate) fn moe_down(
     shared: Option<raw::SharedDownArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, ff) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_down_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -309,6 +345,12 @@ pub(crate) fn moe_down(
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
             staged,
+        ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_down_q8_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            q8_shared_bytes(used * ff),
         ),
         MoeVersion::V1 => (
             device.kernel(&source::moe_down_kernel(kind))?,
@@ -329,7 +371,7 @@ pub(crate) fn moe_down(
         to_i32(n_expert),
         i32::from(accumulate),
     );
-    if let MoeVersion::V3 = moe_version(kind, ff) {
+    if let MoeVersion::V3 = moe_version(kind, dots, ff) {
         let with = if shared.is_some() { "+shared" } else { "" };
         crate::profile::label(|| {
             format!(
@@ -340,7 +382,8 @@ pub(crate) fn moe_down(
         let inputs = (down, ids, weights, act);
         return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
     }
-    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
+    let q8 = if dots.quantizes(kind.ty) { " q8" } else { "" };
+    crate::profile::label(|| format!("moe_down{q8} {} {rows}x{ff} used{used}", kind.cuda_name));
     raw::launch_moe_down(
         device.stream(),
         kernel,

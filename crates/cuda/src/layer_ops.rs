@@ -137,6 +137,7 @@ pub fn matmul(
     launch::matmul(
         device,
         kind,
+        matrix.dots,
         &matrix.bytes,
         x,
         y,
@@ -267,6 +268,7 @@ pub fn moe_gate_up(
     launch::moe_gate_up(
         device,
         kind,
+        gate.dots,
         &gate.bytes,
         &up.bytes,
         ids,
@@ -365,6 +367,7 @@ pub fn moe_down(
     launch::moe_down(
         device,
         kind,
+        down.dots,
         &down.bytes,
         ids,
         weights,

@@ -14,6 +14,7 @@ const MATMUL: &str = include_str!("../kernels/matmul.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
+const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
 
 /// A weight type the kernels decode: its GGUF type, the struct in `blocks.cuh`, and the
 /// number of thread items per block (`ITEMS` there).
@@ -48,6 +49,24 @@ pub const WEIGHT_KINDS: [WeightKind; 10] = [
 
 pub fn weight_kind(ty: GgmlType) -> Option<WeightKind> {
     WEIGHT_KINDS.iter().copied().find(|k| k.ty == ty)
+}
+
+/// The weight types with integer dots against Q8_K activations (`Q8Dot` in `q8dot.cuh`):
+/// those whose CPU dot type is Q8_K.
+pub const Q8_DOT_TYPES: [GgmlType; 7] = [
+    GgmlType::Q2K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ1M,
+];
+
+fn q8_kinds() -> impl Iterator<Item = WeightKind> {
+    WEIGHT_KINDS
+        .into_iter()
+        .filter(|k| Q8_DOT_TYPES.contains(&k.ty))
 }
 
 /// Rows per CTA of the matvec kernel (one warp each).
@@ -104,6 +123,27 @@ pub(crate) const WIDE_F16: (&str, usize) = ("F16x8", 8);
 
 pub(crate) fn matmul_v2_kernel(block: &str, rows: usize, x_shared: bool) -> String {
     format!("matmul_v2_kernel<{block}, {MATMUL_V2_WARPS}, {rows}, {x_shared}>")
+}
+
+pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
+    format!(
+        "matmul_q8_kernel<{}, {MATMUL_V2_WARPS}, {rows}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        kind.cuda_name
+    )
 }
 
 /// The block structs the version-2 matmul is instantiated for.
@@ -209,6 +249,11 @@ fn with_reduce(body: &str) -> String {
     with_prelude(&[REDUCE, body].join("\n"))
 }
 
+/// The prelude, the reductions and the Q8_K integer dots.
+fn with_q8_dots(body: &str) -> String {
+    with_prelude(&[REDUCE, Q8DOT, body].join("\n"))
+}
+
 /// Every kernel module of the crate.
 pub fn modules() -> Vec<ModuleSource> {
     vec![
@@ -236,7 +281,7 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "matmul",
-            source: with_reduce(MATMUL),
+            source: with_q8_dots(MATMUL),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [matmul_kernel(k, true), matmul_kernel(k, false)])
@@ -245,11 +290,16 @@ pub fn modules() -> Vec<ModuleSource> {
                         [true, false].map(|shared| matmul_v2_kernel(block, rows, shared))
                     })
                 }))
+                .chain(q8_kinds().flat_map(|k| {
+                    MATMUL_V2_ROWS
+                        .iter()
+                        .map(move |&rows| matmul_q8_kernel(k, rows))
+                }))
                 .collect(),
         },
         ModuleSource {
             name: "moe",
-            source: with_reduce(MOE),
+            source: with_q8_dots(MOE),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
@@ -266,6 +316,14 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .flat_map(|&k| [moe_gate_up_v3_kernel(k), moe_down_v3_kernel(k)]),
                 )
+                .chain(q8_kinds().flat_map(|k| {
+                    MOE_LANES.iter().flat_map(move |&lanes| {
+                        [
+                            moe_gate_up_q8_kernel(k, lanes),
+                            moe_down_q8_kernel(k, lanes),
+                        ]
+                    })
+                }))
                 .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
                 .collect(),
         },

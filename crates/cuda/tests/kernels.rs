@@ -4,10 +4,11 @@
 
 use half::f16;
 use redlite_cuda::{
-    compile_all, dequantize, matvec, CudaError, Device, WeightMatrix, WEIGHT_KINDS,
+    compile_all, dequantize, matmul, matvec, CudaError, Device, Dots, WeightMatrix, Q8_DOT_TYPES,
+    WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
-use redlite_quant::{dequantize_row, scale_fields, set_iq1m_scale, ScaleKind};
+use redlite_quant::{dequantize_row, dot_row, scale_fields, set_iq1m_scale, ScaleKind};
 
 /// SplitMix64: deterministic test data without a dependency.
 struct Rng(u64);
@@ -119,6 +120,7 @@ fn dequantize_matches_cpu_reference() {
                 rows,
                 cols,
                 bytes: weights.as_view(),
+                dots: Dots::F32,
             };
             dequantize(&device, &matrix, &mut out.as_view_mut()).unwrap();
             let found = device.download(&out).unwrap();
@@ -153,6 +155,7 @@ fn matvec_matches_cpu_reference() {
                 rows,
                 cols,
                 bytes: weights.as_view(),
+                dots: Dots::F32,
             };
             matvec(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
             let found = device.download(&y).unwrap();
@@ -167,6 +170,55 @@ fn matvec_matches_cpu_reference() {
                     error <= 1e-4 * norm.max(1e-30),
                     "{:?} {rows}x{cols} row {row}: expected {dot}, found {f} (|terms| {norm})",
                     kind.ty
+                );
+            }
+        }
+    }
+}
+
+/// The Q8_K integer-dot matmul against the CPU's reference dot with Q8_K activations
+/// (`dot_row`: ggml's integer block sums in the reference order): the activation codes are
+/// the same bits and the block sums the same integers, so only the float order of the
+/// scaled block sums differs — bounded by 1e-5 of the sum of the magnitudes of the terms.
+/// Odd row counts, one block to 48 blocks per row, 1 and 3 tokens.
+#[test]
+fn q8_matmul_matches_cpu_integer_dots() {
+    let Some(device) = device("q8_matmul_matches_cpu_integer_dots") else {
+        return;
+    };
+    let mut rng = Rng(3);
+    for ty in Q8_DOT_TYPES {
+        for (rows, cols, tokens) in [(1, 256, 1), (37, 768, 3), (131, 2048, 1), (9, 12_288, 2)] {
+            let bytes = random_matrix(ty, rows, cols, &mut rng);
+            let w = reference_rows(ty, &bytes, rows, cols);
+            let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+            let weights = device.upload(&bytes).unwrap();
+            let x_device = device.upload(&x).unwrap();
+            let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
+            let matrix = WeightMatrix {
+                ty,
+                rows,
+                cols,
+                bytes: weights.as_view(),
+                dots: Dots::Q8K,
+            };
+            matmul(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
+            let found = device.download(&y).unwrap();
+            let row_bytes = bytes.len() / rows;
+            for (i, &f) in found.iter().enumerate() {
+                let (t, row) = (i / rows, i % rows);
+                let xt = &x[t * cols..(t + 1) * cols];
+                let expected =
+                    dot_row(ty, &bytes[row * row_bytes..(row + 1) * row_bytes], xt).unwrap();
+                let norm: f64 = w[row * cols..(row + 1) * cols]
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                    .sum();
+                let error = f64::from(f - expected).abs();
+                assert!(
+                    error <= 1e-5 * norm.max(1e-30),
+                    "{ty:?} {rows}x{cols} token {t} row {row}: CPU {expected}, GPU {f} (|terms| {norm})"
                 );
             }
         }

@@ -1,6 +1,9 @@
 //! The CUDA backend: every weight resident on the GPU (matrices in their GGUF block format,
-//! decoded inside the kernels), activations and per-sequence state in device memory, and
-//! f32 activations in every matvec (the CPU backend's `Precision::Exact` math).
+//! decoded inside the kernels), activations and per-sequence state in device memory. The
+//! matrix products follow the CPU backend's [`Precision`]: by default (`Ggml`) the
+//! activations of the k-quant and IQ products are quantized to Q8_K inside the kernels and
+//! the block dots are integer (`REDLITE_CUDA_EXACT=1` or `Precision::Exact`: f32
+//! activations everywhere, the exact math of the dequantized weights).
 //!
 //! Every op only queues kernels on the device's stream; the host waits only where data
 //! comes back (`logits`, `to_host`). Intermediate buffers (`Scratch`) are allocated once
@@ -18,9 +21,10 @@ mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redlite_cuda::{Device, Position};
+use redlite_cuda::{Device, Dots, Position};
 use redlite_gguf::GgufModel;
 
+pub use crate::backend::cpu::linear::Precision;
 use crate::backend::{Backend, Batch, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
@@ -48,13 +52,37 @@ impl CudaBackend {
         CudaBackend::with_device(device, &gguf, config)
     }
 
-    /// Uploads every tensor to an already opened device (tests share one).
+    /// Uploads every tensor to an already opened device (tests share one), with the
+    /// precision `REDLITE_CUDA_EXACT` selects.
     pub fn with_device(
         device: Arc<Device>,
         gguf: &GgufModel,
         config: HybridConfig,
     ) -> Result<CudaBackend> {
-        let weights = weights::upload(&device, gguf, &config)?;
+        let exact = matches!(
+            std::env::var("REDLITE_CUDA_EXACT").as_deref(),
+            Ok("1") | Ok("true")
+        );
+        let precision = if exact {
+            Precision::Exact
+        } else {
+            Precision::Ggml
+        };
+        CudaBackend::with_precision(device, gguf, config, precision)
+    }
+
+    /// Uploads every tensor to an already opened device; products in `precision`.
+    pub fn with_precision(
+        device: Arc<Device>,
+        gguf: &GgufModel,
+        config: HybridConfig,
+        precision: Precision,
+    ) -> Result<CudaBackend> {
+        let dots = match precision {
+            Precision::Exact => Dots::F32,
+            Precision::Ggml => Dots::Q8K,
+        };
+        let weights = weights::upload(&device, gguf, &config, dots)?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
