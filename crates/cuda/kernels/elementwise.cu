@@ -42,3 +42,24 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
+
+// x[r] += y[r], then out[r] = x[r] * w / sqrt(mean(x[r]^2) + eps): add_kernel then
+// rms_norm_kernel in one launch (one CTA per row), the same bits: each thread adds its own
+// values and sums their squares in rms_norm_kernel's order. out must not alias x or y.
+__global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                    const float* __restrict__ w, float* __restrict__ out,
+                                    int cols, float eps) {
+    __shared__ float scratch[32];
+    float* xr = x + i64(blockIdx.x) * cols;
+    const float* yr = y + i64(blockIdx.x) * cols;
+    float* o = out + i64(blockIdx.x) * cols;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_reduce_sum(ss, scratch);
+    const float scale = 1.0f / sqrtf(ss / float(cols) + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}

@@ -411,46 +411,73 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // Version q8 of the two expert matvecs (the default for the types of q8dot.cuh under the
 // backend's `Precision::Ggml`): version 2's layout, the input quantized to Q8_K into
 // shared memory by each CTA (x[t]: cols values; act[t]: used x ff values, each expert's
-// ff a whole number of 256-value blocks) and integer block dots.
+// ff a whole number of 256-value blocks) and integer block dots. Each lane first asks L2
+// for its rows so the weight loads overlap the quantization prologue. The shared expert
+// rides along as version 3's does (non-null `shared_*`, same block type and row length):
+// gate/up as slot k = used of grid.y into act_shared, down as one more weighted term.
 
 template <class B, int WARPS, int LANES>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
-                      float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert,
+                      const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
+                      float* __restrict__ act_shared, int shared_ff) {
     B::prepare();
     extern __shared__ float4 q8_shared[];
     const int k = blockIdx.y, t = blockIdx.z;
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
-    quantize_q8k_shared(x + i64(t) * cols, cols, xd, xq);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
     const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
-    const i64 expert = ids[t * used + k];
-    float* out = act + (i64(t) * used + k) * ff + row;
-    if (expert < 0 || expert >= n_expert) {
-        if (member == 0 && row < ff) *out = 0.0f;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* g_row;
+    const u8* u_row;
+    float* out;
+    int n_rows;
+    bool valid = true;
+    if (k == used) {
+        n_rows = shared_ff;
+        const i64 r = min(row, shared_ff - 1);
+        g_row = shared_gate + r * row_bytes;
+        u_row = shared_up + r * row_bytes;
+        out = act_shared + i64(t) * shared_ff + row;
+    } else {
+        n_rows = ff;
+        const i64 expert = ids[t * used + k];
+        valid = expert >= 0 && expert < n_expert;
+        const i64 at = ((valid ? expert : 0) * ff + min(row, ff - 1)) * row_bytes;
+        g_row = gate + at;
+        u_row = up + at;
+        out = act + (i64(t) * used + k) * ff + row;
+    }
+    if (valid && row < n_rows) {
+        prefetch_l2(g_row, row_bytes, member, LANES);
+        prefetch_l2(u_row, row_bytes, member, LANES);
+    }
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    quantize_q8k_shared(x + i64(t) * cols, cols, nullptr, 0, xd, xq);
+    if (row >= n_rows) return;
+    if (!valid) {
+        if (member == 0) *out = 0.0f;
         return;
     }
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const i64 at = (expert * ff + min(row, ff - 1)) * row_bytes;
     const int items = cols / B::VALUES * B::ITEMS;
     float g = 0.0f, u = 0.0f;
     for (int i = member; i < items; i += LANES) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const i8* qb = xq + block * B::VALUES;
         const float db = xd[block];
-        const i64 offset = at + i64(block) * B::BYTES;
-        g += Q8Dot<B>::dot(gate + offset, item, qb, db);
-        u += Q8Dot<B>::dot(up + offset, item, qb, db);
+        const i64 offset = i64(block) * B::BYTES;
+        g += Q8Dot<B>::dot(g_row + offset, item, qb, db);
+        u += Q8Dot<B>::dot(u_row + offset, item, qb, db);
     }
 #pragma unroll
     for (int offset = LANES / 2; offset > 0; offset >>= 1) {
         g += __shfl_xor_sync(0xffffffffu, g, offset);
         u += __shfl_xor_sync(0xffffffffu, u, offset);
     }
-    if (member == 0 && row < ff) *out = siluf(g) * u;
+    if (member == 0) *out = siluf(g) * u;
 }
 
 template <class B, int WARPS, int LANES>
@@ -458,26 +485,47 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
                    float* __restrict__ out, int rows, int ff, int used, int n_expert,
-                   int accumulate) {
+                   int accumulate, const u8* __restrict__ shared_down,
+                   const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
+                   int shared_ff) {
     B::prepare();
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
-    float* ad = reinterpret_cast<float*>(q8_shared);
-    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(used * ff);
-    quantize_q8k_shared(act + i64(t) * used * ff, used * ff, ad, aq);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
     const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
     const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
     const i64 clamped = min(row, rows - 1);
+    const int* id = ids + t * used;
+    const int terms = used + (shared_down != nullptr ? 1 : 0);
+    for (int k = member; k < terms; k += LANES) {
+        if (k == used) {
+            prefetch_l2(shared_down + clamped * shared_row_bytes, shared_row_bytes, 0, 1);
+        } else if (id[k] >= 0 && id[k] < n_expert) {
+            prefetch_l2(down + (i64(id[k]) * rows + clamped) * row_bytes, row_bytes, 0, 1);
+        }
+    }
+    const int routed = used * ff;
+    const int staged = routed + (shared_down != nullptr ? shared_ff : 0);
+    float* ad = reinterpret_cast<float*>(q8_shared);
+    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(staged);
+    quantize_q8k_shared(act + i64(t) * routed, routed,
+                        shared_down != nullptr ? act_shared + i64(t) * shared_ff : nullptr,
+                        staged - routed, ad, aq);
     const int blocks = ff / B::VALUES;
     float partial = 0.0f;
     for (int k = 0; k < used; ++k) {
-        const i64 expert = ids[t * used + k];
+        const i64 expert = id[k];
         if (expert < 0 || expert >= n_expert) continue;
         const u8* w = down + (expert * rows + clamped) * row_bytes;
         partial += weights[t * used + k] *
                    row_dot_lane_q8<B, LANES>(w, aq + k * ff, ad + k * blocks, ff, member);
+    }
+    if (shared_down != nullptr) {
+        const u8* w = shared_down + clamped * shared_row_bytes;
+        partial += shared_weight[t] * row_dot_lane_q8<B, LANES>(w, aq + routed, ad + used * blocks,
+                                                                shared_ff, member);
     }
     const float total = group_reduce_sum<LANES>(partial);
     if (member == 0 && row < rows) {

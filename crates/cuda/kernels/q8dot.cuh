@@ -20,51 +20,88 @@ static __device__ __forceinline__ int q8_scales_bytes(int values) {
 // Quantizes `values` f32 (whole 256-value blocks) into `d` (a scale per block) and `q` as
 // the CPU's Q8_K: the signed value of largest magnitude (the first one on ties) maps to
 // -127; code = round-half-even(x * (-127 / max)) capped at 127; d = 1 / (-127 / max); an
-// all-zero block has d = 0. One warp per block. Ends with a CTA barrier.
+// all-zero block has d = 0. One warp per block, up to Q8_UNROLL blocks per warp with all
+// their loads issued before the first reduction (the prologue is a latency chain that
+// every weight load of the kernel waits behind). Ends with a CTA barrier.
+#define Q8_UNROLL 4
+
+// The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
+// null when `values2` is 0), staged back to back.
 static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
-                                                           int values, float* d, i8* q) {
+                                                           int values,
+                                                           const float* __restrict__ x2,
+                                                           int values2, float* d, i8* q) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    for (int b = warp; b < values / Q8K_VALUES; b += warps) {
-        const float* xb = x + b * Q8K_VALUES + 8 * lane;
-        float v[8];
-        float amax = 0.0f, signed_max = 0.0f;
-        int at = Q8K_VALUES;
+    const int blocks1 = values / Q8K_VALUES, blocks = blocks1 + values2 / Q8K_VALUES;
+    for (int first = warp; first < blocks; first += Q8_UNROLL * warps) {
+        float v[Q8_UNROLL][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[j] = xb[j];
-            if (fabsf(v[j]) > amax) {
-                amax = fabsf(v[j]);
-                signed_max = v[j];
-                at = 8 * lane + j;
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            const int b = first + u * warps;
+            const float* xb = b < blocks1 ? x + i64(b) * Q8K_VALUES + 8 * lane
+                                          : x2 + i64(b - blocks1) * Q8K_VALUES + 8 * lane;
+            const bool wide = (reinterpret_cast<u64>(xb) & 15) == 0;
+            if (b < blocks && wide) {
+                const float4 lo = *reinterpret_cast<const float4*>(xb);
+                const float4 hi = *reinterpret_cast<const float4*>(xb + 4);
+                v[u][0] = lo.x, v[u][1] = lo.y, v[u][2] = lo.z, v[u][3] = lo.w;
+                v[u][4] = hi.x, v[u][5] = hi.y, v[u][6] = hi.z, v[u][7] = hi.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[u][j] = b < blocks ? xb[j] : 0.0f;
             }
         }
 #pragma unroll
-        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-            const float other_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
-            const float other_max = __shfl_xor_sync(0xffffffffu, signed_max, offset);
-            const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
-            if (other_amax > amax || (other_amax == amax && other_at < at)) {
-                amax = other_amax;
-                signed_max = other_max;
-                at = other_at;
-            }
-        }
-        u32 words[2] = {0, 0};
-        float scale = 0.0f;
-        if (amax != 0.0f) {
-            const float iscale = -127.0f / signed_max;
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            const int b = first + u * warps;
+            if (b >= blocks) break;
+            float amax = 0.0f, signed_max = 0.0f;
+            int at = Q8K_VALUES;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const int code = min(127, __float2int_rn(iscale * v[j]));
-                words[j / 4] |= (u32(code) & 0xffu) << (8 * (j % 4));
+                if (fabsf(v[u][j]) > amax) {
+                    amax = fabsf(v[u][j]);
+                    signed_max = v[u][j];
+                    at = 8 * lane + j;
+                }
             }
-            scale = 1.0f / iscale;
+#pragma unroll
+            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+                const float other_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+                const float other_max = __shfl_xor_sync(0xffffffffu, signed_max, offset);
+                const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
+                if (other_amax > amax || (other_amax == amax && other_at < at)) {
+                    amax = other_amax;
+                    signed_max = other_max;
+                    at = other_at;
+                }
+            }
+            u32 words[2] = {0, 0};
+            float scale = 0.0f;
+            if (amax != 0.0f) {
+                const float iscale = -127.0f / signed_max;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int code = min(127, __float2int_rn(iscale * v[u][j]));
+                    words[j / 4] |= (u32(code) & 0xffu) << (8 * (j % 4));
+                }
+                scale = 1.0f / iscale;
+            }
+            *reinterpret_cast<uint2*>(q + b * Q8K_VALUES + 8 * lane) =
+                make_uint2(words[0], words[1]);
+            if (lane == 0) d[b] = scale;
         }
-        *reinterpret_cast<uint2*>(q + b * Q8K_VALUES + 8 * lane) = make_uint2(words[0], words[1]);
-        if (lane == 0) d[b] = scale;
     }
     __syncthreads();
+}
+
+// Asks L2 for `bytes` bytes from `p` (one 128-byte line per lane and step), so the weight
+// loads after the quantization prologue hit L2 instead of waiting on DRAM.
+static __device__ __forceinline__ void prefetch_l2(const u8* p, i64 bytes, int lane, int lanes) {
+    for (i64 at = i64(lane) * 128; at < bytes; at += i64(lanes) * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + at));
+    }
 }
 
 // 16 codes from 16-byte aligned shared memory.

