@@ -85,7 +85,7 @@ template <class B, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
-    B::prepare();
+    q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     float* xd = reinterpret_cast<float*>(q8_shared);
     i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
@@ -144,7 +144,7 @@ template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                         float* __restrict__ y, int rows, int cols) {
-    B::prepare();
+    q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     __shared__ float scratch[32];
     float* xd = reinterpret_cast<float*>(q8_shared);

@@ -416,71 +416,78 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // rides along as version 3's does (non-null `shared_*`, same block type and row length):
 // gate/up as slot k = used of grid.y into act_shared, down as one more weighted term.
 
-template <class B, int WARPS, int LANES>
+template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
-    B::prepare();
+    q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int k = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
-    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    // This lane group's ROWS consecutive rows.
+    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const u8* g_row;
-    const u8* u_row;
+    const u8* g_rows;
+    const u8* u_rows;
     float* out;
     int n_rows;
     bool valid = true;
     if (k == used) {
         n_rows = shared_ff;
-        const i64 r = min(row, shared_ff - 1);
-        g_row = shared_gate + r * row_bytes;
-        u_row = shared_up + r * row_bytes;
-        out = act_shared + i64(t) * shared_ff + row;
+        g_rows = shared_gate + i64(row0) * row_bytes;
+        u_rows = shared_up + i64(row0) * row_bytes;
+        out = act_shared + i64(t) * shared_ff + row0;
     } else {
         n_rows = ff;
         const i64 expert = ids[t * used + k];
         valid = expert >= 0 && expert < n_expert;
-        const i64 at = ((valid ? expert : 0) * ff + min(row, ff - 1)) * row_bytes;
-        g_row = gate + at;
-        u_row = up + at;
-        out = act + (i64(t) * used + k) * ff + row;
+        const i64 at = ((valid ? expert : 0) * ff + row0) * row_bytes;
+        g_rows = gate + at;
+        u_rows = up + at;
+        out = act + (i64(t) * used + k) * ff + row0;
     }
-    if (valid && row < n_rows) {
-        prefetch_l2(g_row, row_bytes, member, LANES);
-        prefetch_l2(u_row, row_bytes, member, LANES);
+    const int rows_here = min(ROWS, n_rows - row0);
+    if (valid && rows_here > 0) {
+        prefetch_l2(g_rows, rows_here * row_bytes, member, LANES);
+        prefetch_l2(u_rows, rows_here * row_bytes, member, LANES);
     }
     float* xd = reinterpret_cast<float*>(q8_shared);
     i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
     quantize_q8k_shared(x + i64(t) * cols, cols, nullptr, 0, xd, xq);
-    if (row >= n_rows) return;
+    if (rows_here <= 0) return;
     if (!valid) {
-        if (member == 0) *out = 0.0f;
+        if (member < rows_here) out[member] = 0.0f;
         return;
     }
     const int items = cols / B::VALUES * B::ITEMS;
-    float g = 0.0f, u = 0.0f;
+    float g[ROWS], u[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) g[r] = u[r] = 0.0f;
     for (int i = member; i < items; i += LANES) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const i8* qb = xq + block * B::VALUES;
         const float db = xd[block];
         const i64 offset = i64(block) * B::BYTES;
-        g += Q8Dot<B>::dot(g_row + offset, item, qb, db);
-        u += Q8Dot<B>::dot(u_row + offset, item, qb, db);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                g[r] += Q8Dot<B>::dot(g_rows + r * row_bytes + offset, item, qb, db);
+                u[r] += Q8Dot<B>::dot(u_rows + r * row_bytes + offset, item, qb, db);
+            }
+        }
     }
 #pragma unroll
-    for (int offset = LANES / 2; offset > 0; offset >>= 1) {
-        g += __shfl_xor_sync(0xffffffffu, g, offset);
-        u += __shfl_xor_sync(0xffffffffu, u, offset);
+    for (int r = 0; r < ROWS; ++r) {
+        const float gs = group_reduce_sum<LANES>(g[r]), us = group_reduce_sum<LANES>(u[r]);
+        if (member == 0 && r < rows_here) out[r] = siluf(gs) * us;
     }
-    if (member == 0) *out = siluf(g) * u;
 }
 
-template <class B, int WARPS, int LANES>
+template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
@@ -488,22 +495,26 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
-    B::prepare();
+    q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
-    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
+    const int rows_here = min(ROWS, rows - row0);
     const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
     const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
-    const i64 clamped = min(row, rows - 1);
     const int* id = ids + t * used;
     const int terms = used + (shared_down != nullptr ? 1 : 0);
-    for (int k = member; k < terms; k += LANES) {
-        if (k == used) {
-            prefetch_l2(shared_down + clamped * shared_row_bytes, shared_row_bytes, 0, 1);
-        } else if (id[k] >= 0 && id[k] < n_expert) {
-            prefetch_l2(down + (i64(id[k]) * rows + clamped) * row_bytes, row_bytes, 0, 1);
+    if (rows_here > 0) {
+        for (int k = member; k < terms; k += LANES) {
+            if (k == used) {
+                prefetch_l2(shared_down + i64(row0) * shared_row_bytes,
+                            rows_here * shared_row_bytes, 0, 1);
+            } else if (id[k] >= 0 && id[k] < n_expert) {
+                prefetch_l2(down + (i64(id[k]) * rows + row0) * row_bytes, rows_here * row_bytes,
+                            0, 1);
+            }
         }
     }
     const int routed = used * ff;
@@ -513,23 +524,41 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
     quantize_q8k_shared(act + i64(t) * routed, routed,
                         shared_down != nullptr ? act_shared + i64(t) * shared_ff : nullptr,
                         staged - routed, ad, aq);
+    if (rows_here <= 0) return;
     const int blocks = ff / B::VALUES;
-    float partial = 0.0f;
+    float partial[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) partial[r] = 0.0f;
     for (int k = 0; k < used; ++k) {
         const i64 expert = id[k];
         if (expert < 0 || expert >= n_expert) continue;
-        const u8* w = down + (expert * rows + clamped) * row_bytes;
-        partial += weights[t * used + k] *
-                   row_dot_lane_q8<B, LANES>(w, aq + k * ff, ad + k * blocks, ff, member);
+        const u8* w = down + (expert * rows + row0) * row_bytes;
+        const float weight = weights[t * used + k];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += weight * row_dot_lane_q8<B, LANES>(w + r * row_bytes, aq + k * ff,
+                                                                 ad + k * blocks, ff, member);
+            }
+        }
     }
     if (shared_down != nullptr) {
-        const u8* w = shared_down + clamped * shared_row_bytes;
-        partial += shared_weight[t] * row_dot_lane_q8<B, LANES>(w, aq + routed, ad + used * blocks,
-                                                                shared_ff, member);
+        const u8* w = shared_down + i64(row0) * shared_row_bytes;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += shared_weight[t] *
+                              row_dot_lane_q8<B, LANES>(w + r * shared_row_bytes, aq + routed,
+                                                        ad + used * blocks, shared_ff, member);
+            }
+        }
     }
-    const float total = group_reduce_sum<LANES>(partial);
-    if (member == 0 && row < rows) {
-        float* o = out + i64(t) * rows + row;
-        *o = (accumulate ? *o : 0.0f) + total;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float total = group_reduce_sum<LANES>(partial[r]);
+        if (member == 0 && r < rows_here) {
+            float* o = out + i64(t) * rows + row0 + r;
+            *o = (accumulate ? *o : 0.0f) + total;
+        }
     }
 }

@@ -11,6 +11,27 @@
 
 #define Q8K_VALUES 256
 
+// The q8 kernels read the IQ2 codebooks from global memory (L1-resident after the first
+// lookups) unless REDLITE_Q8_SHARED_TABLES=1 (a compile option from the environment):
+// copying them to shared memory is one more dependent load and barrier in front of every
+// CTA's work. `q8_prepare<B>()` stands for B::prepare() in the q8 kernels.
+#if REDLITE_Q8_SHARED_TABLES
+#define Q8_IQ2XXS_GRID IQ2XXS_GRID
+#define Q8_IQ2XS_GRID IQ2XS_GRID
+#define Q8_KSIGNS KSIGNS
+#else
+#define Q8_IQ2XXS_GRID iq2xxs_grid
+#define Q8_IQ2XS_GRID iq2xs_grid
+#define Q8_KSIGNS ksigns_iq2xs
+#endif
+
+template <class B>
+static __device__ __forceinline__ void q8_prepare() {
+#if REDLITE_Q8_SHARED_TABLES
+    B::prepare();
+#endif
+}
+
 // Bytes of the shared-memory staging of `values` activation values: the f32 block scales
 // first (padded to 16 bytes), then the int8 codes (16-byte aligned).
 static __device__ __forceinline__ int q8_scales_bytes(int values) {
@@ -148,7 +169,8 @@ struct Q8Dot<IQ2XXS> {
         int sumi = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            sumi = iq2_group_dot(IQ2XXS_GRID[(a >> (8 * l)) & 0xff], KSIGNS[(s >> (7 * l)) & 127],
+            sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+                                 Q8_KSIGNS[(s >> (7 * l)) & 127],
                                  xs[2 * l], xs[2 * l + 1], sumi);
         }
         return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
@@ -162,10 +184,10 @@ struct Q8Dot<IQ2XS> {
         const u32 w01 = load_u32_a2(b + 2 + 8 * item), w23 = load_u32_a2(b + 6 + 8 * item);
         const u32 sc = b[66 + item];
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
-        int low = iq2_group_dot(IQ2XS_GRID[w01 & 511], KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
-        low = iq2_group_dot(IQ2XS_GRID[(w01 >> 16) & 511], KSIGNS[w01 >> 25], x0.z, x0.w, low);
-        int high = iq2_group_dot(IQ2XS_GRID[w23 & 511], KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, 0);
-        high = iq2_group_dot(IQ2XS_GRID[(w23 >> 16) & 511], KSIGNS[w23 >> 25], x1.z, x1.w, high);
+        int low = iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
+        low = iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low);
+        int high = iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, 0);
+        high = iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high);
         const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
         return 0.125f * d * d8 * float(sumi);
     }

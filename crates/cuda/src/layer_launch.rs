@@ -275,6 +275,18 @@ pub(crate) fn moe_v3() -> bool {
     !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
 }
 
+/// Rows per lane group of the q8 expert matvecs: `REDLITE_MOE_ROWS` (1, 2 or 4), else 1.
+fn moe_q8_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("REDLITE_MOE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| source::MOE_Q8_ROWS.contains(r))
+            .unwrap_or(1)
+    })
+}
+
 /// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
 /// version-3 and q8 kernels can).
 pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
@@ -329,8 +341,8 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes))?,
-            LAYER_WARPS as usize * 32 / lanes,
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
         ),
@@ -400,8 +412,8 @@ pub(crate) fn moe_down(
             staged,
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_down_q8_kernel(kind, lanes))?,
-            LAYER_WARPS as usize * 32 / lanes,
+            device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
         ),

@@ -144,16 +144,19 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
     format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
 }
 
-pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize) -> String {
+/// Rows per lane group the q8 expert matvecs are built for.
+pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
+
+pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
-        "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
         kind.cuda_name
     )
 }
 
-pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize) -> String {
+pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
-        "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
         kind.cuda_name
     )
 }
@@ -336,10 +339,12 @@ pub fn modules() -> Vec<ModuleSource> {
                 )
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
-                        [
-                            moe_gate_up_q8_kernel(k, lanes),
-                            moe_down_q8_kernel(k, lanes),
-                        ]
+                        MOE_Q8_ROWS.iter().flat_map(move |&rows| {
+                            [
+                                moe_gate_up_q8_kernel(k, lanes, rows),
+                                moe_down_q8_kernel(k, lanes, rows),
+                            ]
+                        })
                     })
                 }))
                 .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
