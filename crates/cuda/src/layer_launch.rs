@@ -7,8 +7,8 @@ use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS,
-    WIDE_F16, WIDE_F32,
+    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS, MATMUL_TILE_TOKENS, MATMUL_V2_ROWS,
+    MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -116,6 +116,27 @@ pub(crate) fn matmul(
         GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
         _ => kind.cuda_name,
     };
+    let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
+    if tokens > 1
+        && dots.quantizes(kind.ty)
+        && prefill_tiles()
+        && !matvec_v1()
+        && tile_shared <= SHARED_MAX_BYTES
+    {
+        let kernel = device.kernel(&source::matmul_q8_tiles_kernel(kind))?;
+        crate::profile::label(|| {
+            format!("matmul q8 tiles {} {rows}x{cols} t{tokens}", kind.cuda_name)
+        });
+        let per_cta = MATMUL_V2_WARPS as usize * MATMUL_TILE_ROWS;
+        let grid = (
+            rows.div_ceil(per_cta),
+            tokens.div_ceil(MATMUL_TILE_TOKENS),
+            1,
+        );
+        let cfg = config(grid, MATMUL_V2_WARPS * 32, tile_shared);
+        let shape = (to_i32(rows), to_i32(cols), to_i32(tokens));
+        return raw::launch_matmul_tiles(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
     if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
         let q8 = dots.quantizes(kind.ty);
         let kernel = device.kernel(&source::matmul_splitk_kernel(block, q8))?;
@@ -169,6 +190,13 @@ pub(crate) fn matmul(
 /// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
 const SPLITK_MAX_ROWS: usize = 1024;
+
+/// `REDLITE_PREFILL_TILES=1`: batches of several tokens take the token-tiled q8 matmul
+/// (off until measured on a GPU).
+fn prefill_tiles() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_TILES").as_deref() == Ok("1"))
+}
 
 /// `REDLITE_MATMUL_SPLITK=0`: version 2 (or q8) for every shape.
 fn split_k() -> bool {
