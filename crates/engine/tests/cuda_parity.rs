@@ -246,6 +246,44 @@ fn f16_kv_matches_the_cpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The one-token decode step replayed from a CUDA graph gives the same bits as the same
+/// step launched eagerly, in both precisions (the server mixes the two: a sequence alone
+/// decodes through the graph, batched steps run eagerly). Names the first step that differs.
+#[test]
+fn the_decode_graph_equals_eager_launches() {
+    let Some(device) = device("the_decode_graph_equals_eager_launches") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (p, recipe) in cases(&[Recipe::IQ2XXS, Recipe::Q4KM]) {
+        let gguf = tiny_model(dir.path(), recipe, DeltaNetLayout::Split);
+        let tokens = prompt(48);
+        let mut graph = cuda(&device, &gguf, p, KvType::F32, 512);
+        let mut eager = cuda(&device, &gguf, p, KvType::F32, 512);
+        eager.backend.disable_graphs().unwrap();
+        graph.feed(&tokens[..16], false, false).unwrap();
+        eager.feed(&tokens[..16], false, false).unwrap();
+        for (i, &t) in tokens[16..].iter().enumerate() {
+            let (a, b) = (graph.step(t).unwrap(), eager.step(t).unwrap());
+            let differ = a
+                .iter()
+                .zip(&b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            if differ > 0 {
+                let rel = rel_l2(&b, &a);
+                failures.push(format!(
+                    "{p:?} {}: step {i} differs in {differ} logits (rel L2 {rel:.2e})",
+                    recipe.name()
+                ));
+                break;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn bad_input_is_refused_on_the_gpu() {
     let Some(device) = device("bad_input_is_refused_on_the_gpu") else {

@@ -112,6 +112,13 @@ impl DecodeGraphs {
         })))
     }
 
+    /// No more captures or replays: every later step launches eagerly.
+    pub fn disable(&mut self) {
+        self.abandon();
+        self.enabled = false;
+        self.mode = Mode::Idle;
+    }
+
     /// The position of the step, in device memory (`[1]`).
     pub fn position(&self) -> CudaView<'_, u32> {
         self.step.slice(0..1)

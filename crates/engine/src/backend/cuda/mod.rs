@@ -98,6 +98,13 @@ impl CudaBackend {
         &self.device
     }
 
+    /// Turns the one-token decode graphs off for this backend (as `REDLITE_CUDA_GRAPH=0`
+    /// does for every backend): tests compare the graph with eager launches.
+    pub fn disable_graphs(&self) -> Result<()> {
+        graph::lock(&self.graphs)?.disable();
+        Ok(())
+    }
+
     /// The scratch buffers, with room for `tokens`.
     fn scratch(&self, tokens: usize) -> Result<MutexGuard<'_, Scratch>> {
         let mut scratch = self
