@@ -154,6 +154,26 @@ impl SequenceState {
         }
     }
 
+    /// The state of the MTP block alone: the KV cache of its attention layer (layer
+    /// `n_layer`); no DeltaNet state.
+    pub fn new_mtp(config: &HybridConfig, capacity: usize, kv_type: KvType) -> SequenceState {
+        let width = config.n_head_kv * config.head_dim;
+        let mut slot = vec![usize::MAX; config.n_layer];
+        slot.push(0);
+        SequenceState {
+            pos: 0,
+            capacity,
+            kv_type,
+            slot,
+            kv: vec![KvCache {
+                width,
+                k: KvData::new(kv_type, capacity * width),
+                v: KvData::new(kv_type, capacity * width),
+            }],
+            deltanet: Vec::new(),
+        }
+    }
+
     /// The KV cache of attention layer `layer`.
     pub fn kv_mut(&mut self, layer: usize) -> &mut KvCache {
         &mut self.kv[self.slot[layer]]

@@ -149,6 +149,7 @@ fn batched_requests_equal_each_request_alone_and_a_plain_session() {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             render_special: false,
+            draft: 0,
         };
         let stats = generate(&mut session, &m.tokenizer, &req, &mut |_| true).unwrap();
         assert_eq!(&stats.generated, want, "session vs scheduler for {p:?}");

@@ -1,6 +1,6 @@
 use anyhow::Result;
 use clap::Args;
-use redlite_engine::bench::{bench_gen, bench_prompt, BenchResult};
+use redlite_engine::bench::{bench_gen, bench_gen_mtp, bench_prompt, BenchResult};
 
 use crate::loader::{load, ModelArgs};
 
@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// With --mtp, benchmark only: force these per-draft acceptance rates (each in [0, 1])
+    /// instead of the trunk's verdict, to time the speed-up curve (the text is then not the
+    /// model's). Empty: real acceptance.
+    #[arg(long = "mtp-accept", value_delimiter = ',', value_name = "RATES")]
+    mtp_accept: Vec<f64>,
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
@@ -48,6 +53,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         report(results.last(), args.json);
     }
     if args.n_gen > 0 {
+        // The plain baseline runs without the MTP block's per-token cost.
+        loaded.session.reset();
+        loaded.session.disable_mtp();
         for &d in &args.depth {
             results.push(bench_gen(
                 loaded.session.as_mut(),
@@ -56,6 +64,28 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 args.repetitions,
             )?);
             report(results.last(), args.json);
+        }
+        if args.model.mtp {
+            loaded.session.reset();
+            loaded.session.enable_mtp()?;
+            let rates: Vec<Option<f64>> = if args.mtp_accept.is_empty() {
+                vec![None]
+            } else {
+                args.mtp_accept.iter().copied().map(Some).collect()
+            };
+            for &d in &args.depth {
+                for &rate in &rates {
+                    results.push(bench_gen_mtp(
+                        loaded.session.as_mut(),
+                        args.n_gen,
+                        d,
+                        args.repetitions,
+                        args.model.draft,
+                        rate,
+                    )?);
+                    report(results.last(), args.json);
+                }
+            }
         }
     }
     let threads = rayon::current_num_threads();
@@ -77,8 +107,17 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 
 fn report(result: Option<&BenchResult>, json: bool) {
     if let (Some(r), false) = (result, json) {
+        let mtp = r.mtp.as_ref().map_or(String::new(), |m| {
+            format!(
+                " drafted {}, accepted {} ({:.1} %), mean accepted length {:.2}",
+                m.stats.drafted,
+                m.stats.accepted,
+                100.0 * m.acceptance_rate,
+                m.mean_accepted
+            )
+        });
         println!(
-            "| {:<16} | {:>10.2} ± {:<8.2} t/s |",
+            "| {:<22} | {:>10.2} ± {:<8.2} t/s |{mtp}",
             r.test, r.avg_ts, r.stddev_ts
         );
     }

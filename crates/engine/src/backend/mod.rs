@@ -53,6 +53,8 @@ pub enum Norm {
     Post(usize),
     /// Before the LM head.
     Output,
+    /// The MTP block's `shared_head_norm`, before its LM head.
+    MtpHead,
 }
 
 /// Per-sequence state as the forward pass sees it.
@@ -110,4 +112,22 @@ pub trait Backend {
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
     /// The activations of a batch, copied to the host (per-layer parity checks).
     fn to_host(&self, b: Batch, x: &Self::Act) -> Vec<f32>;
+
+    // The MTP block (spec §4), once the backend has loaded it. Its decoder layer is layer
+    // `n_layer` for `rms_norm`, `attention` and `moe`, with its own state.
+
+    /// A state holding only the MTP layer's KV cache.
+    fn new_mtp_state(&self, capacity: usize, kv_type: KvType) -> Result<Self::State>;
+    /// The MTP block's input: `out[t] = eh_proj · [enorm(embed(tokens[t])) ;
+    /// hnorm(hidden[hidden_row0 + t])]` for every token (the embedding half first).
+    fn mtp_input(
+        &self,
+        tokens: &[u32],
+        hidden: &Self::Act,
+        hidden_row0: usize,
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// Logits of the given rows through the MTP block's LM head (the trunk's unless the
+    /// file has `nextn.shared_head_head`), appended to `out`.
+    fn mtp_logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
 }

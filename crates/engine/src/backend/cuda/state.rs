@@ -160,16 +160,22 @@ pub struct CudaState {
     buffers: std::result::Result<StateBuffers, String>,
 }
 
+/// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
 fn allocate(
     device: &Device,
     config: &HybridConfig,
+    kinds: &[Option<LayerKind>],
     capacity: usize,
     kv_type: KvType,
 ) -> std::result::Result<(Vec<usize>, StateBuffers), redlite_cuda::CudaError> {
     let width = config.n_head_kv * config.head_dim;
-    let mut slot = Vec::with_capacity(config.layers.len());
+    let mut slot = Vec::with_capacity(kinds.len());
     let (mut kv, mut deltanet) = (Vec::new(), Vec::new());
-    for kind in &config.layers {
+    for kind in kinds {
+        let Some(kind) = kind else {
+            slot.push(usize::MAX);
+            continue;
+        };
         match kind {
             LayerKind::Attention => {
                 slot.push(kv.len());
@@ -206,7 +212,32 @@ impl CudaState {
         capacity: usize,
         kv_type: KvType,
     ) -> CudaState {
-        let (slot, buffers) = match allocate(&device, config, capacity, kv_type) {
+        let kinds: Vec<Option<LayerKind>> = config.layers.iter().copied().map(Some).collect();
+        CudaState::with_layers(device, graphs, config, &kinds, capacity, kv_type)
+    }
+
+    /// The state of the MTP block alone: the KV cache of its attention layer (`n_layer`).
+    pub(super) fn new_mtp(
+        device: Arc<Device>,
+        graphs: SharedGraphs,
+        config: &HybridConfig,
+        capacity: usize,
+        kv_type: KvType,
+    ) -> CudaState {
+        let mut kinds = vec![None; config.n_layer];
+        kinds.push(Some(LayerKind::Attention));
+        CudaState::with_layers(device, graphs, config, &kinds, capacity, kv_type)
+    }
+
+    fn with_layers(
+        device: Arc<Device>,
+        graphs: SharedGraphs,
+        config: &HybridConfig,
+        kinds: &[Option<LayerKind>],
+        capacity: usize,
+        kv_type: KvType,
+    ) -> CudaState {
+        let (slot, buffers) = match allocate(&device, config, kinds, capacity, kv_type) {
             Ok((slot, buffers)) => (slot, Ok(buffers)),
             Err(e) => (Vec::new(), Err(e.to_string())),
         };

@@ -57,10 +57,21 @@ pub type AttentionWeights = weights::AttentionWeights<DeviceMatrix, CudaSlice<f3
 pub type MoeWeights = weights::MoeWeights<DeviceMatrix>;
 pub type Mixer = weights::Mixer<DeviceMatrix, CudaSlice<f32>>;
 pub type CudaWeights = weights::ModelWeights<DeviceMatrix, CudaSlice<f32>>;
+pub type MtpWeights = weights::MtpWeights<DeviceMatrix, CudaSlice<f32>>;
 
 /// Uploads every weight once.
 pub fn upload(device: &Device, g: &GgufModel, config: &HybridConfig) -> Result<CudaWeights> {
     weights::load_weights(
+        config,
+        &|name| DeviceMatrix::load(device, g, name),
+        &|name| vector(device, g, name),
+        &|name| g.locate(name).is_some(),
+    )
+}
+
+/// Uploads the MTP block (refused when the file has none).
+pub fn upload_mtp(device: &Device, g: &GgufModel, config: &HybridConfig) -> Result<MtpWeights> {
+    weights::load_mtp(
         config,
         &|name| DeviceMatrix::load(device, g, name),
         &|name| vector(device, g, name),
