@@ -18,6 +18,8 @@ use redlite_engine::tokenizer::Tokenizer;
 use redlite_engine::EngineError;
 use redlite_gguf::GgufModel;
 
+mod mtp_support;
+
 fn tiny_model(dir: &std::path::Path, mtp: bool) -> Arc<GgufModel> {
     let mut config = Preset::Tiny.config();
     config.n_mtp = usize::from(mtp);
@@ -90,6 +92,36 @@ fn greedy_output_is_unchanged_by_mtp() {
         let (more, _) = run(&mut s, &tok, &[7, 8], 9, draft);
         let (more_plain, _) = run(&mut plain_after(&gguf, &p, &want), &tok, &[7, 8], 9, 0);
         assert_eq!(more, more_plain, "second turn, draft {draft}");
+    }
+}
+
+/// On a model whose MTP block agrees with the trunk about half of the time, greedy
+/// generation keeps drafts (all, some, none) and still equals plain greedy generation.
+#[test]
+fn greedy_output_with_kept_drafts_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = Arc::new(GgufModel::open(mtp_support::agreeing_model(dir.path())).unwrap());
+    let tok = Tokenizer::from_metadata(gguf.metadata()).unwrap();
+    let p = prompt(19);
+    let (want, _) = run(&mut session(&gguf, false, 8), &tok, &p, 60, 0);
+    assert!(want.iter().all(|&t| (t as usize) < mtp_support::TOKENS));
+    for draft in 1..=3 {
+        let mut s = session(&gguf, true, 8);
+        let req = GenerateRequest {
+            prompt: p.clone(),
+            max_tokens: 60,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            render_special: false,
+            draft,
+        };
+        let stats = generate(&mut s, &tok, &req, &mut |_| true).unwrap();
+        assert_eq!(stats.generated, want, "draft {draft}");
+        let m = stats.mtp.unwrap();
+        assert!(
+            m.accepted > 0 && m.accepted < m.drafted,
+            "draft {draft}: {m:?} should keep some drafts and reject others"
+        );
     }
 }
 

@@ -3,8 +3,10 @@
 //! prompt tokens of the oldest prefilling slots, sample, stream, repeat.
 
 use crate::backend::{Backend, SeqState};
+use crate::error::Result;
 use crate::generate::StopReason;
-use crate::model::forward::{forward_batch, Logits, SeqInput, Workspace};
+use crate::model::forward::{forward, forward_batch, Logits, SeqInput, Workspace};
+use crate::model::mtp::{forward_mtp, Hidden};
 use crate::sampling::Sampler;
 use crate::serve::prefix::{PrefixCache, Resume};
 use crate::serve::slot::{Active, Outcome, Slot, Work};
@@ -18,6 +20,11 @@ pub struct Scheduler<'a, B: Backend> {
     shared: &'a Shared,
     slots: Vec<Slot<'a, B::State>>,
     work: Workspace<B>,
+    /// With `config.draft > 0`: the MTP block's workspace, and the one that re-runs the
+    /// kept tokens of a slot whose drafts were rejected (so `work` keeps every slot's rows
+    /// for the MTP block until the step is done).
+    mtp_work: Option<Workspace<B>>,
+    rollback_work: Option<Workspace<B>>,
     /// Increases with every admission and finish (ordering for fairness and eviction).
     tick: u64,
 }
@@ -28,25 +35,45 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         tokenizer: &'a Tokenizer,
         config: &'a ServeConfig,
         shared: &'a Shared,
-    ) -> Scheduler<'a, B> {
-        let slots = (0..config.slots)
-            .map(|_| Slot {
+    ) -> Result<Scheduler<'a, B>> {
+        let mtp = config.draft > 0;
+        let mut slots = Vec::with_capacity(config.slots);
+        for _ in 0..config.slots {
+            slots.push(Slot {
                 state: backend.new_state(config.context, config.kv_type),
+                mtp: if mtp {
+                    Some(backend.new_mtp_state(config.context, config.kv_type)?)
+                } else {
+                    None
+                },
+                before_verify: None,
                 cache: PrefixCache::new(config.snapshots_per_slot),
                 active: None,
                 last_used: 0,
-            })
-            .collect();
-        let work = Workspace::new(backend, config.slots + config.chunk);
-        Scheduler {
+            });
+        }
+        // A decoding slot runs its token and its drafts.
+        let mut work = Workspace::new(backend, config.slots * (1 + config.draft) + config.chunk);
+        work.keep_normed = mtp;
+        let (mtp_work, rollback_work) = if mtp {
+            (
+                Some(Workspace::new(backend, config.chunk.max(config.draft + 1))),
+                Some(Workspace::new(backend, config.draft + 1)),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Scheduler {
             backend,
             tokenizer,
             config,
             shared,
             slots,
             work,
+            mtp_work,
+            rollback_work,
             tick: 0,
-        }
+        })
     }
 
     fn busy(&self) -> usize {
@@ -241,7 +268,25 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         if plan.is_empty() {
             return;
         }
-        let mut wants_logits = Vec::with_capacity(plan.len());
+        // A slot that verifies drafts can roll back to here.
+        for (index, _) in &plan {
+            let slot = &mut self.slots[*index];
+            let verifying = slot.active.as_ref().is_some_and(|a| !a.verify.is_empty());
+            slot.before_verify = None;
+            if verifying {
+                match slot.state.snapshot() {
+                    Ok(s) => slot.before_verify = Some(s),
+                    Err(e) => {
+                        self.fail(&plan, &e.to_string());
+                        return;
+                    }
+                }
+            }
+        }
+        // Per sequence of the call: its first row and its rows of logits.
+        let mut wants_logits: Vec<usize> = Vec::with_capacity(plan.len());
+        let mut row0s: Vec<usize> = Vec::with_capacity(plan.len());
+        let mut next_row = 0;
         let result = {
             let mut seqs = Vec::with_capacity(plan.len());
             let mut plan_iter = plan.iter().peekable();
@@ -251,6 +296,9 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 };
                 let Some(active) = &slot.active else { continue };
                 let (tokens, logits) = match work {
+                    Work::Decode(_) if !active.verify.is_empty() => {
+                        (&active.verify[..], Logits::All)
+                    }
                     Work::Decode(_) => match &active.pending {
                         Some(t) => (std::slice::from_ref(t), Logits::Last),
                         None => continue,
@@ -262,7 +310,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     }
                     Work::Idle | Work::Ready => continue,
                 };
-                wants_logits.push(logits == Logits::Last);
+                wants_logits.push(match logits {
+                    Logits::None => 0,
+                    Logits::Last => 1,
+                    Logits::All => tokens.len(),
+                });
+                row0s.push(next_row);
+                next_row += tokens.len();
                 seqs.push(SeqInput {
                     state: &mut slot.state,
                     tokens,
@@ -275,19 +329,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 forward_batch(self.backend, &mut self.work, &mut seqs, false)
             }
         };
-        let rows: usize = plan
+        let rows = next_row;
+        let prefill: usize = plan
             .iter()
             .map(|(_, w)| match w {
                 Work::Prefill { from, to } => to - from,
-                Work::Decode(_) => 1,
-                Work::Ready | Work::Idle => 0,
+                _ => 0,
             })
             .sum();
-        let prefill = rows
-            - plan
-                .iter()
-                .filter(|(_, w)| matches!(w, Work::Decode(_)))
-                .count();
         let sequences = plan.iter().filter(|(_, w)| *w != Work::Ready).count();
         let output = match result {
             Ok(o) => o,
@@ -297,39 +346,68 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             }
         };
         let n_vocab = self.backend.config().n_vocab;
-        let mut logit_rows = output.logits.chunks(n_vocab);
         let mut generated = 0u64;
-        let mut wants = wants_logits.into_iter();
+        let mut wants = wants_logits.into_iter().zip(row0s);
+        let mut logit_row = 0;
         for (index, work) in &plan {
             if *work == Work::Ready {
                 let ready = self.slots[*index]
                     .active
                     .as_mut()
                     .and_then(|a| a.ready.take());
-                generated += u64::from(self.advance(*index, work, ready.as_deref()));
+                generated += self.advance(*index, work, ready.as_deref(), None) as u64;
                 continue;
             }
-            let logits = if wants.next() == Some(true) {
-                logit_rows.next()
-            } else {
-                None
+            let Some((count, row0)) = wants.next() else {
+                continue;
             };
-            generated += u64::from(self.advance(*index, work, logits));
+            let logits = (count > 0)
+                .then(|| {
+                    output
+                        .logits
+                        .get(logit_row * n_vocab..(logit_row + count) * n_vocab)
+                })
+                .flatten();
+            logit_row += count;
+            generated += self.advance(*index, work, logits, Some(row0)) as u64;
         }
         self.shared
             .metrics
             .step(rows, sequences, prefill, generated, self.busy());
     }
 
-    /// Records what slot `index` ingested and, with logits, samples its next token; returns
-    /// whether a token was generated.
-    fn advance(&mut self, index: usize, work: &Work, logits: Option<&[f32]>) -> bool {
+    /// Records what slot `index` ingested (its rows start at `row0` of the call) and, with
+    /// logits, samples its next token; returns how many tokens were generated.
+    fn advance(
+        &mut self,
+        index: usize,
+        work: &Work,
+        logits: Option<&[f32]>,
+        row0: Option<usize>,
+    ) -> usize {
         self.tick += 1;
         let tick = self.tick;
+        if let (Work::Decode(_), Some(rows), Some(row0)) = (work, logits, row0) {
+            let verifying = self.slots[index]
+                .active
+                .as_ref()
+                .is_some_and(|a| !a.verify.is_empty());
+            if verifying {
+                return self.advance_verified(index, rows, row0, tick);
+            }
+        }
         let slot = &mut self.slots[index];
         let Some(active) = slot.active.as_mut() else {
-            return false;
+            return 0;
         };
+        // The tokens this call fed, and what follows each (the last one's successor is
+        // sampled below, or is the next prompt token).
+        let fed: Vec<u32> = match *work {
+            Work::Decode(t) => vec![t],
+            Work::Prefill { from, to } => active.job.prompt[from..to].to_vec(),
+            Work::Idle | Work::Ready => Vec::new(),
+        };
+        let pos0 = slot.state.pos() - fed.len();
         match *work {
             Work::Decode(t) => {
                 slot.cache.extend(&[t]);
@@ -338,6 +416,16 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             Work::Prefill { from, to } => {
                 slot.cache.extend(&active.job.prompt[from..to]);
                 active.next_prompt = to;
+                if let (Some(&next), Some(row0)) = (active.job.prompt.get(to), row0) {
+                    // A prompt chunk that is not the last: the MTP block takes its rows now.
+                    let mut successors = fed[1..].to_vec();
+                    successors.push(next);
+                    if let Err(e) = self.mtp_catch_up(index, row0, pos0, &successors, false) {
+                        self.fail_slot(index, &e.to_string());
+                        return 0;
+                    }
+                    return 0;
+                }
                 if to == active.job.prompt.len() {
                     // The end of a prompt: a request that repeats it (a regenerated answer)
                     // resumes here, with these logits.
@@ -349,21 +437,36 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             Work::Idle | Work::Ready => {}
         }
         let Some(logits) = logits else {
-            return false;
+            return 0;
         };
         let outcome = active.take_logits(logits, self.tokenizer);
         let reason = match outcome {
-            Ok(Outcome::Continue) => return true,
+            Ok(Outcome::Continue) => {
+                if let (Some(row0), false) = (row0, fed.is_empty()) {
+                    if let Err(e) = self.draft(index, row0, pos0, &fed) {
+                        self.fail_slot(index, &e.to_string());
+                    }
+                }
+                return 1;
+            }
             Ok(Outcome::Done(reason)) => reason,
             Err(e) => {
                 if let Some(active) = slot.active.take() {
                     active.job.sink.send(Event::Failed(e));
                 }
                 self.shared.metrics.failed();
-                return false;
+                return 0;
             }
         };
-        let generated = !matches!(reason, StopReason::EndOfGeneration);
+        let generated = usize::from(!matches!(reason, StopReason::EndOfGeneration));
+        self.end_turn(index, reason, tick);
+        generated
+    }
+
+    /// A slot's job ended with `reason`: the state is snapshotted for the next turn, the
+    /// job reports its end.
+    fn end_turn(&mut self, index: usize, reason: StopReason, tick: u64) {
+        let slot = &mut self.slots[index];
         if reason != StopReason::Cancelled {
             // The end of a turn: the next turn of the conversation starts with these tokens.
             if let Ok(s) = slot.state.snapshot() {
@@ -375,7 +478,169 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             self.shared.metrics.ended(&reason);
             active.finish(reason);
         }
+    }
+
+    /// A slot's job failed (an MTP step): it reports the error, the slot starts empty.
+    fn fail_slot(&mut self, index: usize, why: &str) {
+        let slot = &mut self.slots[index];
+        slot.state.reset_state();
+        slot.cache.clear();
+        if let Some(active) = slot.active.take() {
+            active.job.sink.send(Event::Failed(why.to_string()));
+            self.shared.metrics.failed();
+        }
+    }
+
+    /// Runs the slot's MTP block over its rows `row0..` of this step (trunk positions
+    /// `pos0..`), each paired with its successor token; returns the last row's draft logits
+    /// when `logits`.
+    fn mtp_catch_up(
+        &mut self,
+        index: usize,
+        row0: usize,
+        pos0: usize,
+        successors: &[u32],
+        logits: bool,
+    ) -> Result<Vec<f32>> {
+        let (Some(mtp_work), Some(mtp)) = (self.mtp_work.as_mut(), self.slots[index].mtp.as_mut())
+        else {
+            return Ok(Vec::new());
+        };
+        // Positions follow the trunk's (a resumed prompt may leave stale entries below:
+        // they only lower the acceptance rate).
+        mtp.set_pos(pos0);
+        forward_mtp(
+            self.backend,
+            mtp,
+            mtp_work,
+            successors,
+            Hidden::Trunk {
+                act: &self.work.h,
+                row0,
+            },
+            logits,
+        )
+    }
+
+    /// After a step that fed `fed` (rows `row0..`, trunk positions `pos0..`) and sampled
+    /// the slot's pending token: the MTP block takes those rows and drafts the next step's
+    /// tokens.
+    fn draft(&mut self, index: usize, row0: usize, pos0: usize, fed: &[u32]) -> Result<()> {
+        if self.mtp_work.is_none() {
+            return Ok(());
+        }
+        let Some(active) = self.slots[index].active.as_ref() else {
+            return Ok(());
+        };
+        let Some(pending) = active.pending else {
+            return Ok(());
+        };
+        // Drafts that fit the token budget and the context (one more row verifies them).
+        let kept_pos = pos0 + fed.len();
+        let room = self.config.context.saturating_sub(kept_pos + 1);
+        let n = self
+            .config
+            .draft
+            .min(active.budget().saturating_sub(1))
+            .min(room);
+        let mut successors = fed[1..].to_vec();
+        successors.push(pending);
+        let logits = self.mtp_catch_up(index, row0, pos0, &successors, n > 0)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let slot = &mut self.slots[index];
+        let (Some(active), Some(mtp), Some(mtp_work)) = (
+            slot.active.as_mut(),
+            slot.mtp.as_mut(),
+            self.mtp_work.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        let mut last = active
+            .pick_draft(&logits)
+            .map_err(crate::EngineError::BadConfig)?;
+        let mut row = successors.len() - 1;
+        for _ in 1..n {
+            let logits = forward_mtp(
+                self.backend,
+                mtp,
+                mtp_work,
+                &[last],
+                Hidden::Own { row },
+                true,
+            )?;
+            last = active
+                .pick_draft(&logits)
+                .map_err(crate::EngineError::BadConfig)?;
+            row = 0;
+        }
+        active.seal_drafts();
+        Ok(())
+    }
+
+    /// A slot verified its drafts (`rows`: logits of its token and each draft, its rows at
+    /// `row0`): emit what the acceptance rule keeps, let the MTP block take the kept rows
+    /// and draft again, and roll the state back past rejected drafts.
+    fn advance_verified(&mut self, index: usize, rows: &[f32], row0: usize, tick: u64) -> usize {
+        let n_vocab = self.backend.config().n_vocab;
+        let slot = &mut self.slots[index];
+        let Some(active) = slot.active.as_mut() else {
+            return 0;
+        };
+        let batch = active.verify.clone();
+        let pos0 = slot.state.pos() - batch.len();
+        let generated_before = active.budget();
+        let verified = match active.take_verified(rows, n_vocab, self.tokenizer) {
+            Ok(v) => v,
+            Err(e) => {
+                self.fail_slot(index, &e);
+                return 0;
+            }
+        };
+        let generated = generated_before - active.budget();
+        self.shared
+            .metrics
+            .speculated(verified.drafts.len(), verified.accepted);
+        let fed = &batch[..1 + verified.fed];
+        slot.cache.extend(fed);
+        if let Outcome::Continue = verified.outcome {
+            if let Err(e) = self.draft(index, row0, pos0, fed) {
+                self.fail_slot(index, &e.to_string());
+                return generated;
+            }
+        }
+        if fed.len() < batch.len() {
+            if let Err(e) = self.roll_back(index, fed) {
+                self.fail_slot(index, &e.to_string());
+                return generated;
+            }
+        }
+        if let Outcome::Done(reason) = verified.outcome {
+            self.end_turn(index, reason, tick);
+        }
         generated
+    }
+
+    /// Back to the snapshot taken before the verification, then the kept tokens again.
+    fn roll_back(&mut self, index: usize, fed: &[u32]) -> Result<()> {
+        let slot = &mut self.slots[index];
+        let (Some(snapshot), Some(work)) = (slot.before_verify.take(), self.rollback_work.as_mut())
+        else {
+            return Err(crate::EngineError::BadConfig(
+                "MTP rollback without a snapshot".into(),
+            ));
+        };
+        slot.state.restore(&snapshot)?;
+        forward(
+            self.backend,
+            &mut slot.state,
+            work,
+            fed,
+            Logits::None,
+            false,
+        )?;
+        Ok(())
     }
 
     /// A failed forward call leaves the states of its slots unknown: their jobs fail and the
