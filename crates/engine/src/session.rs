@@ -34,8 +34,8 @@ struct MtpState<B: Backend> {
     work: Workspace<B>,
     pending_rows: usize,
     pending_next: Vec<u32>,
-    /// Taken before a verification batch: where `accept` rolls back to.
-    before_verify: Option<<B::State as SeqState>::Snapshot>,
+    /// A checkpoint was taken before the verification batch (`accept` rolls back to it).
+    checkpointed: bool,
     /// The verification batch (`[next, drafts...]`).
     verified: Vec<u32>,
 }
@@ -84,7 +84,7 @@ impl<B: Backend> Session<B> {
             work: Workspace::new(&self.backend, rows),
             pending_rows: 0,
             pending_next: Vec::new(),
-            before_verify: None,
+            checkpointed: false,
             verified: Vec::new(),
         });
         Ok(())
@@ -194,7 +194,7 @@ impl<B: Backend> Session<B> {
                 tokens.len()
             )));
         }
-        let snapshot = self.state.snapshot()?;
+        self.state.checkpoint()?;
         let out = forward(
             &self.backend,
             &mut self.state,
@@ -204,7 +204,7 @@ impl<B: Backend> Session<B> {
             false,
         )?;
         if let Some(mtp) = self.mtp.as_mut() {
-            mtp.before_verify = Some(snapshot);
+            mtp.checkpointed = true;
             mtp.verified = tokens.to_vec();
         }
         Ok(out.logits)
@@ -217,11 +217,11 @@ impl<B: Backend> Session<B> {
         let Some(mtp) = self.mtp.as_mut() else {
             return Err(EngineError::NoMtpBlock);
         };
-        let Some(snapshot) = mtp.before_verify.take() else {
+        if !std::mem::take(&mut mtp.checkpointed) {
             return Err(EngineError::BadConfig(
                 "MTP accept without a verification batch".into(),
             ));
-        };
+        }
         let verified = std::mem::take(&mut mtp.verified);
         if accepted + 1 > verified.len() {
             return Err(EngineError::BadConfig(format!(
@@ -233,7 +233,7 @@ impl<B: Backend> Session<B> {
         let pos0 = self.state.pos() - verified.len();
         mtp.state.set_pos(pos0);
         if kept.len() < verified.len() {
-            self.state.restore(&snapshot)?;
+            self.state.rollback()?;
             forward(
                 &self.backend,
                 &mut self.state,
@@ -258,7 +258,7 @@ impl<B: Backend> Session<B> {
             mtp.state.reset_state();
             mtp.pending_rows = 0;
             mtp.pending_next.clear();
-            mtp.before_verify = None;
+            mtp.checkpointed = false;
             mtp.verified.clear();
         }
     }

@@ -113,6 +113,8 @@ pub struct SequenceState {
     slot: Vec<usize>,
     pub kv: Vec<KvCache>,
     pub deltanet: Vec<DeltaNetState>,
+    /// The last `checkpoint` (speculative decoding), allocated on first use.
+    checkpoint: Option<Snapshot>,
 }
 
 impl SequenceState {
@@ -151,6 +153,7 @@ impl SequenceState {
             slot,
             kv,
             deltanet,
+            checkpoint: None,
         }
     }
 
@@ -171,6 +174,7 @@ impl SequenceState {
                 v: KvData::new(kv_type, capacity * width),
             }],
             deltanet: Vec::new(),
+            checkpoint: None,
         }
     }
 
@@ -214,5 +218,26 @@ impl SequenceState {
     pub fn restore(&mut self, snapshot: &Snapshot) {
         self.pos = snapshot.pos;
         self.deltanet.clone_from(&snapshot.deltanet);
+    }
+
+    /// Keeps the DeltaNet state and position (reusing the buffers of the last checkpoint).
+    pub fn checkpoint(&mut self) {
+        match &mut self.checkpoint {
+            Some(c) => {
+                c.pos = self.pos;
+                c.deltanet.clone_from(&self.deltanet);
+            }
+            None => self.checkpoint = Some(self.snapshot()),
+        }
+    }
+
+    /// Back to the last checkpoint; `false` when there is none.
+    pub fn rollback(&mut self) -> bool {
+        let Some(c) = self.checkpoint.take() else {
+            return false;
+        };
+        self.restore(&c);
+        self.checkpoint = Some(c);
+        true
     }
 }

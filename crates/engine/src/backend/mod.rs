@@ -73,6 +73,11 @@ pub trait SeqState {
     fn snapshot(&self) -> Result<Self::Snapshot>;
     /// Back to a snapshot of this same sequence state.
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
+    /// Keeps the DeltaNet state and position in the state's own checkpoint (in device
+    /// memory on a GPU: no host copy), for `rollback` after a speculative batch.
+    fn checkpoint(&mut self) -> Result<()>;
+    /// Back to the last `checkpoint` (KV entries past its position are overwritten later).
+    fn rollback(&mut self) -> Result<()>;
 }
 
 pub trait Backend {

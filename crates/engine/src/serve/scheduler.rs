@@ -46,7 +46,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 } else {
                     None
                 },
-                before_verify: None,
+                checkpointed: false,
                 cache: PrefixCache::new(config.snapshots_per_slot),
                 active: None,
                 last_used: 0,
@@ -272,15 +272,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         for (index, _) in &plan {
             let slot = &mut self.slots[*index];
             let verifying = slot.active.as_ref().is_some_and(|a| !a.verify.is_empty());
-            slot.before_verify = None;
+            slot.checkpointed = false;
             if verifying {
-                match slot.state.snapshot() {
-                    Ok(s) => slot.before_verify = Some(s),
-                    Err(e) => {
-                        self.fail(&plan, &e.to_string());
-                        return;
-                    }
+                if let Err(e) = slot.state.checkpoint() {
+                    self.fail(&plan, &e.to_string());
+                    return;
                 }
+                slot.checkpointed = true;
             }
         }
         // Per sequence of the call: its first row and its rows of logits.
@@ -622,16 +620,18 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         generated
     }
 
-    /// Back to the snapshot taken before the verification, then the kept tokens again.
+    /// Back to the checkpoint taken before the verification, then the kept tokens again.
     fn roll_back(&mut self, index: usize, fed: &[u32]) -> Result<()> {
         let slot = &mut self.slots[index];
-        let (Some(snapshot), Some(work)) = (slot.before_verify.take(), self.rollback_work.as_mut())
-        else {
+        let (true, Some(work)) = (
+            std::mem::take(&mut slot.checkpointed),
+            self.rollback_work.as_mut(),
+        ) else {
             return Err(crate::EngineError::BadConfig(
-                "MTP rollback without a snapshot".into(),
+                "MTP rollback without a checkpoint".into(),
             ));
         };
-        slot.state.restore(&snapshot)?;
+        slot.state.rollback()?;
         forward(
             self.backend,
             &mut slot.state,

@@ -320,8 +320,9 @@ pub struct Slot<'t, S: SeqState> {
     pub state: S,
     /// The MTP block's state of this slot (`serve --mtp`).
     pub mtp: Option<S>,
-    /// Taken before a verification step: where a rejected draft rolls back to.
-    pub before_verify: Option<S::Snapshot>,
+    /// A checkpoint was taken before this step's verification (a rejected draft rolls
+    /// back to it).
+    pub checkpointed: bool,
     pub cache: PrefixCache<S::Snapshot>,
     pub active: Option<Active<'t>>,
     /// When the slot last finished a job (for least-recently-used choice).

@@ -78,6 +78,19 @@ impl SeqState for SequenceState {
         SequenceState::restore(self, snapshot);
         Ok(())
     }
+    fn checkpoint(&mut self) -> Result<()> {
+        SequenceState::checkpoint(self);
+        Ok(())
+    }
+    fn rollback(&mut self) -> Result<()> {
+        if SequenceState::rollback(self) {
+            Ok(())
+        } else {
+            Err(EngineError::BadConfig(
+                "rollback without a checkpoint".into(),
+            ))
+        }
+    }
 }
 
 impl Backend for CpuBackend {

@@ -158,6 +158,9 @@ pub struct CudaState {
     /// For each layer, its index into `kv` or `deltanet`.
     slot: Vec<usize>,
     buffers: std::result::Result<StateBuffers, String>,
+    /// The last `checkpoint`: position and a device copy of every DeltaNet state,
+    /// allocated on first use.
+    checkpoint: Option<(usize, Vec<DeltaState>)>,
 }
 
 /// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
@@ -250,6 +253,7 @@ impl CudaState {
             kv_type,
             slot,
             buffers,
+            checkpoint: None,
         }
     }
 
@@ -373,6 +377,67 @@ impl SeqState for CudaState {
         self.pos = snapshot.pos;
         Ok(())
     }
+
+    /// Copies the DeltaNet state within device memory (no host round trip); the copy's
+    /// buffers are allocated by the first checkpoint and reused.
+    fn checkpoint(&mut self) -> Result<()> {
+        graph::lock(&self.graphs)?.abandon();
+        let device = self.device.clone();
+        let copies = match self.checkpoint.take() {
+            Some((_, copies)) => copies,
+            None => self
+                .buffers_mut()?
+                .deltanet
+                .iter()
+                .map(|d| {
+                    Ok(DeltaState {
+                        conv: device.alloc_zeros(d.conv.len())?,
+                        recurrent: device.alloc_zeros(d.recurrent.len())?,
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, redlite_cuda::CudaError>>()?,
+        };
+        let mut copies = copies;
+        let copied = self.buffers_mut().and_then(|buffers| {
+            for (d, c) in buffers.deltanet.iter().zip(copies.iter_mut()) {
+                copy_state(&device, &d.conv, &mut c.conv)?;
+                copy_state(&device, &d.recurrent, &mut c.recurrent)?;
+            }
+            Ok(())
+        });
+        self.checkpoint = Some((self.pos, copies));
+        copied
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        graph::lock(&self.graphs)?.abandon();
+        let device = self.device.clone();
+        let Some((pos, copies)) = self.checkpoint.take() else {
+            return Err(EngineError::BadConfig(
+                "rollback without a checkpoint".into(),
+            ));
+        };
+        let result = self.buffers_mut().and_then(|buffers| {
+            for (d, c) in buffers.deltanet.iter_mut().zip(copies.iter()) {
+                copy_state(&device, &c.conv, &mut d.conv)?;
+                copy_state(&device, &c.recurrent, &mut d.recurrent)?;
+            }
+            Ok(())
+        });
+        if result.is_ok() {
+            self.pos = pos;
+        }
+        self.checkpoint = Some((pos, copies));
+        result
+    }
+}
+
+/// Device-to-device copy of one buffer into another of the same length (queued).
+fn copy_state(device: &Device, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
+    device
+        .stream()
+        .memcpy_dtod(src, dst)
+        .map_err(|e| EngineError::Cuda(format!("state checkpoint copy: {e}")))
 }
 
 /// A sequence's DeltaNet state (conv window, recurrent matrices per layer) and position,
