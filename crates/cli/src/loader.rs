@@ -82,6 +82,7 @@ pub fn check_plan(args: &ModelArgs, gguf: &GgufModel, kv_type: KvType, slots: us
         kv: kv_type,
         slots,
         mtp: args.mtp,
+        draft: args.draft,
         experts: ExpertPolicy::Auto,
     };
     let plan = plan_file(gguf, &settings).context("planning the run")?;
