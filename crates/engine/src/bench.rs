@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::generate::StopReason;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::session::Runner;
+use crate::session::{MtpTimings, Runner};
 use crate::speculative::{MtpStats, Speculator, Step};
 
 /// One test, as llama-bench names it (`pp512`, `tg128 @ d4096`).
@@ -38,6 +38,12 @@ pub struct BenchMtp {
     pub stats: MtpStats,
     pub acceptance_rate: f64,
     pub mean_accepted: f64,
+    /// Per verification step, milliseconds: drafting, verifying, rolling back.
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+    /// Of `verify_ms`, the checkpoint of the DeltaNet state.
+    pub checkpoint_ms: f64,
+    pub rollback_ms: f64,
 }
 
 /// Token ids for benchmarking: spread over the vocabulary, deterministic.
@@ -137,6 +143,7 @@ pub fn bench_gen_mtp(
     let context = bench_tokens(depth.max(1), session.n_vocab(), 2);
     let mut samples = Vec::with_capacity(reps);
     let mut total = MtpStats::default();
+    let mut timings = MtpTimings::default();
     let mut force = None;
     for rep in 0..=reps {
         session.reset();
@@ -144,6 +151,7 @@ pub fn bench_gen_mtp(
         let mut sampler = Sampler::new(SamplingParams::greedy())?;
         let mut spec = Speculator::new(draft, force_accept)?;
         force = spec.force_accept;
+        session.take_mtp_timings();
         let start = Instant::now();
         let mut token = sampler.sample(&logits)?;
         let mut generated = 1;
@@ -174,6 +182,12 @@ pub fn bench_gen_mtp(
             // the plain test does.
             samples.push(generated.saturating_sub(1) as f64 / seconds);
             total.add(&spec.stats);
+            let t = session.take_mtp_timings();
+            timings.steps += t.steps;
+            timings.draft_seconds += t.draft_seconds;
+            timings.verify_seconds += t.verify_seconds;
+            timings.accept_seconds += t.accept_seconds;
+            timings.checkpoint_seconds += t.checkpoint_seconds;
         }
     }
     let name = match (depth, force) {
@@ -182,6 +196,7 @@ pub fn bench_gen_mtp(
         (d, None) => format!("tg{n_gen} mtp{draft} @ d{d}"),
         (d, Some(r)) => format!("tg{n_gen} mtp{draft} a{r} @ d{d}"),
     };
+    let per_step = |seconds: f64| 1e3 * seconds / timings.steps.max(1) as f64;
     let mut result = summarize(name, 0, n_gen, depth, samples);
     result.mtp = Some(BenchMtp {
         draft,
@@ -189,6 +204,10 @@ pub fn bench_gen_mtp(
         stats: total,
         acceptance_rate: total.acceptance_rate(),
         mean_accepted: total.mean_accepted(),
+        draft_ms: per_step(timings.draft_seconds),
+        verify_ms: per_step(timings.verify_seconds),
+        checkpoint_ms: per_step(timings.checkpoint_seconds),
+        rollback_ms: per_step(timings.accept_seconds),
     });
     Ok(result)
 }

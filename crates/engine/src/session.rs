@@ -1,5 +1,7 @@
 //! One sequence on one backend: prefill in chunks, decode token by token, reset, snapshot.
 
+use std::time::Instant;
+
 use crate::backend::{Backend, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::forward::{forward, Logits, Output, Workspace};
@@ -22,6 +24,24 @@ pub struct Session<B: Backend> {
     kv_type: KvType,
     /// The MTP block's state, once `enable_mtp` was called.
     mtp: Option<MtpState<B>>,
+    timings: MtpTimings,
+}
+
+/// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
+/// no copy waits for (the rollback's re-run) finish during, and are counted in, the next
+/// part that reads results (the next draft).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct MtpTimings {
+    /// Verification batches run.
+    pub steps: usize,
+    /// The MTP block: catching up on the trunk's rows and drafting (LM head included).
+    pub draft_seconds: f64,
+    /// The state checkpoint and the verification forward (all rows' logits).
+    pub verify_seconds: f64,
+    /// Of which the checkpoint (a copy of the DeltaNet state).
+    pub checkpoint_seconds: f64,
+    /// Rolling back and re-running the kept tokens after a rejection.
+    pub accept_seconds: f64,
 }
 
 /// The MTP block next to a session (speculative decoding). Invariant between calls: the
@@ -58,6 +78,7 @@ impl<B: Backend> Session<B> {
             context,
             kv_type,
             mtp: None,
+            timings: MtpTimings::default(),
         })
     }
 
@@ -144,6 +165,18 @@ impl<B: Backend> Session<B> {
         n: usize,
         pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
     ) -> Result<Vec<u32>> {
+        let start = Instant::now();
+        let drafts = self.mtp_draft_inner(next, n, pick);
+        self.timings.draft_seconds += start.elapsed().as_secs_f64();
+        drafts
+    }
+
+    fn mtp_draft_inner(
+        &mut self,
+        next: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
         if self.mtp.is_none() {
             return Err(EngineError::NoMtpBlock);
         }
@@ -184,6 +217,14 @@ impl<B: Backend> Session<B> {
     /// Runs the verification batch `[next, drafts...]` (`next`: the token the drafts
     /// follow) and returns the logits of every row; `mtp_accept` then keeps a prefix.
     pub fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let logits = self.mtp_verify_inner(tokens);
+        self.timings.verify_seconds += start.elapsed().as_secs_f64();
+        self.timings.steps += 1;
+        logits
+    }
+
+    fn mtp_verify_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         if self.mtp.is_none() {
             return Err(EngineError::NoMtpBlock);
         }
@@ -194,7 +235,9 @@ impl<B: Backend> Session<B> {
                 tokens.len()
             )));
         }
+        let start = Instant::now();
         self.state.checkpoint()?;
+        self.timings.checkpoint_seconds += start.elapsed().as_secs_f64();
         let out = forward(
             &self.backend,
             &mut self.state,
@@ -214,6 +257,18 @@ impl<B: Backend> Session<B> {
     /// before them): the session rolls back to the snapshot taken before the batch and runs
     /// the kept tokens again when some were rejected; the MTP block drops its draft chain.
     pub fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
+        let start = Instant::now();
+        let done = self.mtp_accept_inner(accepted);
+        self.timings.accept_seconds += start.elapsed().as_secs_f64();
+        done
+    }
+
+    /// Time spent in each part of the speculative steps since the last call, then zeroed.
+    pub fn take_mtp_timings(&mut self) -> MtpTimings {
+        std::mem::take(&mut self.timings)
+    }
+
+    fn mtp_accept_inner(&mut self, accepted: usize) -> Result<()> {
         let Some(mtp) = self.mtp.as_mut() else {
             return Err(EngineError::NoMtpBlock);
         };
@@ -341,6 +396,8 @@ pub trait Runner {
     fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
     /// See [`Session::mtp_accept`].
     fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
+    /// See [`Session::take_mtp_timings`].
+    fn take_mtp_timings(&mut self) -> MtpTimings;
 }
 
 impl<B: Backend> Runner for Session<B> {
@@ -384,5 +441,8 @@ impl<B: Backend> Runner for Session<B> {
     }
     fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
         Session::mtp_accept(self, accepted)
+    }
+    fn take_mtp_timings(&mut self) -> MtpTimings {
+        Session::take_mtp_timings(self)
     }
 }

@@ -109,11 +109,15 @@ fn report(result: Option<&BenchResult>, json: bool) {
     if let (Some(r), false) = (result, json) {
         let mtp = r.mtp.as_ref().map_or(String::new(), |m| {
             format!(
-                " drafted {}, accepted {} ({:.1} %), mean accepted length {:.2}",
+                " drafted {}, accepted {} ({:.1} %), mean accepted length {:.2}; per step: draft {:.1} ms, verify {:.1} ms (checkpoint {:.2}), rollback {:.1} ms",
                 m.stats.drafted,
                 m.stats.accepted,
                 100.0 * m.acceptance_rate,
-                m.mean_accepted
+                m.mean_accepted,
+                m.draft_ms,
+                m.verify_ms,
+                m.checkpoint_ms,
+                m.rollback_ms
             )
         });
         println!(
