@@ -48,14 +48,15 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model.chunk = args.model.chunk.max(longest_pp);
     let mut loaded = load(&args.model)?;
     let mut results: Vec<BenchResult> = Vec::new();
+    // The pp and plain tg tests run without the MTP block's cost (its prefill and per-token
+    // catch-up); `tg N mtpK` turns it on.
+    loaded.session.reset();
+    loaded.session.disable_mtp();
     for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
         results.push(bench_prompt(loaded.session.as_mut(), p, args.repetitions)?);
         report(results.last(), args.json);
     }
     if args.n_gen > 0 {
-        // The plain baseline runs without the MTP block's per-token cost.
-        loaded.session.reset();
-        loaded.session.disable_mtp();
         for &d in &args.depth {
             results.push(bench_gen(
                 loaded.session.as_mut(),
