@@ -24,21 +24,86 @@ __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict
     }
 }
 
-// out[r] = x[r] * w / sqrt(mean(x[r]^2) + eps); one CTA per row (in place is allowed).
-__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out,
-                                int cols, float eps) {
+// Float4 chunks each thread keeps in registers in `norm_row` (rows up to 4 x this x
+// blockDim values take the vector path).
+#define NORM_CHUNKS 4
+
+// One row of RMSNorm, with the residual add first when `y` is not null (then `x` is
+// updated in place): v = x (+ y); out = v * w / sqrt(mean(v^2) + eps). Rows whose length
+// is a multiple of 4 with 16-byte aligned pointers are read as float4 chunks kept in
+// registers, w loaded before the reduction (the kernel is a chain of dependent memory
+// round trips); thread i sums the squares of its chunks i, i + blockDim, ... in order.
+// Both norm kernels call this, so the fused add + norm gives the bits of add then norm.
+static __device__ __forceinline__ void norm_row(float* x, const float* y, const float* w,
+                                                float* out, int cols, float eps) {
     __shared__ float scratch[32];
-    const float* xr = x + i64(blockIdx.x) * cols;
-    float* o = out + i64(blockIdx.x) * cols;
+    const u64 addresses = reinterpret_cast<u64>(x) | reinterpret_cast<u64>(w) |
+                          reinterpret_cast<u64>(out) | reinterpret_cast<u64>(y);
+    const int chunks = cols / 4;
+    if ((cols & 3) == 0 && (addresses & 15) == 0 && chunks <= NORM_CHUNKS * int(blockDim.x)) {
+        float4 v[NORM_CHUNKS], wv[NORM_CHUNKS];
+        float ss = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NORM_CHUNKS; ++c) {
+            const int i = threadIdx.x + c * blockDim.x;
+            if (i < chunks) {
+                wv[c] = reinterpret_cast<const float4*>(w)[i];
+                v[c] = reinterpret_cast<const float4*>(x)[i];
+                if (y != nullptr) {
+                    const float4 a = reinterpret_cast<const float4*>(y)[i];
+                    v[c] = make_float4(v[c].x + a.x, v[c].y + a.y, v[c].z + a.z, v[c].w + a.w);
+                    reinterpret_cast<float4*>(x)[i] = v[c];
+                }
+                ss += v[c].x * v[c].x;
+                ss += v[c].y * v[c].y;
+                ss += v[c].z * v[c].z;
+                ss += v[c].w * v[c].w;
+            }
+        }
+        ss = block_reduce_sum(ss, scratch);
+        const float scale = 1.0f / sqrtf(ss / float(cols) + eps);
+#pragma unroll
+        for (int c = 0; c < NORM_CHUNKS; ++c) {
+            const int i = threadIdx.x + c * blockDim.x;
+            if (i < chunks) {
+                reinterpret_cast<float4*>(out)[i] =
+                    make_float4(v[c].x * scale * wv[c].x, v[c].y * scale * wv[c].y,
+                                v[c].z * scale * wv[c].z, v[c].w * scale * wv[c].w);
+            }
+        }
+        return;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = y != nullptr ? x[i] + y[i] : x[i];
+        if (y != nullptr) x[i] = v;
+        ss += v * v;
+    }
     ss = block_reduce_sum(ss, scratch);
     const float scale = 1.0f / sqrtf(ss / float(cols) + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = x[i] * scale * w[i];
+}
+
+// out[r] = x[r] * w / sqrt(mean(x[r]^2) + eps); one CTA per row (in place is allowed: each
+// thread reads its values before writing them).
+__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out,
+                                int cols, float eps) {
+    norm_row(const_cast<float*>(x) + i64(blockIdx.x) * cols, nullptr, w,
+             out + i64(blockIdx.x) * cols, cols, eps);
 }
 
 // x += y over n values.
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
+}
+
+// x[r] += y[r], then out[r] = x[r] * w / sqrt(mean(x[r]^2) + eps): add_kernel then
+// rms_norm_kernel in one launch (one CTA per row), the same bits (`norm_row`). out must
+// not alias x or y.
+__global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                    const float* __restrict__ w, float* __restrict__ out,
+                                    int cols, float eps) {
+    norm_row(x + i64(blockIdx.x) * cols, y + i64(blockIdx.x) * cols, w,
+             out + i64(blockIdx.x) * cols, cols, eps);
 }

@@ -75,3 +75,86 @@ matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
         if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
     }
 }
+
+// Version q8 (the default for the types of q8dot.cuh under the backend's `Precision::Ggml`;
+// version 2 stays for `Precision::Exact` and the other types): version 2's layout, with x[t]
+// quantized to Q8_K into shared memory by each CTA and integer block dots; the first
+// token's CTAs ask L2 for their rows before quantizing. Dynamic shared
+// memory: q8_scales_bytes(cols) + cols bytes.
+template <class B, int WARPS, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                 float* __restrict__ y, int rows, int cols) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    const int valid = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + i64(row0) * row_bytes;
+    // The warp's rows are contiguous: ask L2 for them while x is quantized.
+    if (row0 < rows && blockIdx.y == 0) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
+    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
+    if (row0 >= rows) return;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const i8* qb = xq + block * B::VALUES;
+        const float db = xd[block];
+        const u8* wb = w + i64(block) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < valid) acc[r] += Q8Dot<B>::dot(wb + r * row_bytes, item, qb, db);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float sum = warp_reduce_sum(acc[r]);
+        if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
+    }
+}
+
+// Split-K version for matrices of few rows (the router, the shared-expert gate, the
+// DeltaNet beta/alpha and attention k/v projections), where one warp per row would leave
+// most multiprocessors idle: one CTA per row (grid (rows, tokens)), all WARPS warps share
+// the row's items, one CTA reduction. x is read straight from global memory (each value is
+// used once per CTA). `REDLITE_MATMUL_SPLITK=0` keeps version 2 for every shape.
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_splitk_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                     float* __restrict__ y, int rows, int cols) {
+    B::prepare();
+    __shared__ float scratch[32];
+    const int row = blockIdx.x;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const float part = row_dot_lane<B, WARPS * WARP_SIZE>(
+        weights + row * row_bytes, x + i64(blockIdx.y) * cols, cols, threadIdx.x);
+    const float sum = block_reduce_sum(part, scratch);
+    if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
+}
+
+// The same on Q8_K activations (quantized into shared memory, as matmul_q8_kernel).
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                        float* __restrict__ y, int rows, int cols) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    __shared__ float scratch[32];
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    const int row = blockIdx.x;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + row * row_bytes;
+    if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
+    const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
+    const float sum = block_reduce_sum(part, scratch);
+    if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
+}

@@ -407,3 +407,158 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
         *o = (accumulate ? *o : 0.0f) + sum;
     }
 }
+
+// Version q8 of the two expert matvecs (the default for the types of q8dot.cuh under the
+// backend's `Precision::Ggml`): version 2's layout, the input quantized to Q8_K into
+// shared memory by each CTA (x[t]: cols values; act[t]: used x ff values, each expert's
+// ff a whole number of 256-value blocks) and integer block dots. Each lane first asks L2
+// for its rows so the weight loads overlap the quantization prologue. The shared expert
+// rides along as version 3's does (non-null `shared_*`, same block type and row length):
+// gate/up as slot k = used of grid.y into act_shared, down as one more weighted term.
+
+template <class B, int WARPS, int LANES, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                      const int* __restrict__ ids, const float* __restrict__ x,
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert,
+                      const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
+                      float* __restrict__ act_shared, int shared_ff) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int k = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    // This lane group's ROWS consecutive rows.
+    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* g_rows;
+    const u8* u_rows;
+    float* out;
+    int n_rows;
+    bool valid = true;
+    if (k == used) {
+        n_rows = shared_ff;
+        g_rows = shared_gate + i64(row0) * row_bytes;
+        u_rows = shared_up + i64(row0) * row_bytes;
+        out = act_shared + i64(t) * shared_ff + row0;
+    } else {
+        n_rows = ff;
+        const i64 expert = ids[t * used + k];
+        valid = expert >= 0 && expert < n_expert;
+        const i64 at = ((valid ? expert : 0) * ff + row0) * row_bytes;
+        g_rows = gate + at;
+        u_rows = up + at;
+        out = act + (i64(t) * used + k) * ff + row0;
+    }
+    const int rows_here = min(ROWS, n_rows - row0);
+    if (valid && rows_here > 0) {
+        prefetch_l2(g_rows, rows_here * row_bytes, member, LANES);
+        prefetch_l2(u_rows, rows_here * row_bytes, member, LANES);
+    }
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    quantize_q8k_shared(x + i64(t) * cols, cols, nullptr, 0, xd, xq);
+    if (rows_here <= 0) return;
+    if (!valid) {
+        if (member < rows_here) out[member] = 0.0f;
+        return;
+    }
+    const int items = cols / B::VALUES * B::ITEMS;
+    float g[ROWS], u[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) g[r] = u[r] = 0.0f;
+    for (int i = member; i < items; i += LANES) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const i8* qb = xq + block * B::VALUES;
+        const float db = xd[block];
+        const i64 offset = i64(block) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                g[r] += Q8Dot<B>::dot(g_rows + r * row_bytes + offset, item, qb, db);
+                u[r] += Q8Dot<B>::dot(u_rows + r * row_bytes + offset, item, qb, db);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float gs = group_reduce_sum<LANES>(g[r]), us = group_reduce_sum<LANES>(u[r]);
+        if (member == 0 && r < rows_here) out[r] = siluf(gs) * us;
+    }
+}
+
+template <class B, int WARPS, int LANES, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                   const float* __restrict__ weights, const float* __restrict__ act,
+                   float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                   int accumulate, const u8* __restrict__ shared_down,
+                   const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
+                   int shared_ff) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int t = blockIdx.y;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
+    const int rows_here = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
+    const int* id = ids + t * used;
+    const int terms = used + (shared_down != nullptr ? 1 : 0);
+    if (rows_here > 0) {
+        for (int k = member; k < terms; k += LANES) {
+            if (k == used) {
+                prefetch_l2(shared_down + i64(row0) * shared_row_bytes,
+                            rows_here * shared_row_bytes, 0, 1);
+            } else if (id[k] >= 0 && id[k] < n_expert) {
+                prefetch_l2(down + (i64(id[k]) * rows + row0) * row_bytes, rows_here * row_bytes,
+                            0, 1);
+            }
+        }
+    }
+    const int routed = used * ff;
+    const int staged = routed + (shared_down != nullptr ? shared_ff : 0);
+    float* ad = reinterpret_cast<float*>(q8_shared);
+    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(staged);
+    quantize_q8k_shared(act + i64(t) * routed, routed,
+                        shared_down != nullptr ? act_shared + i64(t) * shared_ff : nullptr,
+                        staged - routed, ad, aq);
+    if (rows_here <= 0) return;
+    const int blocks = ff / B::VALUES;
+    float partial[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) partial[r] = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        const i64 expert = id[k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const u8* w = down + (expert * rows + row0) * row_bytes;
+        const float weight = weights[t * used + k];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += weight * row_dot_lane_q8<B, LANES>(w + r * row_bytes, aq + k * ff,
+                                                                 ad + k * blocks, ff, member);
+            }
+        }
+    }
+    if (shared_down != nullptr) {
+        const u8* w = shared_down + i64(row0) * shared_row_bytes;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += shared_weight[t] *
+                              row_dot_lane_q8<B, LANES>(w + r * shared_row_bytes, aq + routed,
+                                                        ad + used * blocks, shared_ff, member);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float total = group_reduce_sum<LANES>(partial[r]);
+        if (member == 0 && r < rows_here) {
+            float* o = out + i64(t) * rows + row0 + r;
+            *o = (accumulate ? *o : 0.0f) + total;
+        }
+    }
+}

@@ -19,15 +19,18 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
     }
 }
 
-/// `REDLITE_SHARED_TABLES=0` builds the kernels with the IQ codebooks read from global
-/// memory (see `blocks.cuh`); the option is part of the cache key.
+/// `REDLITE_SHARED_TABLES=0` builds the float kernels with the IQ codebooks read from
+/// global memory (see `blocks.cuh`), `REDLITE_Q8_SHARED_TABLES=1` the q8 kernels with them
+/// copied to shared memory (see `q8dot.cuh`); the options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
+    let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
     vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--extra-device-vectorization".to_string(),
         format!("-DREDLITE_SHARED_TABLES={}", u8::from(shared_tables)),
+        format!("-DREDLITE_Q8_SHARED_TABLES={}", u8::from(q8_shared_tables)),
     ]
 }
 

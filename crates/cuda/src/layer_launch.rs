@@ -3,10 +3,12 @@
 
 use crate::device::Device;
 use crate::error::CudaError;
+use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
+    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS,
+    WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -74,6 +76,20 @@ pub(crate) fn rms_norm(
     )
 }
 
+pub(crate) fn add_rms_norm(
+    device: &Device,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("add_rms_norm_kernel")?;
+    let cfg = config((x.len() / w.len(), 1, 1), ROW_THREADS, 0);
+    let cols = to_i32(w.len());
+    raw::launch_add_rms_norm(device.stream(), kernel, cfg, x, y, w, out, cols, eps)
+}
+
 pub(crate) fn add(
     device: &Device,
     x: &mut CudaViewMut<'_, f32>,
@@ -85,14 +101,49 @@ pub(crate) fn add(
     raw::launch_add(device.stream(), kernel, cfg, x, y, to_i32(n))
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     weights: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
+    let block = match kind.ty {
+        GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
+        GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
+        _ => kind.cuda_name,
+    };
+    if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
+        let q8 = dots.quantizes(kind.ty);
+        let kernel = device.kernel(&source::matmul_splitk_kernel(block, q8))?;
+        let version = if q8 { "splitk q8" } else { "splitk" };
+        crate::profile::label(|| {
+            format!(
+                "matmul {version} {} {rows}x{cols} t{tokens}",
+                kind.cuda_name
+            )
+        });
+        let shared = if q8 { q8_shared_bytes(cols) } else { 0 };
+        let cfg = config((rows, tokens, 1), MATMUL_SPLITK_WARPS * 32, shared);
+        let shape = (to_i32(rows), to_i32(cols));
+        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
+    if dots.quantizes(kind.ty) && !matvec_v1() {
+        let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
+        let kernel = device.kernel(&source::matmul_q8_kernel(kind, per_warp))?;
+        let per_cta = MATMUL_V2_WARPS as usize * per_warp;
+        crate::profile::label(|| format!("matmul q8 {} {rows}x{cols} t{tokens}", kind.cuda_name));
+        let cfg = config(
+            (rows.div_ceil(per_cta), tokens, 1),
+            MATMUL_V2_WARPS * 32,
+            q8_shared_bytes(cols),
+        );
+        let shape = (to_i32(rows), to_i32(cols));
+        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+    }
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());
     let shared = if x_shared { x_bytes } else { 0 };
@@ -103,11 +154,6 @@ pub(crate) fn matmul(
         crate::profile::label(|| format!("matmul v1 {} {rows}x{cols} t{tokens}", kind.cuda_name));
         return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
     }
-    let block = match kind.ty {
-        GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
-        GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
-        _ => kind.cuda_name,
-    };
     let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
     let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
     let per_cta = MATMUL_V2_WARPS as usize * per_warp;
@@ -118,6 +164,23 @@ pub(crate) fn matmul(
         shared,
     );
     raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+}
+
+/// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
+/// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
+const SPLITK_MAX_ROWS: usize = 1024;
+
+/// `REDLITE_MATMUL_SPLITK=0`: version 2 (or q8) for every shape.
+fn split_k() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_SPLITK").as_deref() != Ok("0"))
+}
+
+/// Dynamic shared memory of a q8 kernel staging `values` activation values: the f32 scale
+/// of each 256 values (padded to 16 bytes), then the int8 codes (`q8_scales_bytes` in
+/// `q8dot.cuh`).
+fn q8_shared_bytes(values: usize) -> usize {
+    (values / 256 * 4).next_multiple_of(16) + values
 }
 
 /// Whether the version-2 matmul stages x in shared memory (`REDLITE_MATMUL_XSHARED=0`: it
@@ -202,6 +265,7 @@ enum MoeVersion {
     V1,
     V2 { lanes: usize },
     V3,
+    Q8 { lanes: usize },
 }
 
 /// Whether the version-3 expert matvecs run (`REDLITE_MOE_V3=1`, and not
@@ -211,7 +275,25 @@ pub(crate) fn moe_v3() -> bool {
     !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
 }
 
-fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
+/// Rows per lane group of the q8 expert matvecs: `REDLITE_MOE_ROWS` (1, 2 or 4), else 1.
+fn moe_q8_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("REDLITE_MOE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| source::MOE_Q8_ROWS.contains(r))
+            .unwrap_or(1)
+    })
+}
+
+/// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
+/// version-3 and q8 kernels can).
+pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
+    !matvec_v1() && (moe_v3() || dots.quantizes(ty))
+}
+
+fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     if matvec_v1() {
         return MoeVersion::V1;
     }
@@ -219,12 +301,15 @@ fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
         return MoeVersion::V3;
     }
     let items = cols / kind.ty.block_values() * kind.items_per_block;
-    MoeVersion::V2 {
-        lanes: if items <= MOE_LANES[0] {
-            MOE_LANES[0]
-        } else {
-            MOE_LANES[1]
-        },
+    let lanes = if items <= MOE_LANES[0] {
+        MOE_LANES[0]
+    } else {
+        MOE_LANES[1]
+    };
+    if dots.quantizes(kind.ty) {
+        MoeVersion::Q8 { lanes }
+    } else {
+        MoeVersion::V2 { lanes }
     }
 }
 
@@ -232,6 +317,7 @@ fn moe_version(kind: WeightKind, cols: usize) -> MoeVersion {
 pub(crate) fn moe_gate_up(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     gate: &CudaView<'_, u8>,
     up: &CudaView<'_, u8>,
     ids: &CudaView<'_, i32>,
@@ -241,7 +327,7 @@ pub(crate) fn moe_gate_up(
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, cols) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -254,6 +340,12 @@ pub(crate) fn moe_gate_up(
             LAYER_WARPS * 32,
             cols * size_of::<f32>(),
         ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+            LAYER_WARPS * 32,
+            q8_shared_bytes(cols),
+        ),
         MoeVersion::V1 => (
             device.kernel(&source::moe_gate_up_kernel(kind))?,
             LAYER_WARPS as usize,
@@ -262,14 +354,22 @@ pub(crate) fn moe_gate_up(
         ),
     };
     let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
-    if let MoeVersion::V3 = moe_version(kind, cols) {
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, cols) {
         let (slots, rows) = match &shared {
             Some(s) => (used + 1, ff.max(s.3)),
             None => (used, ff),
         };
-        let cfg = config((rows.div_ceil(rows_per_cta), slots, tokens), threads, 0);
+        let cfg = config(
+            (rows.div_ceil(rows_per_cta), slots, tokens),
+            threads,
+            shared_bytes,
+        );
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
         crate::profile::label(|| {
-            format!("moe_gate_up v3 {} {ff}x{cols} slots{slots}", kind.cuda_name)
+            format!(
+                "moe_gate_up {version} {} {ff}x{cols} slots{slots}",
+                kind.cuda_name
+            )
         });
         let inputs = (gate, up, ids, x);
         return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
@@ -287,6 +387,7 @@ pub(crate) fn moe_gate_up(
 pub(crate) fn moe_down(
     device: &Device,
     kind: WeightKind,
+    dots: Dots,
     down: &CudaView<'_, u8>,
     ids: &CudaView<'_, i32>,
     weights: &CudaView<'_, f32>,
@@ -297,7 +398,7 @@ pub(crate) fn moe_down(
     shared: Option<raw::SharedDownArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, ff) {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_down_v3_kernel(kind))?,
             MOE_V3_WARPS as usize,
@@ -309,6 +410,12 @@ pub(crate) fn moe_down(
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
             staged,
+        ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+            LAYER_WARPS * 32,
+            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
         ),
         MoeVersion::V1 => (
             device.kernel(&source::moe_down_kernel(kind))?,
@@ -329,11 +436,12 @@ pub(crate) fn moe_down(
         to_i32(n_expert),
         i32::from(accumulate),
     );
-    if let MoeVersion::V3 = moe_version(kind, ff) {
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, ff) {
         let with = if shared.is_some() { "+shared" } else { "" };
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
         crate::profile::label(|| {
             format!(
-                "moe_down v3 {} {rows}x{ff} used{used}{with}",
+                "moe_down {version} {} {rows}x{ff} used{used}{with}",
                 kind.cuda_name
             )
         });

@@ -93,6 +93,28 @@ pub fn rms_norm(
     launch::rms_norm(device, x, w, out, eps)
 }
 
+/// `x += y`, then row-wise `out = x · w / sqrt(mean(x²) + eps)`: [`add`] then [`rms_norm`]
+/// in one launch, the same bits.
+pub fn add_rms_norm(
+    device: &Device,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let op = CudaOp::RmsNorm;
+    let cols = w.len().max(1);
+    shape(op, "y length", x.len(), y.len())?;
+    shape(op, "x length (whole rows)", x.len() / cols * cols, x.len())?;
+    shape(op, "out length", x.len(), out.len())?;
+    fits(op, "rows", (x.len() / cols) as u64, i32::MAX as u64)?;
+    if x.is_empty() || w.is_empty() {
+        return Ok(());
+    }
+    launch::add_rms_norm(device, x, y, w, out, eps)
+}
+
 /// `x += y`.
 pub fn add(
     device: &Device,
@@ -137,6 +159,7 @@ pub fn matmul(
     launch::matmul(
         device,
         kind,
+        matrix.dots,
         &matrix.bytes,
         x,
         y,
@@ -267,6 +290,7 @@ pub fn moe_gate_up(
     launch::moe_gate_up(
         device,
         kind,
+        gate.dots,
         &gate.bytes,
         &up.bytes,
         ids,
@@ -295,9 +319,13 @@ pub type SharedDown<'a, 'b> = (
 );
 
 /// Whether the routed experts' launches can take the shared expert `shared` along: the
-/// version-3 kernels, the same block type and row length as `routed`.
+/// version-3 or q8 kernels, the same block type, activation format and row length as
+/// `routed`.
 pub fn moe_folds_shared(routed: &WeightMatrix<'_>, shared: &WeightMatrix<'_>) -> bool {
-    launch::moe_v3() && routed.ty == shared.ty && routed.cols == shared.cols
+    launch::moe_folds(routed.ty, routed.dots)
+        && routed.ty == shared.ty
+        && routed.dots == shared.dots
+        && routed.cols == shared.cols
 }
 
 fn folds_shared(
@@ -365,6 +393,7 @@ pub fn moe_down(
     launch::moe_down(
         device,
         kind,
+        down.dots,
         &down.bytes,
         ids,
         weights,

@@ -45,13 +45,13 @@ pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use graph::Graph;
 pub use layer_ops::{
-    add, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, embed,
-    gated_norm, matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, rms_norm,
+    add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
+    embed, gated_norm, matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, rms_norm,
     DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
-pub use ops::{dequantize, matvec, WeightMatrix};
+pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::profiling;
-pub use source::{modules, weight_kind, ModuleSource, WeightKind, WEIGHT_KINDS};
+pub use source::{modules, weight_kind, ModuleSource, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};
 
 /// Whether this build carries the CUDA backend at all.
 pub const BUILT_WITH_CUDA: bool = true;

@@ -14,6 +14,27 @@ pub struct WeightMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub bytes: CudaView<'a, u8>,
+    /// The activation format of this matrix's layer products (`matmul`, the MoE ops).
+    pub dots: Dots,
+}
+
+/// The activation format of a matrix product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dots {
+    /// f32 activations: the exact math of the dequantized weights (the CPU backend's
+    /// `Precision::Exact`).
+    #[default]
+    F32,
+    /// Activations quantized to Q8_K and integer block dots for the types of
+    /// [`crate::Q8_DOT_TYPES`] (the CPU backend's `Precision::Ggml`); f32 for the others.
+    Q8K,
+}
+
+impl Dots {
+    /// Whether a product with weights of `ty` runs on Q8_K activations.
+    pub fn quantizes(self, ty: GgmlType) -> bool {
+        self == Dots::Q8K && crate::source::Q8_DOT_TYPES.contains(&ty)
+    }
 }
 
 /// The largest grid x dimension of a launch.

@@ -14,6 +14,7 @@ const MATMUL: &str = include_str!("../kernels/matmul.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
+const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
 
 /// A weight type the kernels decode: its GGUF type, the struct in `blocks.cuh`, and the
 /// number of thread items per block (`ITEMS` there).
@@ -48,6 +49,24 @@ pub const WEIGHT_KINDS: [WeightKind; 10] = [
 
 pub fn weight_kind(ty: GgmlType) -> Option<WeightKind> {
     WEIGHT_KINDS.iter().copied().find(|k| k.ty == ty)
+}
+
+/// The weight types with integer dots against Q8_K activations (`Q8Dot` in `q8dot.cuh`):
+/// those whose CPU dot type is Q8_K.
+pub const Q8_DOT_TYPES: [GgmlType; 7] = [
+    GgmlType::Q2K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ1M,
+];
+
+fn q8_kinds() -> impl Iterator<Item = WeightKind> {
+    WEIGHT_KINDS
+        .into_iter()
+        .filter(|k| Q8_DOT_TYPES.contains(&k.ty))
 }
 
 /// Rows per CTA of the matvec kernel (one warp each).
@@ -104,6 +123,42 @@ pub(crate) const WIDE_F16: (&str, usize) = ("F16x8", 8);
 
 pub(crate) fn matmul_v2_kernel(block: &str, rows: usize, x_shared: bool) -> String {
     format!("matmul_v2_kernel<{block}, {MATMUL_V2_WARPS}, {rows}, {x_shared}>")
+}
+
+pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
+    format!(
+        "matmul_q8_kernel<{}, {MATMUL_V2_WARPS}, {rows}>",
+        kind.cuda_name
+    )
+}
+
+/// Warps per CTA of the split-K matmul (one CTA per row).
+pub(crate) const MATMUL_SPLITK_WARPS: u32 = 4;
+
+pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
+    let name = if q8 {
+        "matmul_splitk_q8_kernel"
+    } else {
+        "matmul_splitk_kernel"
+    };
+    format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
+}
+
+/// Rows per lane group the q8 expert matvecs are built for.
+pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
+
+pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
+    format!(
+        "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
+    format!(
+        "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        kind.cuda_name
+    )
 }
 
 /// The block structs the version-2 matmul is instantiated for.
@@ -209,6 +264,11 @@ fn with_reduce(body: &str) -> String {
     with_prelude(&[REDUCE, body].join("\n"))
 }
 
+/// The prelude, the reductions and the Q8_K integer dots.
+fn with_q8_dots(body: &str) -> String {
+    with_prelude(&[REDUCE, Q8DOT, body].join("\n"))
+}
+
 /// Every kernel module of the crate.
 pub fn modules() -> Vec<ModuleSource> {
     vec![
@@ -231,12 +291,12 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .iter()
                 .map(|&k| embed_kernel(k))
-                .chain(["rms_norm_kernel".to_string(), "add_kernel".to_string()])
+                .chain(["rms_norm_kernel", "add_kernel", "add_rms_norm_kernel"].map(String::from))
                 .collect(),
         },
         ModuleSource {
             name: "matmul",
-            source: with_reduce(MATMUL),
+            source: with_q8_dots(MATMUL),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [matmul_kernel(k, true), matmul_kernel(k, false)])
@@ -245,11 +305,22 @@ pub fn modules() -> Vec<ModuleSource> {
                         [true, false].map(|shared| matmul_v2_kernel(block, rows, shared))
                     })
                 }))
+                .chain(q8_kinds().flat_map(|k| {
+                    MATMUL_V2_ROWS
+                        .iter()
+                        .map(move |&rows| matmul_q8_kernel(k, rows))
+                }))
+                .chain(
+                    matmul_v2_blocks()
+                        .into_iter()
+                        .map(|block| matmul_splitk_kernel(block, false)),
+                )
+                .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .collect(),
         },
         ModuleSource {
             name: "moe",
-            source: with_reduce(MOE),
+            source: with_q8_dots(MOE),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
@@ -266,6 +337,16 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .flat_map(|&k| [moe_gate_up_v3_kernel(k), moe_down_v3_kernel(k)]),
                 )
+                .chain(q8_kinds().flat_map(|k| {
+                    MOE_LANES.iter().flat_map(move |&lanes| {
+                        MOE_Q8_ROWS.iter().flat_map(move |&rows| {
+                            [
+                                moe_gate_up_q8_kernel(k, lanes, rows),
+                                moe_down_q8_kernel(k, lanes, rows),
+                            ]
+                        })
+                    })
+                }))
                 .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
                 .collect(),
         },

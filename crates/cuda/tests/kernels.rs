@@ -4,10 +4,11 @@
 
 use half::f16;
 use redlite_cuda::{
-    compile_all, dequantize, matvec, CudaError, Device, WeightMatrix, WEIGHT_KINDS,
+    compile_all, dequantize, matmul, matvec, CudaError, Device, Dots, WeightMatrix, Q8_DOT_TYPES,
+    WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
-use redlite_quant::{dequantize_row, scale_fields, set_iq1m_scale, ScaleKind};
+use redlite_quant::{dequantize_row, dot_row, scale_fields, set_iq1m_scale, ScaleKind};
 
 /// SplitMix64: deterministic test data without a dependency.
 struct Rng(u64);
@@ -119,6 +120,7 @@ fn dequantize_matches_cpu_reference() {
                 rows,
                 cols,
                 bytes: weights.as_view(),
+                dots: Dots::F32,
             };
             dequantize(&device, &matrix, &mut out.as_view_mut()).unwrap();
             let found = device.download(&out).unwrap();
@@ -153,6 +155,7 @@ fn matvec_matches_cpu_reference() {
                 rows,
                 cols,
                 bytes: weights.as_view(),
+                dots: Dots::F32,
             };
             matvec(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
             let found = device.download(&y).unwrap();
@@ -168,6 +171,75 @@ fn matvec_matches_cpu_reference() {
                     "{:?} {rows}x{cols} row {row}: expected {dot}, found {f} (|terms| {norm})",
                     kind.ty
                 );
+            }
+        }
+    }
+}
+
+/// The layer matmul in both activation formats, for shapes that take the split-K kernel
+/// (at most 1,024 rows) and shapes that take version 2 / q8 (more rows), 1 to 3 tokens.
+/// `Dots::F32` against an f64 dot of the dequantized weights (1e-4 of the terms' magnitude);
+/// `Dots::Q8K` (its types) against the CPU's reference dot on Q8_K activations (`dot_row`,
+/// ggml's integer block sums): the activation codes are the same bits and the block sums the
+/// same integers, so only the float order of the scaled block sums differs (1e-5).
+#[test]
+fn matmul_matches_cpu_in_both_precisions() {
+    let Some(device) = device("matmul_matches_cpu_in_both_precisions") else {
+        return;
+    };
+    let mut rng = Rng(3);
+    let shapes = [
+        (1, 256, 1),
+        (37, 768, 3),
+        (131, 2048, 1),
+        (9, 12_288, 2),
+        (1500, 512, 2),
+    ];
+    for kind in WEIGHT_KINDS {
+        for dots in [Dots::F32, Dots::Q8K] {
+            if dots == Dots::Q8K && !Q8_DOT_TYPES.contains(&kind.ty) {
+                continue;
+            }
+            for (rows, cols, tokens) in shapes {
+                let ty = kind.ty;
+                let bytes = random_matrix(ty, rows, cols, &mut rng);
+                let w = reference_rows(ty, &bytes, rows, cols);
+                let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+                let weights = device.upload(&bytes).unwrap();
+                let x_device = device.upload(&x).unwrap();
+                let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
+                let matrix = WeightMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    bytes: weights.as_view(),
+                    dots,
+                };
+                matmul(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
+                let found = device.download(&y).unwrap();
+                let row_bytes = bytes.len() / rows;
+                for (i, &f) in found.iter().enumerate() {
+                    let (t, row) = (i / rows, i % rows);
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let terms = w[row * cols..(row + 1) * cols].iter().zip(xt);
+                    let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
+                        let term = f64::from(a) * f64::from(b);
+                        (dot + term, norm + term.abs())
+                    });
+                    let (expected, bound) = match dots {
+                        Dots::F32 => (dot, 1e-4),
+                        Dots::Q8K => {
+                            let row = &bytes[row * row_bytes..(row + 1) * row_bytes];
+                            (f64::from(dot_row(ty, row, xt).unwrap()), 1e-5)
+                        }
+                    };
+                    let error = (f64::from(f) - expected).abs();
+                    assert!(
+                        error <= bound * norm.max(1e-30),
+                        "{ty:?} {dots:?} {rows}x{cols} token {t} row {row}: CPU {expected}, \
+                         GPU {f} (|terms| {norm})"
+                    );
+                }
             }
         }
     }

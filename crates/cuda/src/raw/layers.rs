@@ -77,6 +77,28 @@ pub(crate) fn launch_rms_norm(
     })
 }
 
+/// `add_rms_norm_kernel(x, y, w, out, cols, eps)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_add_rms_norm(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &CudaView<'_, f32>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    cols: i32,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(x).arg(y).arg(w).arg(out).arg(&cols).arg(&eps);
+    // SAFETY: arguments match the signature; x, y and out hold grid.x rows of `cols`, w
+    // `cols`; out is a separate buffer (a mutable borrow distinct from x's).
+    launched(stream, "cuLaunchKernel(add_rms_norm)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `add_kernel(x, y, n)`.
 pub(crate) fn launch_add(
     stream: &CudaStream,
@@ -227,7 +249,8 @@ pub(crate) type SharedDownArgs<'a, 'b> = (
 );
 
 /// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
-/// shared_gate, shared_up, act_shared, shared_ff)`; null shared pointers without `shared`.
+/// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES>`
+/// of the same signature; null shared pointers without `shared`.
 #[allow(clippy::type_complexity)]
 pub(crate) fn launch_moe_gate_up_v3(
     stream: &CudaStream,
@@ -267,8 +290,9 @@ pub(crate) fn launch_moe_gate_up_v3(
 }
 
 /// `moe_down_v3_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert,
-/// accumulate, shared_down, shared_weight, act_shared, shared_ff)`; null shared pointers
-/// without `shared`.
+/// accumulate, shared_down, shared_weight, act_shared, shared_ff)`, and
+/// `moe_down_q8_kernel<B, WARPS, LANES>` of the same signature; null shared pointers without
+/// `shared`.
 #[allow(clippy::type_complexity)]
 pub(crate) fn launch_moe_down_v3(
     stream: &CudaStream,

@@ -113,6 +113,19 @@ pub trait Backend {
     fn moe(&self, layer: usize, b: Batch, h: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// `x += y`.
     fn add(&self, b: Batch, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// `x += y`, then `out = rms_norm(x)`: the residual add and the next norm, which a
+    /// backend may fuse (the same bits as the two calls).
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        b: Batch,
+        x: &mut Self::Act,
+        y: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<()> {
+        self.add(b, x, y)?;
+        self.rms_norm(norm, b, x, out)
+    }
     /// LM-head logits of the given rows (ascending), appended to `out` (`[rows][vocab]`).
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
     /// The activations of a batch, copied to the host (per-layer parity checks).

@@ -130,16 +130,23 @@ pub fn forward_batch<B: Backend>(
     if capture_hidden {
         output.hidden.push(backend.to_host(b, x));
     }
-    for (layer, kind) in backend.config().layers.iter().enumerate() {
-        backend.rms_norm(Norm::Attn(layer), b, x, h)?;
+    let layers = &backend.config().layers;
+    if !layers.is_empty() {
+        backend.rms_norm(Norm::Attn(0), b, x, h)?;
+    }
+    for (layer, kind) in layers.iter().enumerate() {
         match kind {
             LayerKind::DeltaNet => backend.deltanet(layer, &mut segs, h, mix)?,
             LayerKind::Attention => backend.attention(layer, &mut segs, h, mix)?,
         }
-        backend.add(b, x, mix)?;
-        backend.rms_norm(Norm::Post(layer), b, x, h)?;
+        backend.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
         backend.moe(layer, b, h, mix)?;
-        backend.add(b, x, mix)?;
+        // The residual add, fused with the next layer's input norm.
+        if layer + 1 < layers.len() {
+            backend.add_rms_norm(Norm::Attn(layer + 1), b, x, mix, h)?;
+        } else {
+            backend.add(b, x, mix)?;
+        }
         if capture_hidden {
             output.hidden.push(backend.to_host(b, x));
         }

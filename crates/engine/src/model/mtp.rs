@@ -60,12 +60,10 @@ pub fn forward_mtp<B: Backend>(
         state: &mut *state,
     }];
     backend.attention(layer, &mut segs, h, mix)?;
-    backend.add(b, x, mix)?;
-    backend.rms_norm(Norm::Post(layer), b, x, h)?;
+    backend.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
     backend.moe(layer, b, h, mix)?;
-    backend.add(b, x, mix)?;
     state.set_pos(pos + n);
-    backend.rms_norm(Norm::MtpHead, b, x, h)?;
+    backend.add_rms_norm(Norm::MtpHead, b, x, mix, h)?;
     let mut out = Vec::new();
     if logits {
         backend.mtp_logits(&[n - 1], h, &mut out)?;

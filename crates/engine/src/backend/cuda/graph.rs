@@ -29,6 +29,7 @@ const MAX_GRAPHS: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Norm(Norm),
+    AddNorm(Norm),
     DeltaNet(usize),
     Attention(usize),
     Moe(usize),

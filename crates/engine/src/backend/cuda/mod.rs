@@ -1,6 +1,9 @@
 //! The CUDA backend: every weight resident on the GPU (matrices in their GGUF block format,
-//! decoded inside the kernels), activations and per-sequence state in device memory, and
-//! f32 activations in every matvec (the CPU backend's `Precision::Exact` math).
+//! decoded inside the kernels), activations and per-sequence state in device memory. The
+//! matrix products follow the CPU backend's [`Precision`]: by default (`Ggml`) the
+//! activations of the k-quant and IQ products are quantized to Q8_K inside the kernels and
+//! the block dots are integer (`REDLITE_CUDA_EXACT=1` or `Precision::Exact`: f32
+//! activations everywhere, the exact math of the dequantized weights).
 //!
 //! Every op only queues kernels on the device's stream; the host waits only where data
 //! comes back (`logits`, `to_host`). Intermediate buffers (`Scratch`) are allocated once
@@ -19,9 +22,10 @@ mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redlite_cuda::{Device, Position};
+use redlite_cuda::{Device, Dots, Position};
 use redlite_gguf::GgufModel;
 
+pub use crate::backend::cpu::linear::Precision;
 use crate::backend::{Backend, Batch, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
@@ -40,6 +44,8 @@ pub struct CudaBackend {
     /// The recorded one-token decode steps (shared with every state, whose `set_pos` ends
     /// a step).
     graphs: SharedGraphs,
+    /// How every matrix's products are computed (the MTP block, loaded later, matches).
+    dots: Dots,
 }
 
 impl CudaBackend {
@@ -49,13 +55,37 @@ impl CudaBackend {
         CudaBackend::with_device(device, &gguf, config)
     }
 
-    /// Uploads every tensor to an already opened device (tests share one).
+    /// Uploads every tensor to an already opened device (tests share one), with the
+    /// precision `REDLITE_CUDA_EXACT` selects.
     pub fn with_device(
         device: Arc<Device>,
         gguf: &GgufModel,
         config: HybridConfig,
     ) -> Result<CudaBackend> {
-        let weights = weights::upload(&device, gguf, &config)?;
+        let exact = matches!(
+            std::env::var("REDLITE_CUDA_EXACT").as_deref(),
+            Ok("1") | Ok("true")
+        );
+        let precision = if exact {
+            Precision::Exact
+        } else {
+            Precision::Ggml
+        };
+        CudaBackend::with_precision(device, gguf, config, precision)
+    }
+
+    /// Uploads every tensor to an already opened device; products in `precision`.
+    pub fn with_precision(
+        device: Arc<Device>,
+        gguf: &GgufModel,
+        config: HybridConfig,
+        precision: Precision,
+    ) -> Result<CudaBackend> {
+        let dots = match precision {
+            Precision::Exact => Dots::F32,
+            Precision::Ggml => Dots::Q8K,
+        };
+        let weights = weights::upload(&device, gguf, &config, dots)?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
@@ -64,6 +94,7 @@ impl CudaBackend {
             weights,
             scratch,
             graphs,
+            dots,
         })
     }
 
@@ -71,7 +102,12 @@ impl CudaBackend {
     /// none. A no-op when already loaded.
     pub fn load_mtp(&mut self, gguf: &GgufModel) -> Result<()> {
         if self.weights.mtp.is_none() {
-            self.weights.mtp = Some(weights::upload_mtp(&self.device, gguf, &self.config)?);
+            self.weights.mtp = Some(weights::upload_mtp(
+                &self.device,
+                gguf,
+                &self.config,
+                self.dots,
+            )?);
         }
         Ok(())
     }
@@ -110,9 +146,25 @@ impl CudaBackend {
         })
     }
 
+    /// The weight of a norm; layer `n_layer` is the MTP block's.
+    fn norm_weights(&self, norm: Norm) -> Result<&redlite_cuda::CudaSlice<f32>> {
+        Ok(match norm {
+            Norm::Attn(l) => &self.weights.layer(l)?.attn_norm,
+            Norm::Post(l) => &self.weights.layer(l)?.post_norm,
+            Norm::Output => &self.weights.output_norm,
+            Norm::MtpHead => &self.weights.mtp()?.head_norm,
+        })
+    }
+
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
         EngineError::BadConfig(format!("layer {layer} is not {kind} layer"))
     }
+}
+
+/// `REDLITE_FUSED_ADD_NORM=0`: the residual add and the next norm as two launches.
+fn fuse_add_norm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_ADD_NORM").as_deref() != Ok("0"))
 }
 
 impl Backend for CudaBackend {
@@ -169,16 +221,10 @@ impl Backend for CudaBackend {
         if self.gate(Op::Norm(norm), buffers)? == Gate::Skip {
             return Ok(());
         }
-        let w = match norm {
-            Norm::Attn(l) => &self.weights.layer(l)?.attn_norm,
-            Norm::Post(l) => &self.weights.layer(l)?.post_norm,
-            Norm::Output => &self.weights.output_norm,
-            Norm::MtpHead => &self.weights.mtp()?.head_norm,
-        };
         redlite_cuda::rms_norm(
             &self.device,
             &x.rows(b.tokens)?,
-            &w.as_view(),
+            &self.norm_weights(norm)?.as_view(),
             &mut out.rows_mut(b.tokens)?,
             self.config.rms_eps,
         )?;
@@ -285,6 +331,37 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        b: Batch,
+        x: &mut CudaAct,
+        y: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        if !fuse_add_norm() {
+            self.add(b, x, y)?;
+            return self.rms_norm(norm, b, x, out);
+        }
+        let buffers = [
+            x.address(&self.device)?,
+            y.address(&self.device)?,
+            out.address(&self.device)?,
+        ];
+        if self.gate(Op::AddNorm(norm), buffers)? == Gate::Skip {
+            return Ok(());
+        }
+        redlite_cuda::add_rms_norm(
+            &self.device,
+            &mut x.rows_mut(b.tokens)?,
+            &y.rows(b.tokens)?,
+            &self.norm_weights(norm)?.as_view(),
+            &mut out.rows_mut(b.tokens)?,
+            self.config.rms_eps,
+        )?;
         Ok(())
     }
 

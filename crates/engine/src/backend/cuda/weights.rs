@@ -1,7 +1,7 @@
 //! Every weight resident on the GPU, uploaded once: matrices in their GGUF block format
 //! (decoded inside the kernels), small vectors (norms, gates, conv taps) decoded to f32.
 
-use redlite_cuda::{CudaSlice, Device, WeightMatrix};
+use redlite_cuda::{CudaSlice, Device, Dots, WeightMatrix};
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::dequantize_row;
 
@@ -15,10 +15,11 @@ pub struct DeviceMatrix {
     pub rows: usize,
     pub cols: usize,
     bytes: CudaSlice<u8>,
+    dots: Dots,
 }
 
 impl DeviceMatrix {
-    fn load(device: &Device, gguf: &GgufModel, name: &str) -> Result<DeviceMatrix> {
+    fn load(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
         let loc = gguf
             .locate(name)
             .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
@@ -28,6 +29,7 @@ impl DeviceMatrix {
             rows: info.rows() as usize,
             cols: info.row_len() as usize,
             bytes: device.upload(gguf.data(loc))?,
+            dots,
         })
     }
 
@@ -37,6 +39,7 @@ impl DeviceMatrix {
             rows: self.rows,
             cols: self.cols,
             bytes: self.bytes.as_view(),
+            dots: self.dots,
         }
     }
 }
@@ -59,21 +62,31 @@ pub type Mixer = weights::Mixer<DeviceMatrix, CudaSlice<f32>>;
 pub type CudaWeights = weights::ModelWeights<DeviceMatrix, CudaSlice<f32>>;
 pub type MtpWeights = weights::MtpWeights<DeviceMatrix, CudaSlice<f32>>;
 
-/// Uploads every weight once.
-pub fn upload(device: &Device, g: &GgufModel, config: &HybridConfig) -> Result<CudaWeights> {
+/// Uploads every weight once; every matrix's products use `dots`.
+pub fn upload(
+    device: &Device,
+    g: &GgufModel,
+    config: &HybridConfig,
+    dots: Dots,
+) -> Result<CudaWeights> {
     weights::load_weights(
         config,
-        &|name| DeviceMatrix::load(device, g, name),
+        &|name| DeviceMatrix::load(device, g, name, dots),
         &|name| vector(device, g, name),
         &|name| g.locate(name).is_some(),
     )
 }
 
 /// Uploads the MTP block (refused when the file has none).
-pub fn upload_mtp(device: &Device, g: &GgufModel, config: &HybridConfig) -> Result<MtpWeights> {
+pub fn upload_mtp(
+    device: &Device,
+    g: &GgufModel,
+    config: &HybridConfig,
+    dots: Dots,
+) -> Result<MtpWeights> {
     weights::load_mtp(
         config,
-        &|name| DeviceMatrix::load(device, g, name),
+        &|name| DeviceMatrix::load(device, g, name, dots),
         &|name| vector(device, g, name),
         &|name| g.locate(name).is_some(),
     )

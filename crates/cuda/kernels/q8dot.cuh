@@ -1,0 +1,341 @@
+// Integer dot products against activations quantized to Q8_K: the CPU backend's
+// `Precision::Ggml` math (llama.cpp's activation format for the k-quant and IQ types).
+// Every kernel that uses them quantizes its input once per CTA into shared memory
+// (`quantize_q8k_shared`, bit-identical to the CPU's Q8_K quantization), then each weight
+// item is an integer sum of code x q8 products (dp4a: exact, the CPU's integers) scaled
+// in f32. Results differ from the CPU's by the float order of the scaled sums only.
+// A value is read as one int8 instead of one f32 and four products take one instruction:
+// the float kernels of blocks.cuh spend most of their time on x loads and conversions.
+//
+// Needs common.cuh, the tables, blocks.cuh and reduce.cuh before it.
+
+#define Q8K_VALUES 256
+
+// The q8 kernels read the IQ2 codebooks from global memory (L1-resident after the first
+// lookups) unless REDLITE_Q8_SHARED_TABLES=1 (a compile option from the environment):
+// copying them to shared memory is one more dependent load and barrier in front of every
+// CTA's work. `q8_prepare<B>()` stands for B::prepare() in the q8 kernels.
+#if REDLITE_Q8_SHARED_TABLES
+#define Q8_IQ2XXS_GRID IQ2XXS_GRID
+#define Q8_IQ2XS_GRID IQ2XS_GRID
+#define Q8_KSIGNS KSIGNS
+#else
+#define Q8_IQ2XXS_GRID iq2xxs_grid
+#define Q8_IQ2XS_GRID iq2xs_grid
+#define Q8_KSIGNS ksigns_iq2xs
+#endif
+
+template <class B>
+static __device__ __forceinline__ void q8_prepare() {
+#if REDLITE_Q8_SHARED_TABLES
+    B::prepare();
+#endif
+}
+
+// Bytes of the shared-memory staging of `values` activation values: the f32 block scales
+// first (padded to 16 bytes), then the int8 codes (16-byte aligned).
+static __device__ __forceinline__ int q8_scales_bytes(int values) {
+    return ((values / Q8K_VALUES) * 4 + 15) & ~15;
+}
+
+// Quantizes `values` f32 (whole 256-value blocks) into `d` (a scale per block) and `q` as
+// the CPU's Q8_K: the signed value of largest magnitude (the first one on ties) maps to
+// -127; code = round-half-even(x * (-127 / max)) capped at 127; d = 1 / (-127 / max); an
+// all-zero block has d = 0. One warp per block, up to Q8_UNROLL blocks per warp with all
+// their loads issued before the first reduction (the prologue is a latency chain that
+// every weight load of the kernel waits behind). Ends with a CTA barrier.
+#define Q8_UNROLL 4
+
+// The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
+// null when `values2` is 0), staged back to back.
+static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
+                                                           int values,
+                                                           const float* __restrict__ x2,
+                                                           int values2, float* d, i8* q) {
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    const int blocks1 = values / Q8K_VALUES, blocks = blocks1 + values2 / Q8K_VALUES;
+    for (int first = warp; first < blocks; first += Q8_UNROLL * warps) {
+        float v[Q8_UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            const int b = first + u * warps;
+            const float* xb = b < blocks1 ? x + i64(b) * Q8K_VALUES + 8 * lane
+                                          : x2 + i64(b - blocks1) * Q8K_VALUES + 8 * lane;
+            const bool wide = (reinterpret_cast<u64>(xb) & 15) == 0;
+            if (b < blocks && wide) {
+                const float4 lo = *reinterpret_cast<const float4*>(xb);
+                const float4 hi = *reinterpret_cast<const float4*>(xb + 4);
+                v[u][0] = lo.x, v[u][1] = lo.y, v[u][2] = lo.z, v[u][3] = lo.w;
+                v[u][4] = hi.x, v[u][5] = hi.y, v[u][6] = hi.z, v[u][7] = hi.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[u][j] = b < blocks ? xb[j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            const int b = first + u * warps;
+            if (b >= blocks) break;
+            float amax = 0.0f, signed_max = 0.0f;
+            int at = Q8K_VALUES;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (fabsf(v[u][j]) > amax) {
+                    amax = fabsf(v[u][j]);
+                    signed_max = v[u][j];
+                    at = 8 * lane + j;
+                }
+            }
+#pragma unroll
+            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+                const float other_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+                const float other_max = __shfl_xor_sync(0xffffffffu, signed_max, offset);
+                const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
+                if (other_amax > amax || (other_amax == amax && other_at < at)) {
+                    amax = other_amax;
+                    signed_max = other_max;
+                    at = other_at;
+                }
+            }
+            u32 words[2] = {0, 0};
+            float scale = 0.0f;
+            if (amax != 0.0f) {
+                const float iscale = -127.0f / signed_max;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int code = min(127, __float2int_rn(iscale * v[u][j]));
+                    words[j / 4] |= (u32(code) & 0xffu) << (8 * (j % 4));
+                }
+                scale = 1.0f / iscale;
+            }
+            *reinterpret_cast<uint2*>(q + b * Q8K_VALUES + 8 * lane) =
+                make_uint2(words[0], words[1]);
+            if (lane == 0) d[b] = scale;
+        }
+    }
+    __syncthreads();
+}
+
+// Asks L2 for `bytes` bytes from `p` (one 128-byte line per lane and step), so the weight
+// loads after the quantization prologue hit L2 instead of waiting on DRAM.
+static __device__ __forceinline__ void prefetch_l2(const u8* p, i64 bytes, int lane, int lanes) {
+    for (i64 at = i64(lane) * 128; at < bytes; at += i64(lanes) * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + at));
+    }
+}
+
+// 16 codes from 16-byte aligned shared memory.
+static __device__ __forceinline__ int4 load_q8x16(const i8* p) {
+    return *reinterpret_cast<const int4*>(p);
+}
+
+// Σ of 4 x 4 codes (the offsets of the types with a min or a -32 bias).
+static __device__ __forceinline__ int q8_sum16(int4 x) {
+    int s = __dp4a(0x01010101, x.x, 0);
+    s = __dp4a(0x01010101, x.y, s);
+    s = __dp4a(0x01010101, x.z, s);
+    return __dp4a(0x01010101, x.w, s);
+}
+
+// Byte masks from 4 sign bits: byte j is 0xff where bit j is set. The multiply spreads bit j
+// to bit 8j (the shifted copies do not overlap, so no carries).
+static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
+    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xffu;
+}
+
+// acc + Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (signs: bit j negative).
+static __device__ __forceinline__ int iq2_group_dot(u64 grid, u32 signs, int x_lo, int x_hi,
+                                                    int acc) {
+    const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
+    const u32 g_lo = __vsub4(u32(grid) ^ m_lo, m_lo);
+    const u32 g_hi = __vsub4(u32(grid >> 32) ^ m_hi, m_hi);
+    acc = __dp4a(int(g_lo), x_lo, acc);
+    return __dp4a(int(g_hi), x_hi, acc);
+}
+
+// Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
+// B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
+template <class B>
+struct Q8Dot;
+
+template <>
+struct Q8Dot<IQ2XXS> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const float d = f16_to_f32(load_u16(b));
+        const u32 a = load_u32_a2(b + 2 + 8 * item), s = load_u32_a2(b + 6 + 8 * item);
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int sumi = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+                                 Q8_KSIGNS[(s >> (7 * l)) & 127],
+                                 xs[2 * l], xs[2 * l + 1], sumi);
+        }
+        return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
+    }
+};
+
+template <>
+struct Q8Dot<IQ2XS> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const float d = f16_to_f32(load_u16(b));
+        const u32 w01 = load_u32_a2(b + 2 + 8 * item), w23 = load_u32_a2(b + 6 + 8 * item);
+        const u32 sc = b[66 + item];
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        int low = iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
+        low = iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low);
+        int high = iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, 0);
+        high = iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high);
+        const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
+        return 0.125f * d * d8 * float(sumi);
+    }
+};
+
+template <>
+struct Q8Dot<IQ1M> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const u16 w0 = load_u16(b + 48), w1 = load_u16(b + 50);
+        const u16 w2 = load_u16(b + 52), w3 = load_u16(b + 54);
+        const float d = f16_to_f32(u16((w0 >> 12) | ((w1 >> 8) & 0x00f0) |
+                                       ((w2 >> 4) & 0x0f00) | (w3 & 0xf000)));
+        const u32 word = load_u16(b + 48 + 2 * (item >> 1));
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int sumi = 0, sum_delta = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 nibble = (b[32 + 2 * item + l / 2] >> (4 * (l % 2))) & 0x0f;
+            const u64 grid = iq1s_grid[u32(b[4 * item + l]) | ((nibble & 7) << 8)];
+            const int ls = 2 * int((word >> (6 * (item % 2) + 3 * (l / 2))) & 7) + 1;
+            int grid_sum = __dp4a(int(u32(grid)), xs[2 * l], 0);
+            grid_sum = __dp4a(int(u32(grid >> 32)), xs[2 * l + 1], grid_sum);
+            int code_sum = __dp4a(0x01010101, xs[2 * l], 0);
+            code_sum = __dp4a(0x01010101, xs[2 * l + 1], code_sum);
+            sumi += grid_sum * ls;
+            sum_delta += (nibble & 8 ? -code_sum : code_sum) * ls;
+        }
+        return d * d8 * (float(sumi) + 0.125f * float(sum_delta));
+    }
+};
+
+// Item s = 8H + 2p + k: values 128H + 32p + 16k + t (t < 16) are bits 2p of
+// qs[32H + 16k + t].
+template <>
+struct Q8Dot<Q2K> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const u32 dd = load_u32(b + 80);
+        const u32 sc = b[item];
+        const int half = item >> 3, p = (item >> 1) & 3, k = item & 1;
+        const u8* qs = b + 16 + 32 * half + 16 * k;
+        const int4 x = load_q8x16(q + 128 * half + 32 * p + 16 * k);
+        const int xs[4] = {x.x, x.y, x.z, x.w};
+        int sum = 0;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            sum = __dp4a(int((load_u32(qs + 4 * w) >> (2 * p)) & 0x03030303u), xs[w], sum);
+        }
+        const float dl = f16_to_f32(u16(dd & 0xffff)), ml = f16_to_f32(u16(dd >> 16));
+        return d8 * (dl * float(int(sc & 0x0f) * sum) - ml * float(int(sc >> 4) * q8_sum16(x)));
+    }
+};
+
+// The 6-bit scale and min of sub-block j of Q4_K / Q5_K as integers.
+static __device__ __forceinline__ void scale_min_k4_int(int j, const u8* packed, int& sc, int& m) {
+    if (j < 4) {
+        sc = packed[j] & 63;
+        m = packed[j + 4] & 63;
+    } else {
+        sc = (packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4);
+        m = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+    }
+}
+
+// Item (c, h): low nibbles of qs[32c + 16h + t] are values 64c + 16h + t (sub-block 2c),
+// high nibbles values 64c + 32 + 16h + t (sub-block 2c + 1); Q5_K's fifth bit of value
+// 32s + l is bit s of qh[l].
+template <bool FIVE_BITS>
+struct Q8Dot<QKAffine<FIVE_BITS>> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const u32 dd = load_u32(b);
+        const int c = item >> 1, h = item & 1;
+        int sc_lo, m_lo, sc_hi, m_hi;
+        scale_min_k4_int(2 * c, b + 4, sc_lo, m_lo);
+        scale_min_k4_int(2 * c + 1, b + 4, sc_hi, m_hi);
+        const uint4 qs = load_u128(b + (FIVE_BITS ? 48 : 16) + 32 * c + 16 * h);
+        uint4 qh = make_uint4(0, 0, 0, 0);
+        if (FIVE_BITS) qh = load_u128(b + 16 + 16 * h);
+        const int4 x_lo = load_q8x16(q + 64 * c + 16 * h);
+        const int4 x_hi = load_q8x16(q + 64 * c + 32 + 16 * h);
+        const u32 qs_w[4] = {qs.x, qs.y, qs.z, qs.w};
+        const u32 qh_w[4] = {qh.x, qh.y, qh.z, qh.w};
+        const int xl[4] = {x_lo.x, x_lo.y, x_lo.z, x_lo.w};
+        const int xh[4] = {x_hi.x, x_hi.y, x_hi.z, x_hi.w};
+        int sum_lo = 0, sum_hi = 0;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            u32 lo = qs_w[w] & 0x0f0f0f0fu, hi = (qs_w[w] >> 4) & 0x0f0f0f0fu;
+            if (FIVE_BITS) {
+                lo |= ((qh_w[w] >> (2 * c)) & 0x01010101u) << 4;
+                hi |= ((qh_w[w] >> (2 * c + 1)) & 0x01010101u) << 4;
+            }
+            sum_lo = __dp4a(int(lo), xl[w], sum_lo);
+            sum_hi = __dp4a(int(hi), xh[w], sum_hi);
+        }
+        const float d = f16_to_f32(u16(dd & 0xffff)), dmin = f16_to_f32(u16(dd >> 16));
+        const int scaled = sc_lo * sum_lo + sc_hi * sum_hi;
+        const int mins = m_lo * q8_sum16(x_lo) + m_hi * q8_sum16(x_hi);
+        return d8 * (d * float(scaled) - dmin * float(mins));
+    }
+};
+
+// Item (H, k): l = 8k..8k+8 of half H, values 128H + 32g + l for g = 0..4 with scale
+// 8H + 2g + k/2.
+template <>
+struct Q8Dot<Q6K> {
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+        const float d = f16_to_f32(load_u16(b + 208));
+        const int half = item >> 2, l0 = 8 * (item & 3);
+        const u8* ql = b + 64 * half + l0;
+        const u8* qh = b + 128 + 32 * half + l0;
+        const i8* scales = reinterpret_cast<const i8*>(b + 192 + 8 * half + l0 / 16);
+        int sums[4] = {0, 0, 0, 0}, code_sums[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            const u32 a = load_u32_a2(ql + 4 * w), c = load_u32_a2(ql + 32 + 4 * w);
+            const u32 hb = load_u32_a2(qh + 4 * w);
+            const u32 codes[4] = {
+                (a & 0x0f0f0f0fu) | ((hb & 0x03030303u) << 4),
+                (c & 0x0f0f0f0fu) | (((hb >> 2) & 0x03030303u) << 4),
+                ((a >> 4) & 0x0f0f0f0fu) | (((hb >> 4) & 0x03030303u) << 4),
+                ((c >> 4) & 0x0f0f0f0fu) | (((hb >> 6) & 0x03030303u) << 4),
+            };
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                const int x = *reinterpret_cast<const int*>(q + 128 * half + 32 * g + l0 + 4 * w);
+                sums[g] = __dp4a(int(codes[g]), x, sums[g]);
+                code_sums[g] = __dp4a(0x01010101, x, code_sums[g]);
+            }
+        }
+        int sumi = 0;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) sumi += int(scales[2 * g]) * (sums[g] - 32 * code_sums[g]);
+        return d * d8 * float(sumi);
+    }
+};
+
+// This lane's share of W_row · x with x quantized (`q` codes, `d` scales per 256 values)
+// when LANES lanes share the row; reduce over those lanes.
+template <class B, int LANES = WARP_SIZE>
+static __device__ __forceinline__ float row_dot_lane_q8(const u8* __restrict__ row,
+                                                        const i8* q, const float* d, int cols,
+                                                        int lane) {
+    const int items = cols / B::VALUES * B::ITEMS;
+    float acc = 0.0f;
+    for (int i = lane; i < items; i += LANES) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        acc += Q8Dot<B>::dot(row + i64(block) * B::BYTES, item, q + block * B::VALUES, d[block]);
+    }
+    return acc;
+}
