@@ -13,6 +13,7 @@ mod metrics;
 mod prefix;
 mod scheduler;
 mod slot;
+mod speculate;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -5,8 +5,7 @@
 use crate::backend::{Backend, SeqState};
 use crate::error::Result;
 use crate::generate::StopReason;
-use crate::model::forward::{forward, forward_batch, Logits, SeqInput, Workspace};
-use crate::model::mtp::{forward_mtp, Hidden};
+use crate::model::forward::{forward_batch, Logits, SeqInput, Workspace};
 use crate::sampling::Sampler;
 use crate::serve::prefix::{PrefixCache, Resume};
 use crate::serve::slot::{Active, Outcome, Slot, Work};
@@ -14,17 +13,17 @@ use crate::serve::{Event, Pending, ServeConfig, Shared};
 use crate::tokenizer::Tokenizer;
 
 pub struct Scheduler<'a, B: Backend> {
-    backend: &'a B,
-    tokenizer: &'a Tokenizer,
-    config: &'a ServeConfig,
-    shared: &'a Shared,
-    slots: Vec<Slot<'a, B::State>>,
-    work: Workspace<B>,
+    pub(super) backend: &'a B,
+    pub(super) tokenizer: &'a Tokenizer,
+    pub(super) config: &'a ServeConfig,
+    pub(super) shared: &'a Shared,
+    pub(super) slots: Vec<Slot<'a, B::State>>,
+    pub(super) work: Workspace<B>,
     /// With `config.draft > 0`: the MTP block's workspace, and the one that re-runs the
     /// kept tokens of a slot whose drafts were rejected (so `work` keeps every slot's rows
     /// for the MTP block until the step is done).
-    mtp_work: Option<Workspace<B>>,
-    rollback_work: Option<Workspace<B>>,
+    pub(super) mtp_work: Option<Workspace<B>>,
+    pub(super) rollback_work: Option<Workspace<B>>,
     /// Increases with every admission and finish (ordering for fairness and eviction).
     tick: u64,
 }
@@ -463,7 +462,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
 
     /// A slot's job ended with `reason`: the state is snapshotted for the next turn, the
     /// job reports its end.
-    fn end_turn(&mut self, index: usize, reason: StopReason, tick: u64) {
+    pub(super) fn end_turn(&mut self, index: usize, reason: StopReason, tick: u64) {
         let slot = &mut self.slots[index];
         if reason != StopReason::Cancelled {
             // The end of a turn: the next turn of the conversation starts with these tokens.
@@ -479,7 +478,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     }
 
     /// A slot's job failed (an MTP step): it reports the error, the slot starts empty.
-    fn fail_slot(&mut self, index: usize, why: &str) {
+    pub(super) fn fail_slot(&mut self, index: usize, why: &str) {
         let slot = &mut self.slots[index];
         slot.state.reset_state();
         slot.cache.clear();
@@ -487,160 +486,6 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             active.job.sink.send(Event::Failed(why.to_string()));
             self.shared.metrics.failed();
         }
-    }
-
-    /// Runs the slot's MTP block over its rows `row0..` of this step (trunk positions
-    /// `pos0..`), each paired with its successor token; returns the last row's draft logits
-    /// when `logits`.
-    fn mtp_catch_up(
-        &mut self,
-        index: usize,
-        row0: usize,
-        pos0: usize,
-        successors: &[u32],
-        logits: bool,
-    ) -> Result<Vec<f32>> {
-        let (Some(mtp_work), Some(mtp)) = (self.mtp_work.as_mut(), self.slots[index].mtp.as_mut())
-        else {
-            return Ok(Vec::new());
-        };
-        // Positions follow the trunk's (a resumed prompt may leave stale entries below:
-        // they only lower the acceptance rate).
-        mtp.set_pos(pos0);
-        forward_mtp(
-            self.backend,
-            mtp,
-            mtp_work,
-            successors,
-            Hidden::Trunk {
-                act: &self.work.h,
-                row0,
-            },
-            logits,
-        )
-    }
-
-    /// After a step that fed `fed` (rows `row0..`, trunk positions `pos0..`) and sampled
-    /// the slot's pending token: the MTP block takes those rows and drafts the next step's
-    /// tokens.
-    fn draft(&mut self, index: usize, row0: usize, pos0: usize, fed: &[u32]) -> Result<()> {
-        if self.mtp_work.is_none() {
-            return Ok(());
-        }
-        let Some(active) = self.slots[index].active.as_ref() else {
-            return Ok(());
-        };
-        let Some(pending) = active.pending else {
-            return Ok(());
-        };
-        // Drafts that fit the token budget and the context (one more row verifies them).
-        let kept_pos = pos0 + fed.len();
-        let room = self.config.context.saturating_sub(kept_pos + 1);
-        let n = self
-            .config
-            .draft
-            .min(active.budget().saturating_sub(1))
-            .min(room);
-        let mut successors = fed[1..].to_vec();
-        successors.push(pending);
-        let logits = self.mtp_catch_up(index, row0, pos0, &successors, n > 0)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let slot = &mut self.slots[index];
-        let (Some(active), Some(mtp), Some(mtp_work)) = (
-            slot.active.as_mut(),
-            slot.mtp.as_mut(),
-            self.mtp_work.as_mut(),
-        ) else {
-            return Ok(());
-        };
-        let mut last = active
-            .pick_draft(&logits)
-            .map_err(crate::EngineError::BadConfig)?;
-        let mut row = successors.len() - 1;
-        for _ in 1..n {
-            let logits = forward_mtp(
-                self.backend,
-                mtp,
-                mtp_work,
-                &[last],
-                Hidden::Own { row },
-                true,
-            )?;
-            last = active
-                .pick_draft(&logits)
-                .map_err(crate::EngineError::BadConfig)?;
-            row = 0;
-        }
-        active.seal_drafts();
-        Ok(())
-    }
-
-    /// A slot verified its drafts (`rows`: logits of its token and each draft, its rows at
-    /// `row0`): emit what the acceptance rule keeps, let the MTP block take the kept rows
-    /// and draft again, and roll the state back past rejected drafts.
-    fn advance_verified(&mut self, index: usize, rows: &[f32], row0: usize, tick: u64) -> usize {
-        let n_vocab = self.backend.config().n_vocab;
-        let slot = &mut self.slots[index];
-        let Some(active) = slot.active.as_mut() else {
-            return 0;
-        };
-        let batch = active.verify.clone();
-        let pos0 = slot.state.pos() - batch.len();
-        let generated_before = active.budget();
-        let verified = match active.take_verified(rows, n_vocab, self.tokenizer) {
-            Ok(v) => v,
-            Err(e) => {
-                self.fail_slot(index, &e);
-                return 0;
-            }
-        };
-        let generated = generated_before - active.budget();
-        self.shared
-            .metrics
-            .speculated(verified.drafts.len(), verified.accepted);
-        let fed = &batch[..1 + verified.fed];
-        slot.cache.extend(fed);
-        if let Outcome::Continue = verified.outcome {
-            if let Err(e) = self.draft(index, row0, pos0, fed) {
-                self.fail_slot(index, &e.to_string());
-                return generated;
-            }
-        }
-        if fed.len() < batch.len() {
-            if let Err(e) = self.roll_back(index, fed) {
-                self.fail_slot(index, &e.to_string());
-                return generated;
-            }
-        }
-        if let Outcome::Done(reason) = verified.outcome {
-            self.end_turn(index, reason, tick);
-        }
-        generated
-    }
-
-    /// Back to the checkpoint taken before the verification, then the kept tokens again.
-    fn roll_back(&mut self, index: usize, fed: &[u32]) -> Result<()> {
-        let slot = &mut self.slots[index];
-        let (true, Some(work)) = (
-            std::mem::take(&mut slot.checkpointed),
-            self.rollback_work.as_mut(),
-        ) else {
-            return Err(crate::EngineError::BadConfig(
-                "MTP rollback without a checkpoint".into(),
-            ));
-        };
-        slot.state.rollback()?;
-        forward(
-            self.backend,
-            &mut slot.state,
-            work,
-            fed,
-            Logits::None,
-            false,
-        )?;
-        Ok(())
     }
 
     /// A failed forward call leaves the states of its slots unknown: their jobs fail and the
