@@ -41,7 +41,7 @@ pub struct BenchMtp {
     /// Per verification step, milliseconds: drafting, verifying, rolling back.
     pub draft_ms: f64,
     pub verify_ms: f64,
-    /// Of `verify_ms`, the checkpoint of the DeltaNet state.
+    /// Of `verify_ms`, arming the recording of the DeltaNet row states.
     pub checkpoint_ms: f64,
     pub rollback_ms: f64,
 }

@@ -28,7 +28,7 @@ pub struct Session<B: Backend> {
 }
 
 /// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
-/// no copy waits for (the rollback's re-run) finish during, and are counted in, the next
+/// no copy waits for (the rollback's copies) finish during, and are counted in, the next
 /// part that reads results (the next draft).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct MtpTimings {
@@ -36,11 +36,11 @@ pub struct MtpTimings {
     pub steps: usize,
     /// The MTP block: catching up on the trunk's rows and drafting (LM head included).
     pub draft_seconds: f64,
-    /// The state checkpoint and the verification forward (all rows' logits).
+    /// The verification forward (all rows' logits), recording the DeltaNet state per row.
     pub verify_seconds: f64,
-    /// Of which the checkpoint (a copy of the DeltaNet state).
+    /// Of which arming the recording.
     pub checkpoint_seconds: f64,
-    /// Rolling back and re-running the kept tokens after a rejection.
+    /// Rolling back to the last kept row after a rejection.
     pub accept_seconds: f64,
 }
 
@@ -54,7 +54,7 @@ struct MtpState<B: Backend> {
     work: Workspace<B>,
     pending_rows: usize,
     pending_next: Vec<u32>,
-    /// A checkpoint was taken before the verification batch (`accept` rolls back to it).
+    /// The verification batch recorded its rows (`accept` rolls back into it).
     checkpointed: bool,
     /// The verification batch (`[next, drafts...]`).
     verified: Vec<u32>,
@@ -254,8 +254,8 @@ impl<B: Backend> Session<B> {
     }
 
     /// Keeps the first `accepted` drafts of the last verification batch (and the token
-    /// before them): the session rolls back to the snapshot taken before the batch and runs
-    /// the kept tokens again when some were rejected; the MTP block drops its draft chain.
+    /// before them): when some were rejected the state goes back to the one the batch
+    /// recorded after its last kept row; the MTP block drops its draft chain.
     pub fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
         let start = Instant::now();
         let done = self.mtp_accept_inner(accepted);
@@ -288,15 +288,8 @@ impl<B: Backend> Session<B> {
         let pos0 = self.state.pos() - verified.len();
         mtp.state.set_pos(pos0);
         if kept.len() < verified.len() {
-            self.state.rollback()?;
-            forward(
-                &self.backend,
-                &mut self.state,
-                &mut self.work,
-                kept,
-                Logits::None,
-                false,
-            )?;
+            // The verification recorded the DeltaNet state after each row: nothing to re-run.
+            self.state.rollback_to(kept.len())?;
         }
         self.mtp_pending(kept);
         Ok(())

@@ -113,8 +113,21 @@ pub struct SequenceState {
     slot: Vec<usize>,
     pub kv: Vec<KvCache>,
     pub deltanet: Vec<DeltaNetState>,
-    /// The last `checkpoint` (speculative decoding), allocated on first use.
-    checkpoint: Option<Snapshot>,
+    /// Speculative decoding: the rows of a verification batch, recorded per DeltaNet layer.
+    recording: Recording,
+}
+
+/// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
+/// each of its rows but the last, so `rollback_to` can keep any prefix of the batch
+/// without running it again.
+#[derive(Clone, Debug, Default)]
+struct Recording {
+    /// The next forward call records.
+    armed: bool,
+    /// Position before the recorded call; `None` until a call was recorded.
+    pos0: Option<usize>,
+    /// Per DeltaNet layer (slot order), the state after row `i` at index `i`.
+    rows: Vec<Vec<DeltaNetState>>,
 }
 
 impl SequenceState {
@@ -153,7 +166,7 @@ impl SequenceState {
             slot,
             kv,
             deltanet,
-            checkpoint: None,
+            recording: Recording::default(),
         }
     }
 
@@ -174,7 +187,7 @@ impl SequenceState {
                 v: KvData::new(kv_type, capacity * width),
             }],
             deltanet: Vec::new(),
-            checkpoint: None,
+            recording: Recording::default(),
         }
     }
 
@@ -202,6 +215,8 @@ impl SequenceState {
     /// Back to an empty sequence.
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.recording.armed = false;
+        self.recording.pos0 = None;
         for d in &mut self.deltanet {
             d.conv.iter_mut().for_each(|v| *v = 0.0);
             d.recurrent.iter_mut().for_each(|v| *v = 0.0);
@@ -217,27 +232,61 @@ impl SequenceState {
 
     pub fn restore(&mut self, snapshot: &Snapshot) {
         self.pos = snapshot.pos;
+        self.recording.pos0 = None;
         self.deltanet.clone_from(&snapshot.deltanet);
     }
 
-    /// Keeps the DeltaNet state and position (reusing the buffers of the last checkpoint).
+    /// The next forward call records the DeltaNet state after each of its rows (see
+    /// `rollback_to`).
     pub fn checkpoint(&mut self) {
-        match &mut self.checkpoint {
-            Some(c) => {
-                c.pos = self.pos;
-                c.deltanet.clone_from(&self.deltanet);
-            }
-            None => self.checkpoint = Some(self.snapshot()),
-        }
+        self.recording.armed = true;
+        self.recording.pos0 = Some(self.pos);
+        let layers = self.deltanet.len();
+        self.recording.rows.resize_with(layers, Vec::new);
+        self.recording.rows.iter_mut().for_each(Vec::clear);
     }
 
-    /// Back to the last checkpoint; `false` when there is none.
-    pub fn rollback(&mut self) -> bool {
-        let Some(c) = self.checkpoint.take() else {
-            return false;
+    /// The state of DeltaNet layer `layer`, and where to record its rows when the current
+    /// forward call records.
+    pub fn deltanet_recording(
+        &mut self,
+        layer: usize,
+    ) -> (&mut DeltaNetState, Option<&mut Vec<DeltaNetState>>) {
+        let slot = self.slot[layer];
+        let rows = if self.recording.armed {
+            self.recording.rows.get_mut(slot)
+        } else {
+            None
         };
-        self.restore(&c);
-        self.checkpoint = Some(c);
-        true
+        (&mut self.deltanet[slot], rows)
+    }
+
+    /// After a recorded forward call: the state after its first `kept` rows (at least one,
+    /// fewer than the call's rows). KV entries past the position are overwritten later.
+    pub fn rollback_to(&mut self, kept: usize) -> Result<()> {
+        let pos0 = self.recording.pos0.ok_or_else(|| {
+            EngineError::BadConfig("rollback without a recorded verification batch".into())
+        })?;
+        for (state, rows) in self.deltanet.iter_mut().zip(&self.recording.rows) {
+            let saved = kept
+                .checked_sub(1)
+                .and_then(|i| rows.get(i))
+                .ok_or_else(|| {
+                    EngineError::BadConfig(format!(
+                        "rollback to {kept} rows of a batch that recorded {}",
+                        rows.len()
+                    ))
+                })?;
+            state.conv.copy_from_slice(&saved.conv);
+            state.recurrent.copy_from_slice(&saved.recurrent);
+        }
+        self.pos = pos0 + kept;
+        Ok(())
+    }
+
+    /// The end of a forward call: the position moves on and a recording stops.
+    pub fn advance_to(&mut self, pos: usize) {
+        self.pos = pos;
+        self.recording.armed = false;
     }
 }

@@ -287,7 +287,8 @@ fn mtp_is_counted_only_when_asked_and_present() {
     assert_eq!(p.budget.mtp_weights, 14_563_328);
     assert_eq!(p.experts.pool.moe_layers, 49);
     assert_eq!(p.budget.activations.logit_rows, 2);
-    // The rollback checkpoint doubles the DeltaNet state; each drafted token is a row.
+    // A verification records the DeltaNet state after each draft's row (one with one
+    // draft); each drafted token is a row.
     assert_eq!(p.budget.deltanet_copies, 2);
     assert_eq!(p.budget.deltanet_state, 2 * 79_036_416);
     let three = plan(
@@ -300,6 +301,7 @@ fn mtp_is_counted_only_when_asked_and_present() {
     .unwrap();
     assert_eq!(three.budget.activations.logit_rows, 4);
     assert_eq!(three.budget.activations.rows, 512 + 4);
+    assert_eq!(three.budget.deltanet_copies, 4);
     assert!(plan(&with_block, &PlanSettings { draft: 4, ..asked }).is_err());
 }
 

@@ -36,7 +36,7 @@ pub struct PlanArgs {
     /// Sequences served at once, each with its own KV cache and state.
     #[arg(long, default_value_t = 1)]
     slots: usize,
-    /// Count the MTP block (weights, KV layer, draft rows, rollback checkpoint); the file
+    /// Count the MTP block (weights, KV layer, draft rows, recorded row states); the file
     /// must have one.
     #[arg(long)]
     mtp: bool,

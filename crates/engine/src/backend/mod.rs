@@ -73,11 +73,13 @@ pub trait SeqState {
     fn snapshot(&self) -> Result<Self::Snapshot>;
     /// Back to a snapshot of this same sequence state.
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
-    /// Keeps the DeltaNet state and position in the state's own checkpoint (in device
-    /// memory on a GPU: no host copy), for `rollback` after a speculative batch.
+    /// Speculative decoding: the next forward call records, per DeltaNet layer, the state
+    /// after each of its rows but the last (in device memory on a GPU), so that
+    /// `rollback_to` can keep any prefix of a verification batch without re-running it.
     fn checkpoint(&mut self) -> Result<()>;
-    /// Back to the last `checkpoint` (KV entries past its position are overwritten later).
-    fn rollback(&mut self) -> Result<()>;
+    /// After a recorded call: back to the state after its first `kept` rows (1 to rows - 1);
+    /// attention caches are truncated by the position.
+    fn rollback_to(&mut self, kept: usize) -> Result<()>;
 }
 
 pub trait Backend {

@@ -35,7 +35,8 @@ pub struct Budget {
     pub kv_cache: u64,
     /// One sequence's DeltaNet conv and recurrent state (f32, any length).
     pub deltanet_state_per_slot: u64,
-    /// Copies per slot: 2 with MTP (the checkpoint a rejected draft rolls back to).
+    /// Copies per slot: with MTP, 1 + drafts (a verification records the state after each
+    /// of its rows but the last, for a rollback without re-running).
     pub deltanet_copies: u64,
     /// `slots x copies x deltanet_state_per_slot`.
     pub deltanet_state: u64,
@@ -80,7 +81,7 @@ pub fn budget(shape: &ModelShape, s: &PlanSettings) -> Budget {
     // A step holds every decoding slot's tokens (its drafts too with MTP) and up to `chunk`
     // prompt tokens (the serve scheduler's rule; a single session holds `chunk`).
     let draft_rows = 1 + if s.mtp { s.draft as u64 } else { 0 };
-    let deltanet_copies = 1 + u64::from(s.mtp);
+    let deltanet_copies = draft_rows;
     let rows = (s.chunk as u64).saturating_add(slots.saturating_mul(draft_rows));
     Budget {
         gpu_limit: s.gpu_limit,

@@ -114,9 +114,12 @@ impl fmt::Display for Plan {
                 human(b.deltanet_state_per_slot),
                 b.deltanet_state_positions,
                 if b.deltanet_copies > 1 {
-                    ", x2: the MTP rollback checkpoint"
+                    format!(
+                        ", x{}: the row states an MTP verification records",
+                        b.deltanet_copies
+                    )
                 } else {
-                    ""
+                    String::new()
                 }
             ),
         )?;

@@ -71,8 +71,8 @@ pub struct PlanSettings {
     pub kv: KvType,
     /// Sequences served at once, each with its own KV cache and DeltaNet state.
     pub slots: usize,
-    /// Count the MTP block (its weights, its KV layer, its draft rows, the DeltaNet
-    /// checkpoint a rejected draft rolls back to).
+    /// Count the MTP block (its weights, its KV layer, its draft rows, the DeltaNet states
+    /// a verification records for a rollback).
     pub mtp: bool,
     /// With `mtp`: tokens drafted per step (each slot verifies `1 + draft` rows).
     pub draft: usize,

@@ -19,11 +19,8 @@ pub struct Scheduler<'a, B: Backend> {
     pub(super) shared: &'a Shared,
     pub(super) slots: Vec<Slot<'a, B::State>>,
     pub(super) work: Workspace<B>,
-    /// With `config.draft > 0`: the MTP block's workspace, and the one that re-runs the
-    /// kept tokens of a slot whose drafts were rejected (so `work` keeps every slot's rows
-    /// for the MTP block until the step is done).
+    /// With `config.draft > 0`: the MTP block's workspace.
     pub(super) mtp_work: Option<Workspace<B>>,
-    pub(super) rollback_work: Option<Workspace<B>>,
     /// Increases with every admission and finish (ordering for fairness and eviction).
     tick: u64,
 }
@@ -54,14 +51,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         // A decoding slot runs its token and its drafts.
         let mut work = Workspace::new(backend, config.slots * (1 + config.draft) + config.chunk);
         work.keep_normed = mtp;
-        let (mtp_work, rollback_work) = if mtp {
-            (
-                Some(Workspace::new(backend, config.chunk.max(config.draft + 1))),
-                Some(Workspace::new(backend, config.draft + 1)),
-            )
-        } else {
-            (None, None)
-        };
+        let mtp_work = mtp.then(|| Workspace::new(backend, config.chunk.max(config.draft + 1)));
         Ok(Scheduler {
             backend,
             tokenizer,
@@ -70,7 +60,6 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             slots,
             work,
             mtp_work,
-            rollback_work,
             tick: 0,
         })
     }
@@ -267,7 +256,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         if plan.is_empty() {
             return;
         }
-        // A slot that verifies drafts can roll back to here.
+        // A slot that verifies drafts records its DeltaNet state per row (for a rollback).
         for (index, _) in &plan {
             let slot = &mut self.slots[*index];
             let verifying = slot.active.as_ref().is_some_and(|a| !a.verify.is_empty());

@@ -320,8 +320,8 @@ pub struct Slot<'t, S: SeqState> {
     pub state: S,
     /// The MTP block's state of this slot (`serve --mtp`).
     pub mtp: Option<S>,
-    /// A checkpoint was taken before this step's verification (a rejected draft rolls
-    /// back to it).
+    /// This step's verification records the DeltaNet state per row (a rejected draft rolls
+    /// back to the last kept row).
     pub checkpointed: bool,
     pub cache: PrefixCache<S::Snapshot>,
     pub active: Option<Active<'t>>,

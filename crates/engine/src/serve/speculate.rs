@@ -1,12 +1,11 @@
 //! Speculative decoding in the scheduler (`serve --mtp`): a slot's MTP block takes the rows
 //! of the step that fed it and drafts right away (the rows are still in the shared
-//! workspace), the next batched forward verifies every slot's drafts, and a slot whose
-//! drafts were rejected rolls back to its checkpoint and re-runs the kept tokens in a small
-//! workspace of its own, so the shared one keeps the other slots' rows until they are used.
+//! workspace), the next batched forward verifies every slot's drafts while recording each
+//! slot's DeltaNet state per row, and a slot whose drafts were rejected goes back to the
+//! state after its last kept row.
 
 use crate::backend::{Backend, SeqState};
 use crate::error::{EngineError, Result};
-use crate::model::forward::{forward, Logits};
 use crate::model::mtp::{forward_mtp, Hidden};
 use crate::serve::scheduler::Scheduler;
 use crate::serve::slot::Outcome;
@@ -151,26 +150,14 @@ impl<B: Backend> Scheduler<'_, B> {
         generated
     }
 
-    /// Back to the checkpoint taken before the verification, then the kept tokens again.
+    /// Back to the state the verification recorded after its last kept row.
     fn roll_back(&mut self, index: usize, fed: &[u32]) -> Result<()> {
         let slot = &mut self.slots[index];
-        let (true, Some(work)) = (
-            std::mem::take(&mut slot.checkpointed),
-            self.rollback_work.as_mut(),
-        ) else {
+        if !std::mem::take(&mut slot.checkpointed) {
             return Err(EngineError::BadConfig(
-                "MTP rollback without a checkpoint".into(),
+                "MTP rollback without a recorded verification".into(),
             ));
-        };
-        slot.state.rollback()?;
-        forward(
-            self.backend,
-            &mut slot.state,
-            work,
-            fed,
-            Logits::None,
-            false,
-        )?;
-        Ok(())
+        }
+        slot.state.rollback_to(fed.len())
     }
 }

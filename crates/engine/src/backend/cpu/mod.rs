@@ -15,7 +15,7 @@ use redlite_gguf::GgufModel;
 use crate::backend::{segment_rows, Backend, Batch, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
-use crate::state::{DeltaNetState, KvCache, KvType, SequenceState, Snapshot};
+use crate::state::{KvCache, KvType, SequenceState, Snapshot};
 use linear::{MatmulCtx, Precision};
 use weights::{CpuWeights, Matrix, Mixer};
 
@@ -62,7 +62,7 @@ impl SeqState for SequenceState {
         self.pos
     }
     fn set_pos(&mut self, pos: usize) {
-        self.pos = pos;
+        self.advance_to(pos);
     }
     fn check_room(&self, tokens: usize) -> Result<()> {
         SequenceState::check_room(self, tokens)
@@ -82,14 +82,8 @@ impl SeqState for SequenceState {
         SequenceState::checkpoint(self);
         Ok(())
     }
-    fn rollback(&mut self) -> Result<()> {
-        if SequenceState::rollback(self) {
-            Ok(())
-        } else {
-            Err(EngineError::BadConfig(
-                "rollback without a checkpoint".into(),
-            ))
-        }
+    fn rollback_to(&mut self, kept: usize) -> Result<()> {
+        SequenceState::rollback_to(self, kept)
     }
 }
 
@@ -145,9 +139,16 @@ impl Backend for CpuBackend {
             )));
         };
         let rows = segment_rows(segs) * self.config.n_embd;
-        let mut states: Vec<(usize, &mut DeltaNetState)> = segs
+        let mut states: Vec<deltanet::SeqRows<'_>> = segs
             .iter_mut()
-            .map(|s| (s.tokens, s.state.deltanet_mut(layer)))
+            .map(|s| {
+                let (state, record) = s.state.deltanet_recording(layer);
+                deltanet::SeqRows {
+                    tokens: s.tokens,
+                    state,
+                    record,
+                }
+            })
             .collect();
         deltanet::forward(
             &self.config,

@@ -245,7 +245,7 @@ impl Backend for CudaBackend {
         };
         for seg in segs.iter_mut() {
             let pos = seg.batch().pos0;
-            let delta = seg.state.deltanet_mut(layer)?;
+            let (delta, record) = seg.state.deltanet_recording(layer, seg.tokens)?;
             let state = self.device.address(&delta.recurrent);
             let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
             if self.mixer_gate(Op::DeltaNet(layer), buffers, pos)? == Gate::Skip {
@@ -260,6 +260,7 @@ impl Backend for CudaBackend {
                 &mut scratch,
                 &h.row_range(first, last)?,
                 delta,
+                record,
                 &mut out.row_range_mut(first, last)?,
             )?;
         }

@@ -158,9 +158,22 @@ pub struct CudaState {
     /// For each layer, its index into `kv` or `deltanet`.
     slot: Vec<usize>,
     buffers: std::result::Result<StateBuffers, String>,
-    /// The last `checkpoint`: position and a device copy of every DeltaNet state,
-    /// allocated on first use.
-    checkpoint: Option<(usize, Vec<DeltaState>)>,
+    /// Speculative decoding: the rows of a verification batch, recorded per DeltaNet layer.
+    recording: Recording,
+}
+
+/// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
+/// each of its rows but the last (device buffers, allocated on first use and reused), so
+/// `rollback_to` can keep any prefix of the batch without running it again.
+#[derive(Default)]
+struct Recording {
+    armed: bool,
+    /// Position before the recorded call; `None` until a call was recorded.
+    pos0: Option<usize>,
+    /// Rows of the recorded call.
+    rows: usize,
+    /// Per DeltaNet layer (slot order), the state after row `i` at index `i`.
+    states: Vec<Vec<DeltaState>>,
 }
 
 /// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
@@ -253,7 +266,7 @@ impl CudaState {
             kv_type,
             slot,
             buffers,
-            checkpoint: None,
+            recording: Recording::default(),
         }
     }
 
@@ -272,13 +285,35 @@ impl CudaState {
             .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no KV cache")))
     }
 
-    /// The state of DeltaNet layer `layer`.
-    pub(super) fn deltanet_mut(&mut self, layer: usize) -> Result<&mut DeltaState> {
+    /// The state of DeltaNet layer `layer` and, when the current call records (see
+    /// `checkpoint`), where its `tokens` rows go.
+    pub(super) fn deltanet_recording(
+        &mut self,
+        layer: usize,
+        tokens: usize,
+    ) -> Result<(&mut DeltaState, Option<&mut Vec<DeltaState>>)> {
         let slot = self.slot.get(layer).copied().unwrap_or(usize::MAX);
-        self.buffers_mut()?
-            .deltanet
-            .get_mut(slot)
-            .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no DeltaNet state")))
+        let armed = self.recording.armed;
+        if armed {
+            self.recording.rows = tokens;
+            let layers = self.buffers.as_ref().map_or(0, |b| b.deltanet.len());
+            if self.recording.states.len() < layers {
+                self.recording.states.resize_with(layers, Vec::new);
+            }
+        }
+        let buffers = self
+            .buffers
+            .as_mut()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        let state = buffers.deltanet.get_mut(slot).ok_or_else(|| {
+            EngineError::BadConfig(format!("layer {layer} has no DeltaNet state"))
+        })?;
+        let record = if armed {
+            self.recording.states.get_mut(slot)
+        } else {
+            None
+        };
+        Ok((state, record))
     }
 }
 
@@ -290,6 +325,7 @@ impl SeqState for CudaState {
     /// Called by `forward` after the layers: a recorded one-token step runs here.
     fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
+        self.recording.armed = false;
         let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish());
         if let Err(e) = finished {
             self.step_error = Some(e.to_string());
@@ -318,6 +354,8 @@ impl SeqState for CudaState {
     /// failure leaves the state unusable; `check_room` then reports it.
     fn reset_state(&mut self) {
         self.pos = 0;
+        self.recording.armed = false;
+        self.recording.pos0 = None;
         self.step_error = None;
         if let Ok(mut graphs) = graph::lock(&self.graphs) {
             graphs.abandon();
@@ -375,60 +413,45 @@ impl SeqState for CudaState {
             device.copy_to_device(recurrent, &mut d.recurrent.as_view_mut())?;
         }
         self.pos = snapshot.pos;
+        self.recording.pos0 = None;
         Ok(())
     }
 
-    /// Copies the DeltaNet state within device memory (no host round trip); the copy's
-    /// buffers are allocated by the first checkpoint and reused.
+    /// Arms the recording of the next forward call (its DeltaNet state per row).
     fn checkpoint(&mut self) -> Result<()> {
         graph::lock(&self.graphs)?.abandon();
-        let device = self.device.clone();
-        let copies = match self.checkpoint.take() {
-            Some((_, copies)) => copies,
-            None => self
-                .buffers_mut()?
-                .deltanet
-                .iter()
-                .map(|d| {
-                    Ok(DeltaState {
-                        conv: device.alloc_zeros(d.conv.len())?,
-                        recurrent: device.alloc_zeros(d.recurrent.len())?,
-                    })
-                })
-                .collect::<std::result::Result<Vec<_>, redlite_cuda::CudaError>>()?,
-        };
-        let mut copies = copies;
-        let copied = self.buffers_mut().and_then(|buffers| {
-            for (d, c) in buffers.deltanet.iter().zip(copies.iter_mut()) {
-                copy_state(&device, &d.conv, &mut c.conv)?;
-                copy_state(&device, &d.recurrent, &mut c.recurrent)?;
-            }
-            Ok(())
-        });
-        self.checkpoint = Some((self.pos, copies));
-        copied
+        self.recording.armed = true;
+        self.recording.pos0 = Some(self.pos);
+        self.recording.rows = 0;
+        Ok(())
     }
 
-    fn rollback(&mut self) -> Result<()> {
+    /// Copies the recorded state after row `kept - 1` back, within device memory.
+    fn rollback_to(&mut self, kept: usize) -> Result<()> {
         graph::lock(&self.graphs)?.abandon();
-        let device = self.device.clone();
-        let Some((pos, copies)) = self.checkpoint.take() else {
-            return Err(EngineError::BadConfig(
-                "rollback without a checkpoint".into(),
-            ));
-        };
-        let result = self.buffers_mut().and_then(|buffers| {
-            for (d, c) in buffers.deltanet.iter_mut().zip(copies.iter()) {
-                copy_state(&device, &c.conv, &mut d.conv)?;
-                copy_state(&device, &c.recurrent, &mut d.recurrent)?;
-            }
-            Ok(())
-        });
-        if result.is_ok() {
-            self.pos = pos;
+        let pos0 = self.recording.pos0.ok_or_else(|| {
+            EngineError::BadConfig("rollback without a recorded verification batch".into())
+        })?;
+        if kept == 0 || kept >= self.recording.rows {
+            return Err(EngineError::BadConfig(format!(
+                "rollback to {kept} rows of a batch of {}",
+                self.recording.rows
+            )));
         }
-        self.checkpoint = Some((pos, copies));
-        result
+        let device = self.device.clone();
+        let buffers = self
+            .buffers
+            .as_mut()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        for (d, rows) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
+            let saved = rows.get(kept - 1).ok_or_else(|| {
+                EngineError::BadConfig(format!("no recorded state after row {}", kept - 1))
+            })?;
+            copy_state(&device, &saved.conv, &mut d.conv)?;
+            copy_state(&device, &saved.recurrent, &mut d.recurrent)?;
+        }
+        self.pos = pos0 + kept;
+        Ok(())
     }
 }
 
