@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
-    CudaSlice, CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device,
+    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -111,41 +111,45 @@ pub fn forward(
             )?;
         }
         Some(record) => {
+            // The conv and the delta rule carry state from row to row: one row at a time,
+            // keeping each row's state; the gates depend on nothing but their row.
             let one = DeltaNetShape { tokens: 1, ..shape };
-            let nv = c.ssm_v_heads;
             for r in 0..t {
-                let mut qkv_r = qkv.slice_mut(r * channels..(r + 1) * channels);
-                let mut beta_r = beta.slice_mut(r * nv..(r + 1) * nv);
-                let mut g_r = g.slice_mut(r * nv..(r + 1) * nv);
                 deltanet_conv(
                     device,
                     &one,
                     &w.conv.as_view(),
                     &mut state.conv.as_view_mut(),
-                    &mut qkv_r,
+                    &mut qkv.slice_mut(r * channels..(r + 1) * channels),
                 )?;
-                deltanet_prep(
-                    device,
-                    &one,
-                    c.rms_eps,
-                    &mut qkv_r,
-                    &ba.slice(r * 2 * nv..(r + 1) * 2 * nv),
-                    &w.a.as_view(),
-                    &w.dt_bias.as_view(),
-                    &mut beta_r,
-                    &mut g_r,
-                )?;
+                if r + 1 < t {
+                    keep_row(device, state, record, r, Part::Conv)?;
+                }
+            }
+            deltanet_prep(
+                device,
+                &shape,
+                c.rms_eps,
+                &mut qkv,
+                &ba.as_view(),
+                &w.a.as_view(),
+                &w.dt_bias.as_view(),
+                &mut beta,
+                &mut g,
+            )?;
+            let nv = c.ssm_v_heads;
+            for r in 0..t {
                 delta_rule(
                     device,
                     &one,
-                    &qkv_r.as_view(),
-                    &beta_r.as_view(),
-                    &g_r.as_view(),
+                    &qkv.slice(r * channels..(r + 1) * channels),
+                    &beta.slice(r * nv..(r + 1) * nv),
+                    &g.slice(r * nv..(r + 1) * nv),
                     &mut state.recurrent.as_view_mut(),
                     &mut o.slice_mut(r * inner..(r + 1) * inner),
                 )?;
                 if r + 1 < t {
-                    keep_row(device, state, record, r)?;
+                    keep_row(device, state, record, r, Part::Recurrent)?;
                 }
             }
         }
@@ -162,12 +166,21 @@ pub fn forward(
     Ok(())
 }
 
-/// Copies the state into `record[row]` (allocated on first use), within device memory.
+/// Which half of a DeltaNet state.
+#[derive(Clone, Copy)]
+enum Part {
+    Conv,
+    Recurrent,
+}
+
+/// Copies that part of `state` into `record[row]` (allocated on first use), within device
+/// memory.
 fn keep_row(
     device: &Device,
     state: &DeltaState,
     record: &mut Vec<DeltaState>,
     row: usize,
+    part: Part,
 ) -> Result<()> {
     while record.len() <= row {
         record.push(DeltaState {
@@ -175,15 +188,15 @@ fn keep_row(
             recurrent: device.alloc_zeros(state.recurrent.len())?,
         });
     }
-    let copy = |src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>| {
-        device
-            .stream()
-            .memcpy_dtod(src, dst)
-            .map_err(|e| EngineError::Cuda(format!("DeltaNet row state copy: {e}")))
-    };
     let saved = &mut record[row];
-    copy(&state.conv, &mut saved.conv)?;
-    copy(&state.recurrent, &mut saved.recurrent)
+    let (src, dst) = match part {
+        Part::Conv => (&state.conv, &mut saved.conv),
+        Part::Recurrent => (&state.recurrent, &mut saved.recurrent),
+    };
+    device
+        .stream()
+        .memcpy_dtod(src, dst)
+        .map_err(|e| EngineError::Cuda(format!("DeltaNet row state copy: {e}")))
 }
 
 /// The fused one-token step, with `REDLITE_FUSED_DELTANET=1`.
