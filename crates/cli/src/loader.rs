@@ -207,6 +207,9 @@ pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
     if args.mtp && !(1..=MAX_DRAFT).contains(&args.draft) {
         bail!("--draft must be 1 to {MAX_DRAFT}, got {}", args.draft);
     }
+    if !args.mtp && args.draft != 1 {
+        eprintln!("note: --draft applies with --mtp; this run decodes without drafts");
+    }
     let tokenizer =
         Arc::new(Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?);
     Ok(Opened {
