@@ -41,6 +41,12 @@ pub struct BenchArgs {
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
+    if !args.mtp_accept.is_empty() && !args.model.mtp {
+        anyhow::bail!("--mtp-accept forces the acceptance of MTP drafts: it needs --mtp");
+    }
+    if let Some(r) = args.mtp_accept.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+        anyhow::bail!("--mtp-accept {r} is outside [0, 1]");
+    }
     let longest_pp = args.n_prompt.iter().copied().max().unwrap_or(0);
     let longest_tg = args.depth.iter().copied().max().unwrap_or(0) + args.n_gen;
     args.model.ctx = args.model.ctx.max(longest_pp).max(longest_tg);
