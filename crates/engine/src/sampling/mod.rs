@@ -166,6 +166,9 @@ impl Sampler {
 
     /// Chooses the next token from `logits` (one per vocabulary id). Does not `accept` it.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        if let Some(token) = self.plain_argmax(logits)? {
+            return Ok(token);
+        }
         self.prepare(logits)?;
         if self.params.temperature <= 0.0 {
             return Ok(argmax(&self.candidates));
@@ -177,6 +180,9 @@ impl Sampler {
     /// The distribution `sample` draws from, as (token, probability) pairs with nonzero
     /// probability (one pair at probability 1 when greedy). Draws nothing.
     pub fn distribution(&mut self, logits: &[f32]) -> Result<Vec<(u32, f64)>, SamplingError> {
+        if let Some(token) = self.plain_argmax(logits)? {
+            return Ok(vec![(token, 1.0)]);
+        }
         self.prepare(logits)?;
         let t = self.params.temperature;
         if t <= 0.0 {
@@ -214,6 +220,34 @@ impl Sampler {
     /// A uniform draw in [0, 1) from the sampler's generator.
     pub fn uniform(&mut self) -> f64 {
         self.rng.next_f64()
+    }
+
+    /// Greedy without penalties in effect: the argmax straight from the logits (the highest
+    /// finite one, ties to the lowest id: what `prepare` then `argmax` give), without
+    /// copying the vocabulary into candidates. `None` when sampling needs the full path.
+    fn plain_argmax(&self, logits: &[f32]) -> Result<Option<u32>, SamplingError> {
+        let p = &self.params;
+        let penalties =
+            !(p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0)
+                && !self.counts.is_empty();
+        if p.temperature > 0.0 || penalties {
+            return Ok(None);
+        }
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        let mut best: Option<(u32, f32)> = None;
+        for (id, &l) in logits.iter().enumerate() {
+            if l.is_finite() && best.is_none_or(|b| l > b.1) {
+                best = Some((id as u32, l));
+            }
+        }
+        match best {
+            Some((token, _)) => Ok(Some(token)),
+            None => Err(SamplingError::NoFiniteLogit {
+                count: logits.len(),
+            }),
+        }
     }
 
     /// Penalties and the truncations (top-k, top-p, min-p) into `candidates`.
