@@ -227,9 +227,9 @@ impl Sampler {
     /// copying the vocabulary into candidates. `None` when sampling needs the full path.
     fn plain_argmax(&self, logits: &[f32]) -> Result<Option<u32>, SamplingError> {
         let p = &self.params;
-        let penalties =
-            !(p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0)
-                && !self.counts.is_empty();
+        let penalties_off =
+            p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        let penalties = !(penalties_off || self.counts.is_empty());
         if p.temperature > 0.0 || penalties {
             return Ok(None);
         }
