@@ -158,3 +158,61 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     const float sum = block_reduce_sum(part, scratch);
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
+
+// Token tiles for prompt ingestion (`REDLITE_PREFILL_TILES=1`; not yet measured, off by
+// default): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
+// consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
+// each warp takes ROWS rows for all NT tokens, so a weight item is loaded and decoded once
+// for NT products instead of once per token (the per-token dots below share their loads
+// and codebook lookups after inlining). Sums per (row, token) run in matmul_q8_kernel's
+// lane order: the same terms, summed in the same order for each token.
+template <class B, int WARPS, int ROWS, int NT>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                       float* __restrict__ y, int rows, int cols, int tokens) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int t0 = blockIdx.y * NT, nt = min(NT, tokens - t0);
+    const int nb = cols / Q8K_VALUES;
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(NT * cols);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    const int valid = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + i64(row0) * row_bytes;
+    if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
+    quantize_q8k_shared(x + i64(t0) * cols, nt * cols, nullptr, 0, xd, xq);
+    if (row0 >= rows) return;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float acc[ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j] = 0.0f;
+    }
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const u8* wb = w + i64(block) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r >= valid) continue;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                if (j < nt) {
+                    acc[r][j] += Q8Dot<B>::dot(wb + r * row_bytes, item,
+                                               xq + j * cols + block * B::VALUES,
+                                               xd[j * nb + block]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float sum = warp_reduce_sum(acc[r][j]);
+            if (lane == 0 && r < valid && j < nt) y[i64(t0 + j) * rows + row0 + r] = sum;
+        }
+    }
+}

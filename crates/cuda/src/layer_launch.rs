@@ -7,8 +7,8 @@ use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS,
-    WIDE_F16, WIDE_F32,
+    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS, MATMUL_TILE_TOKENS, MATMUL_V2_ROWS,
+    MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -111,64 +111,117 @@ pub(crate) fn matmul(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
+    let plan = plan_matmul(device, kind, dots, (rows, cols, tokens));
+    let kernel = device.kernel(&plan.kernel)?;
+    crate::profile::label(|| {
+        format!(
+            "matmul {}{} {rows}x{cols} t{tokens}",
+            plan.version, kind.cuda_name
+        )
+    });
+    if plan.tiled {
+        let shape = (to_i32(rows), to_i32(cols), to_i32(tokens));
+        return raw::launch_matmul_tiles(device.stream(), kernel, plan.cfg, weights, x, y, shape);
+    }
+    let shape = (to_i32(rows), to_i32(cols));
+    raw::launch_matmul(device.stream(), kernel, plan.cfg, weights, x, y, shape)
+}
+
+/// The matmul kernel for a shape, its launch configuration, its profile label prefix and
+/// whether it takes the token count (the token-tiled kernel).
+struct MatmulPlan {
+    kernel: String,
+    cfg: LaunchConfig,
+    version: &'static str,
+    tiled: bool,
+}
+
+/// In order: token tiles (several tokens, q8, `REDLITE_PREFILL_TILES=1`), split-K (at most
+/// `SPLITK_MAX_ROWS` rows), q8, version 1 (`REDLITE_MATVEC_V1=1`), version 2.
+fn plan_matmul(
+    device: &Device,
+    kind: WeightKind,
+    dots: Dots,
+    (rows, cols, tokens): (usize, usize, usize),
+) -> MatmulPlan {
+    let q8 = dots.quantizes(kind.ty) && !matvec_v1();
+    let plan = |kernel, grid, warps: u32, shared, version| MatmulPlan {
+        kernel,
+        cfg: config(grid, warps * 32, shared),
+        version,
+        tiled: false,
+    };
     let block = match kind.ty {
         GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
         GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
         _ => kind.cuda_name,
     };
-    if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
-        let q8 = dots.quantizes(kind.ty);
-        let kernel = device.kernel(&source::matmul_splitk_kernel(block, q8))?;
-        let version = if q8 { "splitk q8" } else { "splitk" };
-        crate::profile::label(|| {
-            format!(
-                "matmul {version} {} {rows}x{cols} t{tokens}",
-                kind.cuda_name
-            )
-        });
-        let shared = if q8 { q8_shared_bytes(cols) } else { 0 };
-        let cfg = config((rows, tokens, 1), MATMUL_SPLITK_WARPS * 32, shared);
-        let shape = (to_i32(rows), to_i32(cols));
-        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
-    }
-    if dots.quantizes(kind.ty) && !matvec_v1() {
-        let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
-        let kernel = device.kernel(&source::matmul_q8_kernel(kind, per_warp))?;
-        let per_cta = MATMUL_V2_WARPS as usize * per_warp;
-        crate::profile::label(|| format!("matmul q8 {} {rows}x{cols} t{tokens}", kind.cuda_name));
-        let cfg = config(
-            (rows.div_ceil(per_cta), tokens, 1),
-            MATMUL_V2_WARPS * 32,
-            q8_shared_bytes(cols),
+    let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
+    if tokens > 1 && q8 && prefill_tiles() && tile_shared <= SHARED_MAX_BYTES {
+        let per_cta = MATMUL_V2_WARPS as usize * MATMUL_TILE_ROWS;
+        let grid = (
+            rows.div_ceil(per_cta),
+            tokens.div_ceil(MATMUL_TILE_TOKENS),
+            1,
         );
-        let shape = (to_i32(rows), to_i32(cols));
-        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+        let kernel = source::matmul_q8_tiles_kernel(kind);
+        return MatmulPlan {
+            tiled: true,
+            ..plan(kernel, grid, MATMUL_V2_WARPS, tile_shared, "q8 tiles ")
+        };
+    }
+    if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
+        let kernel = source::matmul_splitk_kernel(block, q8);
+        let (shared, version) = if q8 {
+            (q8_shared_bytes(cols), "splitk q8 ")
+        } else {
+            (0, "splitk ")
+        };
+        return plan(
+            kernel,
+            (rows, tokens, 1),
+            MATMUL_SPLITK_WARPS,
+            shared,
+            version,
+        );
+    }
+    let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
+    let grid = (
+        rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp),
+        tokens,
+        1,
+    );
+    if q8 {
+        let kernel = source::matmul_q8_kernel(kind, per_warp);
+        return plan(kernel, grid, MATMUL_V2_WARPS, q8_shared_bytes(cols), "q8 ");
     }
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());
     let shared = if x_shared { x_bytes } else { 0 };
-    let shape = (to_i32(rows), to_i32(cols));
     if matvec_v1() {
-        let kernel = device.kernel(&source::matmul_kernel(kind, x_shared))?;
-        let cfg = config((warps_grid(rows), tokens, 1), LAYER_WARPS * 32, shared);
-        crate::profile::label(|| format!("matmul v1 {} {rows}x{cols} t{tokens}", kind.cuda_name));
-        return raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape);
+        let kernel = source::matmul_kernel(kind, x_shared);
+        return plan(
+            kernel,
+            (warps_grid(rows), tokens, 1),
+            LAYER_WARPS,
+            shared,
+            "v1 ",
+        );
     }
-    let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
-    let kernel = device.kernel(&source::matmul_v2_kernel(block, per_warp, x_shared))?;
-    let per_cta = MATMUL_V2_WARPS as usize * per_warp;
-    crate::profile::label(|| format!("matmul {} {rows}x{cols} t{tokens}", kind.cuda_name));
-    let cfg = config(
-        (rows.div_ceil(per_cta), tokens, 1),
-        MATMUL_V2_WARPS * 32,
-        shared,
-    );
-    raw::launch_matmul(device.stream(), kernel, cfg, weights, x, y, shape)
+    let kernel = source::matmul_v2_kernel(block, per_warp, x_shared);
+    plan(kernel, grid, MATMUL_V2_WARPS, shared, "")
 }
 
 /// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
 const SPLITK_MAX_ROWS: usize = 1024;
+
+/// `REDLITE_PREFILL_TILES=1`: batches of several tokens take the token-tiled q8 matmul
+/// (off until measured on a GPU).
+fn prefill_tiles() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_TILES").as_deref() == Ok("1"))
+}
 
 /// `REDLITE_MATMUL_SPLITK=0`: version 2 (or q8) for every shape.
 fn split_k() -> bool {

@@ -82,15 +82,21 @@ pub fn rms_norm(
     out: &mut CudaViewMut<'_, f32>,
     eps: f32,
 ) -> Result<(), CudaError> {
-    let op = CudaOp::RmsNorm;
-    let cols = w.len().max(1);
-    shape(op, "x length (whole rows)", x.len() / cols * cols, x.len())?;
-    shape(op, "out length", x.len(), out.len())?;
-    fits(op, "rows", (x.len() / cols) as u64, i32::MAX as u64)?;
-    if x.is_empty() || w.is_empty() {
+    if !norm_rows_fit(x.len(), w.len(), out.len())? {
         return Ok(());
     }
     launch::rms_norm(device, x, w, out, eps)
+}
+
+/// Checks the norms' shapes (x and out whole rows of `w_len`); false when there is nothing
+/// to do.
+fn norm_rows_fit(x_len: usize, w_len: usize, out_len: usize) -> Result<bool, CudaError> {
+    let op = CudaOp::RmsNorm;
+    let cols = w_len.max(1);
+    shape(op, "x length (whole rows)", x_len / cols * cols, x_len)?;
+    shape(op, "out length", x_len, out_len)?;
+    fits(op, "rows", (x_len / cols) as u64, i32::MAX as u64)?;
+    Ok(x_len > 0 && w_len > 0)
 }
 
 /// `x += y`, then row-wise `out = x · w / sqrt(mean(x²) + eps)`: [`add`] then [`rms_norm`]
@@ -103,13 +109,8 @@ pub fn add_rms_norm(
     out: &mut CudaViewMut<'_, f32>,
     eps: f32,
 ) -> Result<(), CudaError> {
-    let op = CudaOp::RmsNorm;
-    let cols = w.len().max(1);
-    shape(op, "y length", x.len(), y.len())?;
-    shape(op, "x length (whole rows)", x.len() / cols * cols, x.len())?;
-    shape(op, "out length", x.len(), out.len())?;
-    fits(op, "rows", (x.len() / cols) as u64, i32::MAX as u64)?;
-    if x.is_empty() || w.is_empty() {
+    shape(CudaOp::RmsNorm, "y length", x.len(), y.len())?;
+    if !norm_rows_fit(x.len(), w.len(), out.len())? {
         return Ok(());
     }
     launch::add_rms_norm(device, x, y, w, out, eps)

@@ -132,6 +132,17 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
     )
 }
 
+/// Rows per warp and tokens per CTA of the token-tiled q8 matmul (prompt ingestion).
+pub(crate) const MATMUL_TILE_ROWS: usize = 2;
+pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
+
+pub(crate) fn matmul_q8_tiles_kernel(kind: WeightKind) -> String {
+    format!(
+        "matmul_q8_tiles_kernel<{}, {MATMUL_V2_WARPS}, {MATMUL_TILE_ROWS}, {MATMUL_TILE_TOKENS}>",
+        kind.cuda_name
+    )
+}
+
 /// Warps per CTA of the split-K matmul (one CTA per row).
 pub(crate) const MATMUL_SPLITK_WARPS: u32 = 4;
 
@@ -316,6 +327,7 @@ pub fn modules() -> Vec<ModuleSource> {
                         .map(|block| matmul_splitk_kernel(block, false)),
                 )
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
+                .chain(q8_kinds().map(matmul_q8_tiles_kernel))
                 .collect(),
         },
         ModuleSource {

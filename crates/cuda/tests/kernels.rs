@@ -182,6 +182,8 @@ fn matvec_matches_cpu_reference() {
 /// `Dots::Q8K` (its types) against the CPU's reference dot on Q8_K activations (`dot_row`,
 /// ggml's integer block sums): the activation codes are the same bits and the block sums the
 /// same integers, so only the float order of the scaled block sums differs (1e-5).
+/// With `REDLITE_PREFILL_TILES=1` in the environment the multi-token cases take the
+/// token-tiled q8 kernel (11 tokens: a full tile and a partial one).
 #[test]
 fn matmul_matches_cpu_in_both_precisions() {
     let Some(device) = device("matmul_matches_cpu_in_both_precisions") else {
@@ -194,6 +196,7 @@ fn matmul_matches_cpu_in_both_precisions() {
         (131, 2048, 1),
         (9, 12_288, 2),
         (1500, 512, 2),
+        (1100, 1024, 11),
     ];
     for kind in WEIGHT_KINDS {
         for dots in [Dots::F32, Dots::Q8K] {

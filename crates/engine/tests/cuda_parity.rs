@@ -418,8 +418,10 @@ fn mtp_greedy_generation_on_the_gpu_is_unchanged() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    // The default (Q8_K) products: what `--device cuda --mtp` runs.
-    let (_, mut gpu) = mtp_sessions(&device, dir.path(), Recipe::Q4KM, Precision::Ggml);
+    // Exact products: under q8 the one-token graph and eager launches still round
+    // differently (docs/PERF.md, open), which would flip near-ties between the plain
+    // (graph) and the verified (eager) tokens whatever MTP does.
+    let (_, mut gpu) = mtp_sessions(&device, dir.path(), Recipe::Q4KM, Precision::Exact);
     let mut greedy =
         redlite_engine::sampling::Sampler::new(redlite_engine::sampling::SamplingParams::greedy())
             .unwrap();

@@ -135,6 +135,33 @@ pub(crate) fn launch_matmul(
     })
 }
 
+/// `matmul_q8_tiles_kernel<B, WARPS, ROWS, NT>(weights, x, y, rows, cols, tokens)`.
+pub(crate) fn launch_matmul_tiles(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    weights: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    (rows, cols, tokens): (i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(weights)
+        .arg(x)
+        .arg(y)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&tokens);
+    // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
+    // tokens x cols and y tokens x rows values (op entry); grid.y = ceil(tokens / NT) and
+    // the last tile reads and writes only its tokens; the shared bytes hold NT x cols codes
+    // and their scales (launcher).
+    launched(stream, "cuLaunchKernel(matmul_tiles)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_moe_route(
