@@ -11,9 +11,10 @@ use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::model::HybridConfig;
 use redlite_engine::plan::{human, parse_bytes, plan_file, ExpertPolicy, PlanSettings, Residency};
-use redlite_engine::session::{Runner, Session, DEFAULT_CHUNK};
+use redlite_engine::session::{Runner, Session, DEFAULT_CHUNK, MAX_DRAFT};
 use redlite_engine::state::KvType;
 use redlite_engine::tokenizer::Tokenizer;
+use redlite_engine::EngineError;
 use redlite_gguf::GgufModel;
 
 use crate::default_model;
@@ -42,6 +43,24 @@ pub struct ModelArgs {
     /// needs an expert cache (not built yet), is refused with what would make it fit.
     #[arg(long, value_name = "SIZE")]
     pub gpu_limit: Option<String>,
+    /// Speculative decoding with the model's own MTP block (the file must carry it:
+    /// `qwen3next.nextn_predict_layers` = 1).
+    #[arg(long)]
+    pub mtp: bool,
+    /// With --mtp: tokens the MTP block drafts per step (1 to 3).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub draft: usize,
+}
+
+impl ModelArgs {
+    /// Drafts per step for a generation request (0: MTP off).
+    pub fn draft(&self) -> usize {
+        if self.mtp {
+            self.draft
+        } else {
+            0
+        }
+    }
 }
 
 /// Refuses, before any weight is read, a GPU run whose plan does not fit `--gpu-limit`.
@@ -62,7 +81,8 @@ pub fn check_plan(args: &ModelArgs, gguf: &GgufModel, kv_type: KvType, slots: us
         chunk: args.chunk,
         kv: kv_type,
         slots,
-        mtp: false,
+        mtp: args.mtp,
+        draft: args.draft,
         experts: ExpertPolicy::Auto,
     };
     let plan = plan_file(gguf, &settings).context("planning the run")?;
@@ -95,8 +115,15 @@ fn cpu_session(
     args: &ModelArgs,
     kv: KvType,
 ) -> Result<Box<dyn Runner>> {
-    let backend = CpuBackend::new(gguf.clone(), config)?;
-    Ok(Box::new(Session::new(backend, args.ctx, kv, args.chunk)?))
+    let mut backend = CpuBackend::new(gguf.clone(), config)?;
+    if args.mtp {
+        backend.load_mtp()?;
+    }
+    let mut session = Session::new(backend, args.ctx, kv, args.chunk)?;
+    if args.mtp {
+        session.enable_mtp()?;
+    }
+    Ok(Box::new(session))
 }
 
 #[cfg(feature = "cuda")]
@@ -106,8 +133,15 @@ fn cuda_session(
     args: &ModelArgs,
     kv: KvType,
 ) -> Result<Box<dyn Runner>> {
-    let backend = redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), config)?;
-    Ok(Box::new(Session::new(backend, args.ctx, kv, args.chunk)?))
+    let mut backend = redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), config)?;
+    if args.mtp {
+        backend.load_mtp(gguf)?;
+    }
+    let mut session = Session::new(backend, args.ctx, kv, args.chunk)?;
+    if args.mtp {
+        session.enable_mtp()?;
+    }
+    Ok(Box::new(session))
 }
 
 /// The session on the device asked for, or on the CPU when the GPU cannot be used.
@@ -167,6 +201,15 @@ pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
     check_plan(args, &gguf, kv_type, slots)?;
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
+    if args.mtp && config.n_mtp == 0 {
+        bail!("{}: {}", path.display(), EngineError::NoMtpBlock);
+    }
+    if args.mtp && !(1..=MAX_DRAFT).contains(&args.draft) {
+        bail!("--draft must be 1 to {MAX_DRAFT}, got {}", args.draft);
+    }
+    if !args.mtp && args.draft != 1 {
+        eprintln!("note: --draft applies with --mtp; this run decodes without drafts");
+    }
     let tokenizer =
         Arc::new(Tokenizer::from_metadata(gguf.metadata()).context("building the tokenizer")?);
     Ok(Opened {

@@ -8,7 +8,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::session::Runner;
+use crate::generate::StopReason;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::session::{MtpTimings, Runner};
+use crate::speculative::{MtpStats, Speculator, Step};
 
 /// One test, as llama-bench names it (`pp512`, `tg128 @ d4096`).
 #[derive(Clone, Debug, Serialize)]
@@ -22,6 +25,25 @@ pub struct BenchResult {
     pub samples_ts: Vec<f64>,
     pub avg_ts: f64,
     pub stddev_ts: f64,
+    /// Speculative decoding: drafts per step, the forced acceptance rate if any, and the
+    /// counts over the timed repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<BenchMtp>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchMtp {
+    pub draft: usize,
+    pub force_accept: Option<f64>,
+    pub stats: MtpStats,
+    pub acceptance_rate: f64,
+    pub mean_accepted: f64,
+    /// Per verification step, milliseconds: drafting, verifying, rolling back.
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+    /// Of `verify_ms`, arming the recording of the DeltaNet row states.
+    pub checkpoint_ms: f64,
+    pub rollback_ms: f64,
 }
 
 /// Token ids for benchmarking: spread over the vocabulary, deterministic.
@@ -54,6 +76,7 @@ fn summarize(
         samples_ts: samples,
         avg_ts: avg,
         stddev_ts: var.sqrt(),
+        mtp: None,
     }
 }
 
@@ -104,4 +127,87 @@ pub fn bench_gen(
         format!("tg{n_gen}")
     };
     Ok(summarize(name, 0, n_gen, depth, samples))
+}
+
+/// Generation of `n_gen` tokens with speculative decoding (greedy, `draft` drafts per step,
+/// optionally a forced acceptance rate) after `depth` tokens of context (at least one: the
+/// first token is sampled from the context's logits). Tokens are the model's own.
+pub fn bench_gen_mtp(
+    session: &mut dyn Runner,
+    n_gen: usize,
+    depth: usize,
+    reps: usize,
+    draft: usize,
+    force_accept: Option<f64>,
+) -> Result<BenchResult> {
+    let context = bench_tokens(depth.max(1), session.n_vocab(), 2);
+    let mut samples = Vec::with_capacity(reps);
+    let mut total = MtpStats::default();
+    let mut timings = MtpTimings::default();
+    let mut force = None;
+    for rep in 0..=reps {
+        session.reset();
+        let logits = session.feed(&context, false, false)?.logits;
+        let mut sampler = Sampler::new(SamplingParams::greedy())?;
+        let mut spec = Speculator::new(draft, force_accept)?;
+        force = spec.force_accept;
+        session.take_mtp_timings();
+        let start = Instant::now();
+        let mut token = sampler.sample(&logits)?;
+        let mut generated = 1;
+        while generated < n_gen {
+            let room = session.capacity().saturating_sub(session.pos() + 1);
+            let n = draft.min(n_gen - generated - 1).min(room);
+            if n == 0 {
+                let logits = session.step(token)?;
+                token = sampler.sample(&logits)?;
+                generated += 1;
+                continue;
+            }
+            let mut count = |_: u32| -> Result<Option<StopReason>> {
+                generated += 1;
+                Ok((generated >= n_gen).then_some(StopReason::Length))
+            };
+            match spec.step(session, &mut sampler, token, n, &mut count)? {
+                Step::Next(next) => {
+                    token = next;
+                    generated += 1;
+                }
+                Step::Stop(_) => break,
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        if rep > 0 {
+            // The first token came from the context's logits: count the decoded ones, as
+            // the plain test does.
+            samples.push(generated.saturating_sub(1) as f64 / seconds);
+            total.add(&spec.stats);
+            let t = session.take_mtp_timings();
+            timings.steps += t.steps;
+            timings.draft_seconds += t.draft_seconds;
+            timings.verify_seconds += t.verify_seconds;
+            timings.accept_seconds += t.accept_seconds;
+            timings.checkpoint_seconds += t.checkpoint_seconds;
+        }
+    }
+    let name = match (depth, force) {
+        (0, None) => format!("tg{n_gen} mtp{draft}"),
+        (0, Some(r)) => format!("tg{n_gen} mtp{draft} a{r}"),
+        (d, None) => format!("tg{n_gen} mtp{draft} @ d{d}"),
+        (d, Some(r)) => format!("tg{n_gen} mtp{draft} a{r} @ d{d}"),
+    };
+    let per_step = |seconds: f64| 1e3 * seconds / timings.steps.max(1) as f64;
+    let mut result = summarize(name, 0, n_gen, depth, samples);
+    result.mtp = Some(BenchMtp {
+        draft,
+        force_accept: force,
+        stats: total,
+        acceptance_rate: total.acceptance_rate(),
+        mean_accepted: total.mean_accepted(),
+        draft_ms: per_step(timings.draft_seconds),
+        verify_ms: per_step(timings.verify_seconds),
+        checkpoint_ms: per_step(timings.checkpoint_seconds),
+        rollback_ms: per_step(timings.accept_seconds),
+    });
+    Ok(result)
 }

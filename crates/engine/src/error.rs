@@ -41,6 +41,9 @@ pub enum EngineError {
     #[error(transparent)]
     Sampling(#[from] crate::sampling::SamplingError),
 
+    #[error("--mtp needs the model's MTP block, but the file has none (qwen3next.nextn_predict_layers is absent or 0: files converted before mid-2026 dropped it; `redlite synth --mtp` writes one)")]
+    NoMtpBlock,
+
     #[error("synthetic model: {0}")]
     Synth(String),
 

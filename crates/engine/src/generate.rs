@@ -5,7 +5,8 @@ use std::time::Instant;
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampler, SamplingParams, StopMatcher};
 use crate::session::Runner;
-use crate::tokenizer::Tokenizer;
+use crate::speculative::{MtpStats, Speculator, Step};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -18,6 +19,9 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Print special tokens (e.g. `<think>`) as text.
     pub render_special: bool,
+    /// Speculative decoding with the MTP block: tokens drafted per step (0: off; the
+    /// session must have the MTP block enabled otherwise).
+    pub draft: usize,
 }
 
 /// Why generation ended.
@@ -43,6 +47,8 @@ pub struct GenerateStats {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub stop: StopReason,
+    /// Draft and acceptance counts, with speculative decoding.
+    pub mtp: Option<MtpStats>,
 }
 
 impl GenerateStats {
@@ -69,37 +75,54 @@ pub fn generate(
         sampler.accept(t);
     }
     let start = Instant::now();
-    let mut logits = session.feed(&req.prompt, false, false)?.logits;
+    let logits = session.feed(&req.prompt, false, false)?.logits;
     let prefill_seconds = start.elapsed().as_secs_f64();
 
-    let mut decoder = tokenizer.stream_decoder(req.render_special);
-    let mut stops = StopMatcher::new(req.stop.iter().cloned());
-    let mut generated = Vec::new();
+    let mut out = Emitter {
+        tokenizer,
+        decoder: tokenizer.stream_decoder(req.render_special),
+        stops: StopMatcher::new(req.stop.iter().cloned()),
+        generated: Vec::new(),
+        max_tokens: req.max_tokens,
+        on_text,
+    };
+    let mut speculator = match req.draft {
+        0 => None,
+        n => Some(Speculator::new(n, None)?),
+    };
     let decode_start = Instant::now();
+    let mut token = sampler.sample(&logits)?;
     let stop = loop {
-        let token = sampler.sample(&logits)?;
-        if tokenizer.is_eog(token) {
-            break StopReason::EndOfGeneration;
+        if let Some(reason) = out.emit(token)? {
+            break reason;
         }
         sampler.accept(token);
-        generated.push(token);
-        let piece = decoder.push(token)?;
-        let out = stops.push(&piece);
-        if !out.text.is_empty() && !on_text(&out.text) {
-            break StopReason::Cancelled;
-        }
-        if let Some(s) = out.stopped_by {
-            break StopReason::StopString(s);
-        }
-        if generated.len() >= req.max_tokens {
-            break StopReason::Length;
+        // Drafts that fit in the token budget and the context (one more row verifies them).
+        let budget = req.max_tokens - out.generated.len();
+        let room = session.capacity().saturating_sub(session.pos() + 1);
+        let n = speculator
+            .as_ref()
+            .map_or(0, |s| s.draft.min(budget - 1).min(room));
+        if let (Some(spec), true) = (speculator.as_mut(), n > 0) {
+            match spec.step(session, &mut sampler, token, n, &mut |d| out.emit(d))? {
+                Step::Next(next) => token = next,
+                Step::Stop(reason) => break reason,
+            }
+            continue;
         }
         match session.step(token) {
-            Ok(next) => logits = next,
+            Ok(next) => token = sampler.sample(&next)?,
             Err(EngineError::ContextFull { .. }) => break StopReason::ContextFull,
             Err(e) => return Err(e),
         }
     };
+    let Emitter {
+        mut decoder,
+        mut stops,
+        generated,
+        on_text,
+        ..
+    } = out;
     if !matches!(stop, StopReason::StopString(_) | StopReason::Cancelled) {
         let tail = decoder.finish();
         let out = stops.push(&tail);
@@ -114,5 +137,39 @@ pub fn generate(
         prefill_seconds,
         decode_seconds: decode_start.elapsed().as_secs_f64(),
         stop,
+        mtp: speculator.map(|s| s.stats),
     })
+}
+
+/// Emits generated tokens: text through the stop matcher to the caller, and the checks
+/// that end a generation.
+struct Emitter<'a, 'f> {
+    tokenizer: &'a Tokenizer,
+    decoder: StreamDecoder<'a>,
+    stops: StopMatcher,
+    generated: Vec<u32>,
+    max_tokens: usize,
+    on_text: &'f mut dyn FnMut(&str) -> bool,
+}
+
+impl Emitter<'_, '_> {
+    /// Emits `token`; returns why generation ends with it, if it does.
+    fn emit(&mut self, token: u32) -> Result<Option<StopReason>> {
+        if self.tokenizer.is_eog(token) {
+            return Ok(Some(StopReason::EndOfGeneration));
+        }
+        self.generated.push(token);
+        let piece = self.decoder.push(token)?;
+        let out = self.stops.push(&piece);
+        if !out.text.is_empty() && !(self.on_text)(&out.text) {
+            return Ok(Some(StopReason::Cancelled));
+        }
+        if let Some(s) = out.stopped_by {
+            return Ok(Some(StopReason::StopString(s)));
+        }
+        if self.generated.len() >= self.max_tokens {
+            return Ok(Some(StopReason::Length));
+        }
+        Ok(None)
+    }
 }

@@ -15,6 +15,7 @@ pub mod quality;
 pub mod sampling;
 pub mod serve;
 pub mod session;
+pub mod speculative;
 pub mod state;
 pub mod synth;
 pub mod tokenizer;

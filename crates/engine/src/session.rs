@@ -1,18 +1,63 @@
 //! One sequence on one backend: prefill in chunks, decode token by token, reset, snapshot.
 
+use std::time::Instant;
+
 use crate::backend::{Backend, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::forward::{forward, Logits, Output, Workspace};
+use crate::model::mtp::{forward_mtp, Hidden};
 use crate::state::KvType;
 
 /// Default prefill chunk (`--chunk`).
 pub const DEFAULT_CHUNK: usize = 512;
+
+/// Most tokens the MTP block drafts per step (`--draft`).
+pub const MAX_DRAFT: usize = 3;
 
 pub struct Session<B: Backend> {
     pub backend: B,
     pub state: B::State,
     work: Workspace<B>,
     chunk: usize,
+    /// Positions of the KV cache, and its type (the MTP block's cache matches them).
+    context: usize,
+    kv_type: KvType,
+    /// The MTP block's state, once `enable_mtp` was called.
+    mtp: Option<MtpState<B>>,
+    timings: MtpTimings,
+}
+
+/// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
+/// no copy waits for (the rollback's copies) finish during, and are counted in, the next
+/// part that reads results (the next draft).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct MtpTimings {
+    /// Verification batches run.
+    pub steps: usize,
+    /// The MTP block: catching up on the trunk's rows and drafting (LM head included).
+    pub draft_seconds: f64,
+    /// The verification forward (all rows' logits), recording the DeltaNet state per row.
+    pub verify_seconds: f64,
+    /// Of which arming the recording.
+    pub checkpoint_seconds: f64,
+    /// Rolling back to the last kept row after a rejection.
+    pub accept_seconds: f64,
+}
+
+/// The MTP block next to a session (speculative decoding). Invariant between calls: the
+/// block has processed every position whose next token the session knows, except the last
+/// `pending_rows` positions, whose trunk outputs are rows `0..pending_rows` of the
+/// session's workspace (`h`, kept normed) and whose next tokens are `pending_next` (one
+/// fewer: the last one's next token comes with the next call).
+struct MtpState<B: Backend> {
+    state: B::State,
+    work: Workspace<B>,
+    pending_rows: usize,
+    pending_next: Vec<u32>,
+    /// The verification batch recorded its rows (`accept` rolls back into it).
+    checkpointed: bool,
+    /// The verification batch (`[next, drafts...]`).
+    verified: Vec<u32>,
 }
 
 impl<B: Backend> Session<B> {
@@ -30,7 +75,224 @@ impl<B: Backend> Session<B> {
             state,
             work,
             chunk,
+            context,
+            kv_type,
+            mtp: None,
+            timings: MtpTimings::default(),
         })
+    }
+
+    /// Turns on the MTP block (its weights must be loaded into the backend) for
+    /// speculative decoding; the session must be empty.
+    pub fn enable_mtp(&mut self) -> Result<()> {
+        if self.mtp.is_some() {
+            return Ok(());
+        }
+        if self.state.pos() != 0 {
+            return Err(EngineError::BadConfig(
+                "MTP must be enabled on an empty session".into(),
+            ));
+        }
+        let state = self.backend.new_mtp_state(self.context, self.kv_type)?;
+        // A verification batch is at most MAX_DRAFT + 1 rows, a prefill chunk `chunk` rows.
+        let rows = self.chunk.max(MAX_DRAFT + 1);
+        if rows > self.work.max_tokens {
+            self.work = Workspace::new(&self.backend, rows);
+        }
+        self.work.keep_normed = true;
+        self.mtp = Some(MtpState {
+            state,
+            work: Workspace::new(&self.backend, rows),
+            pending_rows: 0,
+            pending_next: Vec::new(),
+            checkpointed: false,
+            verified: Vec::new(),
+        });
+        Ok(())
+    }
+
+    pub fn mtp_enabled(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Drops the MTP block's state: plain decoding without its cost (benchmark baselines).
+    /// `enable_mtp` on an empty session brings it back.
+    pub fn disable_mtp(&mut self) {
+        self.mtp = None;
+        self.work.keep_normed = false;
+    }
+
+    /// Pairs the pending trunk rows with their next tokens (the last one `next`) and runs
+    /// the MTP block over them; returns the draft logits of the last row if `logits`, and
+    /// the rows run (0 when nothing was pending).
+    fn mtp_catch_up(&mut self, next: u32, logits: bool) -> Result<(Vec<f32>, usize)> {
+        let Some(mtp) = self.mtp.as_mut() else {
+            return Ok((Vec::new(), 0));
+        };
+        if mtp.pending_rows == 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let mut tokens = std::mem::take(&mut mtp.pending_next);
+        tokens.push(next);
+        mtp.pending_rows = 0;
+        let out = forward_mtp(
+            &self.backend,
+            &mut mtp.state,
+            &mut mtp.work,
+            &tokens,
+            Hidden::Trunk {
+                act: &self.work.h,
+                row0: 0,
+            },
+            logits,
+        )?;
+        Ok((out, tokens.len()))
+    }
+
+    /// Records the rows of the last forward call as pending for the MTP block.
+    fn mtp_pending(&mut self, tokens: &[u32]) {
+        if let Some(mtp) = self.mtp.as_mut() {
+            mtp.pending_rows = tokens.len();
+            mtp.pending_next = tokens[1..].to_vec();
+        }
+    }
+
+    /// Drafts `n` tokens with the MTP block, `next` being the token sampled after the last
+    /// position the session processed; `pick` chooses each draft from its logits.
+    pub fn mtp_draft(
+        &mut self,
+        next: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
+        let start = Instant::now();
+        let drafts = self.mtp_draft_inner(next, n, pick);
+        self.timings.draft_seconds += start.elapsed().as_secs_f64();
+        drafts
+    }
+
+    fn mtp_draft_inner(
+        &mut self,
+        next: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
+        if self.mtp.is_none() {
+            return Err(EngineError::NoMtpBlock);
+        }
+        if n == 0 || n > MAX_DRAFT {
+            return Err(EngineError::BadConfig(format!(
+                "drafts per step must be 1 to {MAX_DRAFT}, got {n}"
+            )));
+        }
+        let (logits, rows) = self.mtp_catch_up(next, true)?;
+        if rows == 0 {
+            return Err(EngineError::BadConfig(
+                "MTP draft: the MTP block is out of step with the session (feed a prompt first)"
+                    .into(),
+            ));
+        }
+        let mut drafts = vec![pick(&logits)?];
+        let Some(mtp) = self.mtp.as_mut() else {
+            return Err(EngineError::NoMtpBlock);
+        };
+        // The block's own output at its last row feeds the next draft.
+        let mut row = rows - 1;
+        while drafts.len() < n {
+            let prev = drafts[drafts.len() - 1];
+            let logits = forward_mtp(
+                &self.backend,
+                &mut mtp.state,
+                &mut mtp.work,
+                &[prev],
+                Hidden::Own { row },
+                true,
+            )?;
+            drafts.push(pick(&logits)?);
+            row = 0;
+        }
+        Ok(drafts)
+    }
+
+    /// Runs the verification batch `[next, drafts...]` (`next`: the token the drafts
+    /// follow) and returns the logits of every row; `mtp_accept` then keeps a prefix.
+    pub fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let logits = self.mtp_verify_inner(tokens);
+        self.timings.verify_seconds += start.elapsed().as_secs_f64();
+        self.timings.steps += 1;
+        logits
+    }
+
+    fn mtp_verify_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if self.mtp.is_none() {
+            return Err(EngineError::NoMtpBlock);
+        }
+        if tokens.len() < 2 || tokens.len() > MAX_DRAFT + 1 {
+            return Err(EngineError::BadConfig(format!(
+                "a verification batch holds 2 to {} tokens, got {}",
+                MAX_DRAFT + 1,
+                tokens.len()
+            )));
+        }
+        let start = Instant::now();
+        self.state.checkpoint()?;
+        self.timings.checkpoint_seconds += start.elapsed().as_secs_f64();
+        let out = forward(
+            &self.backend,
+            &mut self.state,
+            &mut self.work,
+            tokens,
+            Logits::All,
+            false,
+        )?;
+        if let Some(mtp) = self.mtp.as_mut() {
+            mtp.checkpointed = true;
+            mtp.verified = tokens.to_vec();
+        }
+        Ok(out.logits)
+    }
+
+    /// Keeps the first `accepted` drafts of the last verification batch (and the token
+    /// before them): when some were rejected the state goes back to the one the batch
+    /// recorded after its last kept row; the MTP block drops its draft chain.
+    pub fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
+        let start = Instant::now();
+        let done = self.mtp_accept_inner(accepted);
+        self.timings.accept_seconds += start.elapsed().as_secs_f64();
+        done
+    }
+
+    /// Time spent in each part of the speculative steps since the last call, then zeroed.
+    pub fn take_mtp_timings(&mut self) -> MtpTimings {
+        std::mem::take(&mut self.timings)
+    }
+
+    fn mtp_accept_inner(&mut self, accepted: usize) -> Result<()> {
+        let Some(mtp) = self.mtp.as_mut() else {
+            return Err(EngineError::NoMtpBlock);
+        };
+        if !std::mem::take(&mut mtp.checkpointed) {
+            return Err(EngineError::BadConfig(
+                "MTP accept without a verification batch".into(),
+            ));
+        }
+        let verified = std::mem::take(&mut mtp.verified);
+        if accepted + 1 > verified.len() {
+            return Err(EngineError::BadConfig(format!(
+                "accepted {accepted} of {} drafts",
+                verified.len() - 1
+            )));
+        }
+        let kept = &verified[..accepted + 1];
+        let pos0 = self.state.pos() - verified.len();
+        mtp.state.set_pos(pos0);
+        if kept.len() < verified.len() {
+            // The verification recorded the DeltaNet state after each row: nothing to re-run.
+            self.state.rollback_to(kept.len())?;
+        }
+        self.mtp_pending(kept);
+        Ok(())
     }
 
     pub fn n_vocab(&self) -> usize {
@@ -40,6 +302,13 @@ impl<B: Backend> Session<B> {
     /// Back to an empty sequence (the cache keeps its size).
     pub fn reset(&mut self) {
         self.state.reset_state();
+        if let Some(mtp) = self.mtp.as_mut() {
+            mtp.state.reset_state();
+            mtp.pending_rows = 0;
+            mtp.pending_next.clear();
+            mtp.checkpointed = false;
+            mtp.verified.clear();
+        }
     }
 
     /// Tokens processed so far.
@@ -62,6 +331,7 @@ impl<B: Backend> Session<B> {
                 (false, true) => Logits::Last,
                 (false, false) => Logits::None,
             };
+            self.mtp_catch_up(piece[0], false)?;
             let out = forward(
                 &self.backend,
                 &mut self.state,
@@ -70,6 +340,7 @@ impl<B: Backend> Session<B> {
                 want,
                 capture_hidden,
             )?;
+            self.mtp_pending(piece);
             total.logits.extend_from_slice(&out.logits);
             if total.hidden.is_empty() {
                 total.hidden = out.hidden;
@@ -99,7 +370,27 @@ pub trait Runner {
     fn reset(&mut self);
     /// Tokens processed so far.
     fn pos(&self) -> usize;
+    /// Positions the context holds.
+    fn capacity(&self) -> usize;
     fn n_vocab(&self) -> usize;
+    /// See [`Session::enable_mtp`].
+    fn enable_mtp(&mut self) -> Result<()>;
+    fn mtp_enabled(&self) -> bool;
+    /// See [`Session::disable_mtp`].
+    fn disable_mtp(&mut self);
+    /// See [`Session::mtp_draft`].
+    fn mtp_draft(
+        &mut self,
+        next: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>>;
+    /// See [`Session::mtp_verify`].
+    fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// See [`Session::mtp_accept`].
+    fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
+    /// See [`Session::take_mtp_timings`].
+    fn take_mtp_timings(&mut self) -> MtpTimings;
 }
 
 impl<B: Backend> Runner for Session<B> {
@@ -115,7 +406,36 @@ impl<B: Backend> Runner for Session<B> {
     fn pos(&self) -> usize {
         Session::pos(self)
     }
+    fn capacity(&self) -> usize {
+        self.context
+    }
     fn n_vocab(&self) -> usize {
         Session::n_vocab(self)
+    }
+    fn enable_mtp(&mut self) -> Result<()> {
+        Session::enable_mtp(self)
+    }
+    fn mtp_enabled(&self) -> bool {
+        Session::mtp_enabled(self)
+    }
+    fn disable_mtp(&mut self) {
+        Session::disable_mtp(self)
+    }
+    fn mtp_draft(
+        &mut self,
+        next: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
+        Session::mtp_draft(self, next, n, pick)
+    }
+    fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Session::mtp_verify(self, tokens)
+    }
+    fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
+        Session::mtp_accept(self, accepted)
+    }
+    fn take_mtp_timings(&mut self) -> MtpTimings {
+        Session::take_mtp_timings(self)
     }
 }

@@ -113,6 +113,21 @@ pub struct SequenceState {
     slot: Vec<usize>,
     pub kv: Vec<KvCache>,
     pub deltanet: Vec<DeltaNetState>,
+    /// Speculative decoding: the rows of a verification batch, recorded per DeltaNet layer.
+    recording: Recording,
+}
+
+/// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
+/// each of its rows but the last, so `rollback_to` can keep any prefix of the batch
+/// without running it again.
+#[derive(Clone, Debug, Default)]
+struct Recording {
+    /// The next forward call records.
+    armed: bool,
+    /// Position before the recorded call; `None` until a call was recorded.
+    pos0: Option<usize>,
+    /// Per DeltaNet layer (slot order), the state after row `i` at index `i`.
+    rows: Vec<Vec<DeltaNetState>>,
 }
 
 impl SequenceState {
@@ -151,6 +166,28 @@ impl SequenceState {
             slot,
             kv,
             deltanet,
+            recording: Recording::default(),
+        }
+    }
+
+    /// The state of the MTP block alone: the KV cache of its attention layer (layer
+    /// `n_layer`); no DeltaNet state.
+    pub fn new_mtp(config: &HybridConfig, capacity: usize, kv_type: KvType) -> SequenceState {
+        let width = config.n_head_kv * config.head_dim;
+        let mut slot = vec![usize::MAX; config.n_layer];
+        slot.push(0);
+        SequenceState {
+            pos: 0,
+            capacity,
+            kv_type,
+            slot,
+            kv: vec![KvCache {
+                width,
+                k: KvData::new(kv_type, capacity * width),
+                v: KvData::new(kv_type, capacity * width),
+            }],
+            deltanet: Vec::new(),
+            recording: Recording::default(),
         }
     }
 
@@ -178,6 +215,8 @@ impl SequenceState {
     /// Back to an empty sequence.
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.recording.armed = false;
+        self.recording.pos0 = None;
         for d in &mut self.deltanet {
             d.conv.iter_mut().for_each(|v| *v = 0.0);
             d.recurrent.iter_mut().for_each(|v| *v = 0.0);
@@ -193,6 +232,61 @@ impl SequenceState {
 
     pub fn restore(&mut self, snapshot: &Snapshot) {
         self.pos = snapshot.pos;
+        self.recording.pos0 = None;
         self.deltanet.clone_from(&snapshot.deltanet);
+    }
+
+    /// The next forward call records the DeltaNet state after each of its rows (see
+    /// `rollback_to`).
+    pub fn checkpoint(&mut self) {
+        self.recording.armed = true;
+        self.recording.pos0 = Some(self.pos);
+        let layers = self.deltanet.len();
+        self.recording.rows.resize_with(layers, Vec::new);
+        self.recording.rows.iter_mut().for_each(Vec::clear);
+    }
+
+    /// The state of DeltaNet layer `layer`, and where to record its rows when the current
+    /// forward call records.
+    pub fn deltanet_recording(
+        &mut self,
+        layer: usize,
+    ) -> (&mut DeltaNetState, Option<&mut Vec<DeltaNetState>>) {
+        let slot = self.slot[layer];
+        let rows = if self.recording.armed {
+            self.recording.rows.get_mut(slot)
+        } else {
+            None
+        };
+        (&mut self.deltanet[slot], rows)
+    }
+
+    /// After a recorded forward call: the state after its first `kept` rows (at least one,
+    /// fewer than the call's rows). KV entries past the position are overwritten later.
+    pub fn rollback_to(&mut self, kept: usize) -> Result<()> {
+        let pos0 = self.recording.pos0.ok_or_else(|| {
+            EngineError::BadConfig("rollback without a recorded verification batch".into())
+        })?;
+        for (state, rows) in self.deltanet.iter_mut().zip(&self.recording.rows) {
+            let saved = kept
+                .checked_sub(1)
+                .and_then(|i| rows.get(i))
+                .ok_or_else(|| {
+                    EngineError::BadConfig(format!(
+                        "rollback to {kept} rows of a batch that recorded {}",
+                        rows.len()
+                    ))
+                })?;
+            state.conv.copy_from_slice(&saved.conv);
+            state.recurrent.copy_from_slice(&saved.recurrent);
+        }
+        self.pos = pos0 + kept;
+        Ok(())
+    }
+
+    /// The end of a forward call: the position moves on and a recording stops.
+    pub fn advance_to(&mut self, pos: usize) {
+        self.pos = pos;
+        self.recording.armed = false;
     }
 }

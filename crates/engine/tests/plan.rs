@@ -46,53 +46,53 @@ type Row = (
 #[rustfmt::skip]
 const OUTCOMES: [Row; 48] = [
     (IQ2, 16, F32, 512, false, true, cache(379), 12_868_512, None, Some(262_144), Some(262_144)),
-    (IQ2, 16, F32, 512, true, true, cache(370), 20_376_384, None, Some(262_144), Some(262_144)),
+    (IQ2, 16, F32, 512, true, true, cache(368), 21_261_120, None, Some(262_144), Some(262_144)),
     (IQ2, 16, F32, 2048, false, true, cache(372), 2_866_080, None, Some(262_144), Some(262_144)),
-    (IQ2, 16, F32, 2048, true, true, cache(362), 18_262_848, None, Some(262_144), Some(262_144)),
+    (IQ2, 16, F32, 2048, true, true, cache(360), 19_147_584, None, Some(262_144), Some(262_144)),
     (IQ2, 16, F16, 512, false, true, cache(381), 35_232_672, None, Some(262_144), Some(262_144)),
-    (IQ2, 16, F16, 512, true, true, cache(373), 9_546_560, None, Some(262_144), Some(262_144)),
+    (IQ2, 16, F16, 512, true, true, cache(371), 10_431_296, None, Some(262_144), Some(262_144)),
     (IQ2, 16, F16, 2048, false, true, cache(374), 25_230_240, None, Some(262_144), Some(262_144)),
-    (IQ2, 16, F16, 2048, true, true, cache(365), 7_433_024, None, Some(262_144), Some(262_144)),
+    (IQ2, 16, F16, 2048, true, true, cache(363), 8_317_760, None, Some(262_144), Some(262_144)),
     (IQ2, 24, F32, 512, false, true, RESIDENT, 3_395_910_560, Some(73_185), Some(262_144), Some(262_144)),
-    (IQ2, 24, F32, 512, true, true, RESIDENT, 2_935_909_184, Some(59_232), Some(262_144), Some(262_144)),
+    (IQ2, 24, F32, 512, true, true, RESIDENT, 2_856_872_768, Some(57_748), Some(262_144), Some(262_144)),
     (IQ2, 24, F32, 2048, false, true, RESIDENT, 3_111_861_152, Some(67_406), Some(262_144), Some(262_144)),
-    (IQ2, 24, F32, 2048, true, true, RESIDENT, 2_614_111_040, Some(53_189), Some(262_144), Some(262_144)),
+    (IQ2, 24, F32, 2048, true, true, RESIDENT, 2_535_074_624, Some(51_704), Some(262_144), Some(262_144)),
     (IQ2, 24, F16, 512, false, true, RESIDENT, 3_496_573_856, Some(146_371), Some(262_144), Some(262_144)),
-    (IQ2, 24, F16, 512, true, true, RESIDENT, 3_044_961_088, Some(118_465), Some(262_144), Some(262_144)),
+    (IQ2, 24, F16, 512, true, true, RESIDENT, 2_965_924_672, Some(115_496), Some(262_144), Some(262_144)),
     (IQ2, 24, F16, 2048, false, true, RESIDENT, 3_212_524_448, Some(134_813), Some(262_144), Some(262_144)),
-    (IQ2, 24, F16, 2048, true, true, RESIDENT, 2_723_162_944, Some(106_378), Some(262_144), Some(262_144)),
+    (IQ2, 24, F16, 2048, true, true, RESIDENT, 2_644_126_528, Some(103_409), Some(262_144), Some(262_144)),
     (IQ2, 32, F32, 512, false, true, RESIDENT, 11_985_845_152, Some(247_948), Some(262_144), Some(262_144)),
-    (IQ2, 32, F32, 512, true, true, RESIDENT, 11_525_843_776, Some(220_551), Some(262_144), Some(262_144)),
+    (IQ2, 32, F32, 512, true, true, RESIDENT, 11_446_807_360, Some(219_067), Some(262_144), Some(262_144)),
     (IQ2, 32, F32, 2048, false, true, RESIDENT, 11_701_795_744, Some(242_169), Some(262_144), Some(262_144)),
-    (IQ2, 32, F32, 2048, true, true, RESIDENT, 11_204_045_632, Some(214_508), Some(262_144), Some(262_144)),
+    (IQ2, 32, F32, 2048, true, true, RESIDENT, 11_125_009_216, Some(213_024), Some(262_144), Some(262_144)),
     (IQ2, 32, F16, 512, false, true, RESIDENT, 12_086_508_448, Some(262_144), Some(262_144), Some(262_144)),
-    (IQ2, 32, F16, 512, true, true, RESIDENT, 11_634_895_680, Some(262_144), Some(262_144), Some(262_144)),
+    (IQ2, 32, F16, 512, true, true, RESIDENT, 11_555_859_264, Some(262_144), Some(262_144), Some(262_144)),
     (IQ2, 32, F16, 2048, false, true, RESIDENT, 11_802_459_040, Some(262_144), Some(262_144), Some(262_144)),
-    (IQ2, 32, F16, 2048, true, true, RESIDENT, 11_313_097_536, Some(262_144), Some(262_144), Some(262_144)),
+    (IQ2, 32, F16, 2048, true, true, RESIDENT, 11_234_061_120, Some(262_144), Some(262_144), Some(262_144)),
     (Q4, 16, F32, 512, false, true, cache(157), 47_727_520, None, Some(262_144), Some(262_144)),
-    (Q4, 16, F32, 512, true, true, cache(153), 86_152_000, None, Some(255_985), Some(262_144)),
+    (Q4, 16, F32, 512, true, true, cache(153), 7_115_584, None, Some(254_501), Some(262_144)),
     (Q4, 16, F32, 2048, false, true, cache(154), 37_946_272, None, Some(262_144), Some(262_144)),
-    (Q4, 16, F32, 2048, true, true, cache(150), 43_930_432, None, Some(249_942), Some(262_144)),
+    (Q4, 16, F32, 2048, true, true, cache(149), 58_086_208, None, Some(248_458), Some(262_144)),
     (Q4, 16, F16, 512, false, true, cache(158), 56_968_096, None, Some(262_144), Some(262_144)),
-    (Q4, 16, F16, 512, true, true, cache(155), 8_819_520, None, Some(262_144), Some(262_144)),
+    (Q4, 16, F16, 512, true, true, cache(154), 22_975_296, None, Some(262_144), Some(262_144)),
     (Q4, 16, F16, 2048, false, true, cache(155), 47_186_848, None, Some(262_144), Some(262_144)),
-    (Q4, 16, F16, 2048, true, true, cache(151), 59_790_144, None, Some(262_144), Some(262_144)),
+    (Q4, 16, F16, 2048, true, true, cache(150), 73_945_920, None, Some(262_144), Some(262_144)),
     (Q4, 24, F32, 512, false, true, cache(251), 43_926_432, None, Some(262_144), Some(262_144)),
-    (Q4, 24, F32, 512, true, true, cache(246), 9_212_736, None, Some(262_144), Some(262_144)),
+    (Q4, 24, F32, 512, true, true, cache(245), 23_368_512, None, Some(262_144), Some(262_144)),
     (Q4, 24, F32, 2048, false, true, cache(248), 34_145_184, None, Some(262_144), Some(262_144)),
-    (Q4, 24, F32, 2048, true, true, cache(242), 60_183_360, None, Some(262_144), Some(262_144)),
+    (Q4, 24, F32, 2048, true, true, cache(241), 74_339_136, None, Some(262_144), Some(262_144)),
     (Q4, 24, F16, 512, false, true, cache(252), 53_167_008, None, Some(262_144), Some(262_144)),
-    (Q4, 24, F16, 512, true, true, cache(247), 25_072_448, None, Some(262_144), Some(262_144)),
+    (Q4, 24, F16, 512, true, true, cache(246), 39_228_224, None, Some(262_144), Some(262_144)),
     (Q4, 24, F16, 2048, false, true, cache(249), 43_385_760, None, Some(262_144), Some(262_144)),
-    (Q4, 24, F16, 2048, true, true, cache(243), 76_043_072, None, Some(262_144), Some(262_144)),
+    (Q4, 24, F16, 2048, true, true, cache(242), 90_198_848, None, Some(262_144), Some(262_144)),
     (Q4, 32, F32, 512, false, true, cache(345), 40_125_344, None, Some(262_144), Some(262_144)),
-    (Q4, 32, F32, 512, true, true, cache(338), 25_465_664, None, Some(262_144), Some(262_144)),
+    (Q4, 32, F32, 512, true, true, cache(337), 39_621_440, None, Some(262_144), Some(262_144)),
     (Q4, 32, F32, 2048, false, true, cache(342), 30_344_096, None, Some(262_144), Some(262_144)),
-    (Q4, 32, F32, 2048, true, true, cache(334), 76_436_288, None, Some(262_144), Some(262_144)),
+    (Q4, 32, F32, 2048, true, true, cache(333), 90_592_064, None, Some(262_144), Some(262_144)),
     (Q4, 32, F16, 512, false, true, cache(346), 49_365_920, None, Some(262_144), Some(262_144)),
-    (Q4, 32, F16, 512, true, true, cache(339), 41_325_376, None, Some(262_144), Some(262_144)),
+    (Q4, 32, F16, 512, true, true, cache(338), 55_481_152, None, Some(262_144), Some(262_144)),
     (Q4, 32, F16, 2048, false, true, cache(343), 39_584_672, None, Some(262_144), Some(262_144)),
-    (Q4, 32, F16, 2048, true, true, cache(335), 92_296_000, None, Some(262_144), Some(262_144)),
+    (Q4, 32, F16, 2048, true, true, cache(335), 13_259_584, None, Some(262_144), Some(262_144)),
 ];
 
 #[test]
@@ -287,6 +287,22 @@ fn mtp_is_counted_only_when_asked_and_present() {
     assert_eq!(p.budget.mtp_weights, 14_563_328);
     assert_eq!(p.experts.pool.moe_layers, 49);
     assert_eq!(p.budget.activations.logit_rows, 2);
+    // A verification records the DeltaNet state after each draft's row (one with one
+    // draft); each drafted token is a row.
+    assert_eq!(p.budget.deltanet_copies, 2);
+    assert_eq!(p.budget.deltanet_state, 2 * 79_036_416);
+    let three = plan(
+        &with_block,
+        &PlanSettings {
+            draft: 3,
+            ..asked.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(three.budget.activations.logit_rows, 4);
+    assert_eq!(three.budget.activations.rows, 512 + 4);
+    assert_eq!(three.budget.deltanet_copies, 4);
+    assert!(plan(&with_block, &PlanSettings { draft: 4, ..asked }).is_err());
 }
 
 #[test]

@@ -20,6 +20,8 @@ use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoi
 use redlite_engine::tokenizer::Tokenizer;
 use redlite_gguf::GgufModel;
 
+mod mtp_support;
+
 const CHUNK: usize = 8;
 
 struct Model {
@@ -29,10 +31,17 @@ struct Model {
 }
 
 fn model() -> Model {
+    model_with(false)
+}
+
+/// The tiny model, with the MTP block when `mtp`.
+fn model_with(mtp: bool) -> Model {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
+    let mut config = Preset::Tiny.config();
+    config.n_mtp = usize::from(mtp);
     let opts = SynthOptions {
-        config: Preset::Tiny.config(),
+        config,
         recipe: Recipe::Q4KM,
         vocab: VocabChoice::Tiny,
         seed: 5,
@@ -48,10 +57,21 @@ fn model() -> Model {
 }
 
 fn start(m: &Model, slots: usize, queue_limit: usize) -> Handle {
+    start_mtp(m, slots, queue_limit, 0)
+}
+
+/// A scheduler drafting `draft` tokens per step with the MTP block (0: off).
+fn start_mtp(m: &Model, slots: usize, queue_limit: usize, draft: usize) -> Handle {
     let gguf = m.gguf.clone();
     let config = config_from_gguf(&gguf).unwrap();
     serve::spawn(
-        move || CpuBackend::new(gguf, config),
+        move || {
+            let mut backend = CpuBackend::new(gguf, config)?;
+            if draft > 0 {
+                backend.load_mtp()?;
+            }
+            Ok(backend)
+        },
         m.tokenizer.clone(),
         ServeConfig {
             slots,
@@ -60,6 +80,7 @@ fn start(m: &Model, slots: usize, queue_limit: usize) -> Handle {
             chunk: CHUNK,
             queue_limit,
             snapshots_per_slot: 4,
+            draft,
         },
     )
     .unwrap()
@@ -149,6 +170,7 @@ fn batched_requests_equal_each_request_alone_and_a_plain_session() {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             render_special: false,
+            draft: 0,
         };
         let stats = generate(&mut session, &m.tokenizer, &req, &mut |_| true).unwrap();
         assert_eq!(&stats.generated, want, "session vs scheduler for {p:?}");
@@ -178,10 +200,77 @@ fn batched_requests_equal_each_request_alone_and_a_plain_session() {
     together.shutdown();
 }
 
+/// With the MTP block drafting (1 to 3 tokens), batched requests give exactly the plain
+/// greedy tokens, and the metrics count the drafts; on a model whose MTP block agrees with
+/// the trunk half of the time, drafts are kept too.
+#[test]
+fn serving_with_mtp_gives_the_plain_greedy_tokens() {
+    serve_with_mtp(&model_with(true), false);
+    let dir = tempfile::tempdir().unwrap();
+    let path = mtp_support::agreeing_model(dir.path());
+    let gguf = Arc::new(GgufModel::open(&path).unwrap());
+    let tokenizer = Arc::new(Tokenizer::from_metadata(gguf.metadata()).unwrap());
+    let agreeing = Model {
+        _dir: dir,
+        gguf,
+        tokenizer,
+    };
+    serve_with_mtp(&agreeing, true);
+}
+
+fn serve_with_mtp(m: &Model, keeps_drafts: bool) {
+    let prompts: Vec<Vec<u32>> = (0..6).map(|s| prompt(s, 5 + 3 * s as usize)).collect();
+    let plain = start(m, 2, 16);
+    let reference: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let (j, rx, _) = job(p.clone(), 14);
+            plain.submit(j).unwrap();
+            wait(&rx).0
+        })
+        .collect();
+    plain.shutdown();
+    for draft in 1..=3 {
+        let handle = start_mtp(m, 3, 16, draft);
+        let receivers: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (j, rx, _) = job(p.clone(), 14);
+                handle.submit(j).unwrap();
+                rx
+            })
+            .collect();
+        for (i, rx) in receivers.iter().enumerate() {
+            let (ids, finish) = wait(rx);
+            assert_eq!(ids, reference[i], "request {i}, draft {draft}");
+            assert_eq!(finish.completion_tokens, ids.len());
+        }
+        let metrics = handle.metrics();
+        assert!(metrics.mtp_steps > 0, "{metrics:?}");
+        if keeps_drafts {
+            assert!(
+                metrics.mtp_accepted > 0 && metrics.mtp_accepted < metrics.mtp_drafted,
+                "draft {draft}: {metrics:?}"
+            );
+        }
+        assert!(metrics.mtp_drafted >= metrics.mtp_steps);
+        assert!(metrics.mtp_drafted <= metrics.mtp_steps * draft as u64);
+        handle.shutdown();
+    }
+}
+
 #[test]
 fn a_second_turn_ingests_only_its_new_tokens() {
-    let m = model();
-    let handle = start(&m, 2, 8);
+    second_turn(&model(), 0);
+}
+
+#[test]
+fn a_second_turn_with_mtp_ingests_only_its_new_tokens() {
+    second_turn(&model_with(true), 2);
+}
+
+fn second_turn(m: &Model, draft: usize) {
+    let handle = start_mtp(m, 2, 8, draft);
     let turn1 = prompt(1, 20);
     let (j, rx, _) = job(turn1.clone(), 6);
     handle.submit(j).unwrap();
@@ -208,7 +297,7 @@ fn a_second_turn_ingests_only_its_new_tokens() {
     assert_eq!(f3.cached_tokens, turn2.len());
     assert_eq!(handle.metrics().prefill_tokens, before);
     let (j, rx, _) = job(turn2.clone(), 4);
-    let fresh = start(&m, 1, 1);
+    let fresh = start(m, 1, 1);
     fresh.submit(j).unwrap();
     assert_eq!(
         wait(&rx).0,

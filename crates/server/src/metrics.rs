@@ -30,7 +30,7 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
             (r#"{outcome="failed"}"#, m.requests_failed as f64),
         ],
     );
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "prompt_tokens_total",
             "Prompt tokens of admitted requests.",
@@ -77,6 +77,21 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
             "Most requests waiting at once.",
             m.max_queue_depth,
         ),
+        (
+            "mtp_steps_total",
+            "MTP draft-and-verify steps (speculative decoding, serve --mtp).",
+            m.mtp_steps,
+        ),
+        (
+            "mtp_drafted_tokens_total",
+            "Tokens drafted by the MTP block.",
+            m.mtp_drafted,
+        ),
+        (
+            "mtp_accepted_tokens_total",
+            "Drafted tokens the model kept.",
+            m.mtp_accepted,
+        ),
     ];
     for (name, help, value) in counters {
         let kind = if name.ends_with("_total") {
@@ -86,7 +101,8 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
         };
         metric(name, kind, help, &[("", value as f64)]);
     }
-    let gauges: [(&str, &str, f64); 5] = [
+    let mean_accepted = m.mtp_accepted as f64 / m.mtp_steps.max(1) as f64;
+    let gauges: [(&str, &str, f64); 6] = [
         ("slots", "Slots (sequences served at once).", m.slots as f64),
         (
             "slots_busy",
@@ -107,6 +123,11 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
             "uptime_seconds",
             "Seconds since the scheduler started.",
             m.uptime_seconds,
+        ),
+        (
+            "mtp_mean_accepted_length",
+            "Kept drafts per MTP step, since the start.",
+            mean_accepted,
         ),
     ];
     for (name, help, value) in gauges {

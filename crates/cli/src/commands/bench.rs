@@ -1,6 +1,6 @@
 use anyhow::Result;
 use clap::Args;
-use redlite_engine::bench::{bench_gen, bench_prompt, BenchResult};
+use redlite_engine::bench::{bench_gen, bench_gen_mtp, bench_prompt, BenchResult};
 
 use crate::loader::{load, ModelArgs};
 
@@ -33,9 +33,20 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// With --mtp, benchmark only: force these per-draft acceptance rates (each in [0, 1])
+    /// instead of the trunk's verdict, to time the speed-up curve (the text is then not the
+    /// model's). Empty: real acceptance.
+    #[arg(long = "mtp-accept", value_delimiter = ',', value_name = "RATES")]
+    mtp_accept: Vec<f64>,
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
+    if !args.mtp_accept.is_empty() && !args.model.mtp {
+        anyhow::bail!("--mtp-accept forces the acceptance of MTP drafts: it needs --mtp");
+    }
+    if let Some(r) = args.mtp_accept.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+        anyhow::bail!("--mtp-accept {r} is outside [0, 1]");
+    }
     let longest_pp = args.n_prompt.iter().copied().max().unwrap_or(0);
     let longest_tg = args.depth.iter().copied().max().unwrap_or(0) + args.n_gen;
     args.model.ctx = args.model.ctx.max(longest_pp).max(longest_tg);
@@ -43,6 +54,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model.chunk = args.model.chunk.max(longest_pp);
     let mut loaded = load(&args.model)?;
     let mut results: Vec<BenchResult> = Vec::new();
+    // The pp and plain tg tests run without the MTP block's cost (its prefill and per-token
+    // catch-up); `tg N mtpK` turns it on.
+    loaded.session.reset();
+    loaded.session.disable_mtp();
     for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
         results.push(bench_prompt(loaded.session.as_mut(), p, args.repetitions)?);
         report(results.last(), args.json);
@@ -56,6 +71,28 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 args.repetitions,
             )?);
             report(results.last(), args.json);
+        }
+        if args.model.mtp {
+            loaded.session.reset();
+            loaded.session.enable_mtp()?;
+            let rates: Vec<Option<f64>> = if args.mtp_accept.is_empty() {
+                vec![None]
+            } else {
+                args.mtp_accept.iter().copied().map(Some).collect()
+            };
+            for &d in &args.depth {
+                for &rate in &rates {
+                    results.push(bench_gen_mtp(
+                        loaded.session.as_mut(),
+                        args.n_gen,
+                        d,
+                        args.repetitions,
+                        args.model.draft,
+                        rate,
+                    )?);
+                    report(results.last(), args.json);
+                }
+            }
         }
     }
     let threads = rayon::current_num_threads();
@@ -77,8 +114,21 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 
 fn report(result: Option<&BenchResult>, json: bool) {
     if let (Some(r), false) = (result, json) {
+        let mtp = r.mtp.as_ref().map_or(String::new(), |m| {
+            format!(
+                " drafted {}, accepted {} ({:.1} %), mean accepted length {:.2}; per step: draft {:.1} ms, verify {:.1} ms (checkpoint {:.2}), rollback {:.1} ms",
+                m.stats.drafted,
+                m.stats.accepted,
+                100.0 * m.acceptance_rate,
+                m.mean_accepted,
+                m.draft_ms,
+                m.verify_ms,
+                m.checkpoint_ms,
+                m.rollback_ms
+            )
+        });
         println!(
-            "| {:<16} | {:>10.2} ± {:<8.2} t/s |",
+            "| {:<22} | {:>10.2} ± {:<8.2} t/s |{mtp}",
             r.test, r.avg_ts, r.stddev_ts
         );
     }

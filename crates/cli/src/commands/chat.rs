@@ -128,6 +128,7 @@ fn answer(
         sampling: args.sampling.params(),
         stop: args.sampling.stop.clone(),
         render_special: false,
+        draft: args.model.draft(),
     };
     let mut reply = String::new();
     let mut stdout = std::io::stdout();
@@ -155,5 +156,14 @@ fn answer(
         stats.generated.len(),
         stats.decode_tokens_per_second()
     );
+    if let Some(m) = &stats.mtp {
+        eprintln!(
+            "[mtp: drafted {}, accepted {} ({:.1} %), mean accepted length {:.2}]",
+            m.drafted,
+            m.accepted,
+            100.0 * m.acceptance_rate(),
+            m.mean_accepted()
+        );
+    }
     Ok(reply)
 }

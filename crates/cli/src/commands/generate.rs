@@ -49,6 +49,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         sampling: args.sampling.params(),
         stop: args.sampling.stop.clone(),
         render_special: false,
+        draft: args.model.draft(),
     };
     let mut stdout = std::io::stdout();
     print!("{}", args.prompt);
@@ -70,5 +71,15 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         stats.decode_tokens_per_second(),
         stats.stop
     );
+    if let Some(m) = &stats.mtp {
+        eprintln!(
+            "mtp: {} steps, drafted {}, accepted {} ({:.1} %), mean accepted length {:.2} per step",
+            m.steps,
+            m.drafted,
+            m.accepted,
+            100.0 * m.acceptance_rate(),
+            m.mean_accepted()
+        );
+    }
     Ok(())
 }

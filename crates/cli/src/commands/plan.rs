@@ -36,9 +36,13 @@ pub struct PlanArgs {
     /// Sequences served at once, each with its own KV cache and state.
     #[arg(long, default_value_t = 1)]
     slots: usize,
-    /// Count the MTP block (weights, KV layer, draft rows); the file must have one.
+    /// Count the MTP block (weights, KV layer, draft rows, recorded row states); the file
+    /// must have one.
     #[arg(long)]
     mtp: bool,
+    /// With --mtp: tokens drafted per step (1 to 3).
+    #[arg(long, default_value_t = 1)]
+    draft: usize,
     /// Where the routed experts live: auto, resident, cache=SIZE or cpu.
     #[arg(long, default_value = "auto")]
     experts: String,
@@ -58,6 +62,7 @@ fn settings(args: &PlanArgs) -> Result<PlanSettings> {
         kv,
         slots: args.slots,
         mtp: args.mtp,
+        draft: args.draft,
         experts: ExpertPolicy::parse(&args.experts)?,
     })
 }

@@ -49,10 +49,17 @@ fn start_scheduler(
     config: ServeConfig,
 ) -> Result<(Handle, &'static str)> {
     let tokenizer = opened.tokenizer.clone();
+    let mtp = config.draft > 0;
     let cpu = || {
         let (gguf, model) = (opened.gguf.clone(), opened.config.clone());
         serve::spawn(
-            move || CpuBackend::new(gguf, model),
+            move || {
+                let mut backend = CpuBackend::new(gguf, model)?;
+                if mtp {
+                    backend.load_mtp()?;
+                }
+                Ok(backend)
+            },
             tokenizer.clone(),
             config.clone(),
         )
@@ -63,7 +70,14 @@ fn start_scheduler(
         "cuda" => {
             let (gguf, model) = (opened.gguf.clone(), opened.config.clone());
             let gpu = serve::spawn(
-                move || redlite_engine::backend::cuda::CudaBackend::new(gguf, model),
+                move || {
+                    let mut backend =
+                        redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), model)?;
+                    if mtp {
+                        backend.load_mtp(&gguf)?;
+                    }
+                    Ok(backend)
+                },
                 tokenizer.clone(),
                 config.clone(),
             );
@@ -103,6 +117,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         chunk: args.model.chunk,
         queue_limit: args.queue,
         snapshots_per_slot: args.snapshots,
+        draft: args.model.draft(),
     };
     let (handle, device) = start_scheduler(&opened, &args.model, config)?;
     report_loaded(&opened, device, start);
@@ -123,9 +138,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map_or(0, |d| d.as_secs()),
     };
     eprintln!(
-        "serving {} slots x {} positions{}",
+        "serving {} slots x {} positions{}{}",
         args.slots,
         args.model.ctx,
+        if args.model.mtp {
+            format!(", MTP drafts {} per step", args.model.draft)
+        } else {
+            String::new()
+        },
         if args.api_key.is_some() {
             ", API key required"
         } else {

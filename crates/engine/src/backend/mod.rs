@@ -53,6 +53,8 @@ pub enum Norm {
     Post(usize),
     /// Before the LM head.
     Output,
+    /// The MTP block's `shared_head_norm`, before its LM head.
+    MtpHead,
 }
 
 /// Per-sequence state as the forward pass sees it.
@@ -71,6 +73,13 @@ pub trait SeqState {
     fn snapshot(&self) -> Result<Self::Snapshot>;
     /// Back to a snapshot of this same sequence state.
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
+    /// Speculative decoding: the next forward call records, per DeltaNet layer, the state
+    /// after each of its rows but the last (in device memory on a GPU), so that
+    /// `rollback_to` can keep any prefix of a verification batch without re-running it.
+    fn checkpoint(&mut self) -> Result<()>;
+    /// After a recorded call: back to the state after its first `kept` rows (1 to rows - 1);
+    /// attention caches are truncated by the position.
+    fn rollback_to(&mut self, kept: usize) -> Result<()>;
 }
 
 pub trait Backend {
@@ -123,4 +132,22 @@ pub trait Backend {
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
     /// The activations of a batch, copied to the host (per-layer parity checks).
     fn to_host(&self, b: Batch, x: &Self::Act) -> Vec<f32>;
+
+    // The MTP block (spec §4), once the backend has loaded it. Its decoder layer is layer
+    // `n_layer` for `rms_norm`, `attention` and `moe`, with its own state.
+
+    /// A state holding only the MTP layer's KV cache.
+    fn new_mtp_state(&self, capacity: usize, kv_type: KvType) -> Result<Self::State>;
+    /// The MTP block's input: `out[t] = eh_proj · [enorm(embed(tokens[t])) ;
+    /// hnorm(hidden[hidden_row0 + t])]` for every token (the embedding half first).
+    fn mtp_input(
+        &self,
+        tokens: &[u32],
+        hidden: &Self::Act,
+        hidden_row0: usize,
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// Logits of the given rows through the MTP block's LM head (the trunk's unless the
+    /// file has `nextn.shared_head_head`), appended to `out`.
+    fn mtp_logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
 }

@@ -9,9 +9,12 @@ use crate::model::config::LayerKind;
 /// Buffers of one forward call, allocated once for the largest batch and reused.
 pub struct Workspace<B: Backend> {
     pub max_tokens: usize,
-    x: B::Act,
-    h: B::Act,
-    mix: B::Act,
+    /// Apply the final norm to every row even when no logits are asked for, so `h` holds
+    /// the trunk's output for the MTP block after each call (`Workspace::normed`).
+    pub keep_normed: bool,
+    pub(crate) x: B::Act,
+    pub(crate) h: B::Act,
+    pub(crate) mix: B::Act,
 }
 
 impl<B: Backend> Workspace<B> {
@@ -19,6 +22,7 @@ impl<B: Backend> Workspace<B> {
         let e = backend.config().n_embd;
         Workspace {
             max_tokens,
+            keep_normed: false,
             x: backend.new_act(max_tokens, e),
             h: backend.new_act(max_tokens, e),
             mix: backend.new_act(max_tokens, e),
@@ -120,6 +124,7 @@ pub fn forward_batch<B: Backend>(
         },
     };
     let mut output = Output::default();
+    let keep_normed = work.keep_normed;
     let Workspace { x, h, mix, .. } = work;
     backend.embed(&ids, x)?;
     if capture_hidden {
@@ -150,10 +155,13 @@ pub fn forward_batch<B: Backend>(
         let pos = seg.state.pos();
         seg.state.set_pos(pos + seg.tokens);
     }
-    if logit_rows.is_empty() {
+    if logit_rows.is_empty() && !keep_normed {
         return Ok(output);
     }
     backend.rms_norm(Norm::Output, b, x, h)?;
+    if logit_rows.is_empty() {
+        return Ok(output);
+    }
     backend.logits(&logit_rows, h, &mut output.logits)?;
     Ok(output)
 }

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod forward;
 pub mod load;
+pub mod mtp;
 pub mod tensors;
 pub mod weights;
 

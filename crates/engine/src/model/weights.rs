@@ -3,7 +3,7 @@
 //! (`V`: norms, gates, conv taps decoded to f32). Every backend loads the same tensors by
 //! the same names through [`load_weights`].
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::model::config::{DeltaNetLayout, HybridConfig, LayerKind};
 
 pub struct DeltaNetWeights<M, V> {
@@ -57,16 +57,74 @@ pub struct LayerWeights<M, V> {
     pub moe: MoeWeights<M>,
 }
 
+/// The MTP block (spec §4): the projection of `[embedding ; hidden]`, its norms, and one
+/// full-attention decoder layer with MoE, stored as block `n_layer`.
+pub struct MtpWeights<M, V> {
+    /// `nextn.eh_proj`: `[n_embd][2 * n_embd]`, the embedding half first.
+    pub eh_proj: M,
+    /// `nextn.enorm`: RMSNorm of the token embedding.
+    pub enorm: V,
+    /// `nextn.hnorm`: RMSNorm of the trunk's (final-normed) hidden state.
+    pub hnorm: V,
+    /// `nextn.shared_head_norm`: RMSNorm before the LM head.
+    pub head_norm: V,
+    /// The block's decoder layer (its mixer is always attention).
+    pub layer: LayerWeights<M, V>,
+    /// `nextn.embed_tokens`, when the file has its own; else the trunk's `token_embd`.
+    pub embed: Option<M>,
+    /// `nextn.shared_head_head`, when the file has its own; else the trunk's `output`.
+    pub head: Option<M>,
+}
+
 pub struct ModelWeights<M, V> {
     pub token_embd: M,
     pub layers: Vec<LayerWeights<M, V>>,
     pub output_norm: V,
     /// `output.weight`, or the embedding when the file ties them.
     pub output: M,
+    /// The MTP block, when the file has one and the caller asked for it.
+    pub mtp: Option<MtpWeights<M, V>>,
 }
 
-/// Loads every main-stack weight the config implies. `matrix` and `vector` load one tensor
-/// by name; `has` says whether a tensor exists (for the optional `output.weight`).
+impl<M, V> ModelWeights<M, V> {
+    /// Layer `i`: a main-stack layer, or (`i == n_layer`) the MTP block's decoder layer.
+    pub fn layer(&self, i: usize) -> Result<&LayerWeights<M, V>> {
+        if let Some(layer) = self.layers.get(i) {
+            return Ok(layer);
+        }
+        match &self.mtp {
+            Some(mtp) if i == self.layers.len() => Ok(&mtp.layer),
+            _ => Err(EngineError::BadConfig(format!(
+                "layer {i} does not exist (the main stack has {} layers{})",
+                self.layers.len(),
+                if self.mtp.is_some() {
+                    " and the MTP block"
+                } else {
+                    ", no MTP block loaded"
+                }
+            ))),
+        }
+    }
+
+    /// The MTP block, or the error that says it was not loaded.
+    pub fn mtp(&self) -> Result<&MtpWeights<M, V>> {
+        self.mtp.as_ref().ok_or(EngineError::NoMtpBlock)
+    }
+
+    /// The LM head the MTP block uses.
+    pub fn mtp_head(&self) -> Result<&M> {
+        Ok(self.mtp()?.head.as_ref().unwrap_or(&self.output))
+    }
+
+    /// The embedding table the MTP block uses.
+    pub fn mtp_embed(&self) -> Result<&M> {
+        Ok(self.mtp()?.embed.as_ref().unwrap_or(&self.token_embd))
+    }
+}
+
+/// Loads every main-stack weight the config implies (the MTP block is loaded on request,
+/// by [`load_mtp`]). `matrix` and `vector` load one tensor by name; `has` says whether a
+/// tensor exists (for the optional `output.weight`).
 pub fn load_weights<M, V>(
     config: &HybridConfig,
     matrix: &dyn Fn(&str) -> Result<M>,
@@ -75,6 +133,63 @@ pub fn load_weights<M, V>(
 ) -> Result<ModelWeights<M, V>> {
     let mut layers = Vec::with_capacity(config.n_layer);
     for (i, kind) in config.layers.iter().enumerate() {
+        layers.push(load_layer(config, i, *kind, matrix, vector)?);
+    }
+    let output_name = if has("output.weight") {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    Ok(ModelWeights {
+        token_embd: matrix("token_embd.weight")?,
+        output_norm: vector("output_norm.weight")?,
+        output: matrix(output_name)?,
+        layers,
+        mtp: None,
+    })
+}
+
+/// The MTP block, stored as llama.cpp's converter writes it: block `n_layer`, with
+/// optional `nextn.embed_tokens` / `nextn.shared_head_head` (else the trunk's tables).
+/// Refused when the file has no MTP block.
+pub fn load_mtp<M, V>(
+    config: &HybridConfig,
+    matrix: &dyn Fn(&str) -> Result<M>,
+    vector: &dyn Fn(&str) -> Result<V>,
+    has: &dyn Fn(&str) -> bool,
+) -> Result<MtpWeights<M, V>> {
+    if config.n_mtp == 0 {
+        return Err(EngineError::NoMtpBlock);
+    }
+    let i = config.n_layer;
+    let name = |s: &str| format!("blk.{i}.nextn.{s}");
+    let optional = |s: &str| -> Result<Option<M>> {
+        let n = name(s);
+        if has(&n) {
+            Ok(Some(matrix(&n)?))
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(MtpWeights {
+        eh_proj: matrix(&name("eh_proj.weight"))?,
+        enorm: vector(&name("enorm.weight"))?,
+        hnorm: vector(&name("hnorm.weight"))?,
+        head_norm: vector(&name("shared_head_norm.weight"))?,
+        layer: load_layer(config, i, LayerKind::Attention, matrix, vector)?,
+        embed: optional("embed_tokens.weight")?,
+        head: optional("shared_head_head.weight")?,
+    })
+}
+
+fn load_layer<M, V>(
+    config: &HybridConfig,
+    i: usize,
+    kind: LayerKind,
+    matrix: &dyn Fn(&str) -> Result<M>,
+    vector: &dyn Fn(&str) -> Result<V>,
+) -> Result<LayerWeights<M, V>> {
+    {
         let name = |s: &str| format!("blk.{i}.{s}");
         let mixer = match kind {
             LayerKind::DeltaNet => {
@@ -105,7 +220,7 @@ pub fn load_weights<M, V>(
                 k_norm: vector(&name("attn_k_norm.weight"))?,
             }),
         };
-        layers.push(LayerWeights {
+        Ok(LayerWeights {
             attn_norm: vector(&name("attn_norm.weight"))?,
             post_norm: vector(&name("post_attention_norm.weight"))?,
             mixer,
@@ -119,17 +234,6 @@ pub fn load_weights<M, V>(
                 shared_up: matrix(&name("ffn_up_shexp.weight"))?,
                 shared_down: matrix(&name("ffn_down_shexp.weight"))?,
             },
-        });
+        })
     }
-    let output_name = if has("output.weight") {
-        "output.weight"
-    } else {
-        "token_embd.weight"
-    };
-    Ok(ModelWeights {
-        token_embd: matrix("token_embd.weight")?,
-        output_norm: vector("output_norm.weight")?,
-        output: matrix(output_name)?,
-        layers,
-    })
 }

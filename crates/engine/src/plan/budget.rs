@@ -35,6 +35,10 @@ pub struct Budget {
     pub kv_cache: u64,
     /// One sequence's DeltaNet conv and recurrent state (f32, any length).
     pub deltanet_state_per_slot: u64,
+    /// Copies per slot: with MTP, 1 + drafts (a verification records the state after each
+    /// of its rows but the last, for a rollback without re-running).
+    pub deltanet_copies: u64,
+    /// `slots x copies x deltanet_state_per_slot`.
     pub deltanet_state: u64,
     /// KV positions one slot's DeltaNet state is worth.
     pub deltanet_state_positions: u64,
@@ -74,9 +78,10 @@ pub fn budget(shape: &ModelShape, s: &PlanSettings) -> Budget {
         kv_layers * 2 * (c.n_head_kv * c.head_dim) as u64 * kv_value_bytes(s.kv);
     let slots = s.slots as u64;
     let deltanet_state_per_slot = c.deltanet_state_bytes();
-    // A step holds every decoding slot's tokens (two with an MTP draft to verify) and up to
-    // `chunk` prompt tokens (the serve scheduler's rule; a single session holds `chunk`).
-    let draft_rows = 1 + u64::from(s.mtp);
+    // A step holds every decoding slot's tokens (its drafts too with MTP) and up to `chunk`
+    // prompt tokens (the serve scheduler's rule; a single session holds `chunk`).
+    let draft_rows = 1 + if s.mtp { s.draft as u64 } else { 0 };
+    let deltanet_copies = draft_rows;
     let rows = (s.chunk as u64).saturating_add(slots.saturating_mul(draft_rows));
     Budget {
         gpu_limit: s.gpu_limit,
@@ -88,7 +93,10 @@ pub fn budget(shape: &ModelShape, s: &PlanSettings) -> Budget {
             .saturating_mul(s.ctx as u64)
             .saturating_mul(kv_bytes_per_position),
         deltanet_state_per_slot,
-        deltanet_state: slots.saturating_mul(deltanet_state_per_slot),
+        deltanet_copies,
+        deltanet_state: slots
+            .saturating_mul(deltanet_copies)
+            .saturating_mul(deltanet_state_per_slot),
         deltanet_state_positions: deltanet_state_per_slot / kv_bytes_per_position.max(1),
         activations: activations(c, rows, slots.saturating_mul(draft_rows), s.mtp),
         cuda_context: CUDA_CONTEXT_BYTES,

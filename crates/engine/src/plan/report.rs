@@ -110,9 +110,17 @@ impl fmt::Display for Plan {
             "DeltaNet state",
             b.deltanet_state,
             format!(
-                "{} per slot, worth {} KV positions",
+                "{} per slot, worth {} KV positions{}",
                 human(b.deltanet_state_per_slot),
-                b.deltanet_state_positions
+                b.deltanet_state_positions,
+                if b.deltanet_copies > 1 {
+                    format!(
+                        ", x{}: the row states an MTP verification records",
+                        b.deltanet_copies
+                    )
+                } else {
+                    String::new()
+                }
             ),
         )?;
         line(

@@ -71,8 +71,11 @@ pub struct PlanSettings {
     pub kv: KvType,
     /// Sequences served at once, each with its own KV cache and DeltaNet state.
     pub slots: usize,
-    /// Count the MTP block (its weights, its KV layer, its draft rows).
+    /// Count the MTP block (its weights, its KV layer, its draft rows, the DeltaNet states
+    /// a verification records for a rollback).
     pub mtp: bool,
+    /// With `mtp`: tokens drafted per step (each slot verifies `1 + draft` rows).
+    pub draft: usize,
     #[serde(serialize_with = "policy_name")]
     pub experts: ExpertPolicy,
 }
@@ -110,6 +113,7 @@ impl PlanSettings {
             kv: KvType::F32,
             slots: 1,
             mtp: false,
+            draft: 1,
             experts: ExpertPolicy::Auto,
         }
     }
@@ -129,6 +133,13 @@ impl PlanSettings {
         }
         if self.slots == 0 {
             return Err(bad("--slots", self.slots));
+        }
+        if self.mtp && !(1..=crate::session::MAX_DRAFT).contains(&self.draft) {
+            return Err(PlanError::BadSetting {
+                name: "--draft",
+                value: self.draft.to_string(),
+                why: format!("must be 1 to {}", crate::session::MAX_DRAFT),
+            });
         }
         if self.gpu_limit == 0 {
             return Err(PlanError::BadSetting {

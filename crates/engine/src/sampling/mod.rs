@@ -166,6 +166,92 @@ impl Sampler {
 
     /// Chooses the next token from `logits` (one per vocabulary id). Does not `accept` it.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        if let Some(token) = self.plain_argmax(logits)? {
+            return Ok(token);
+        }
+        self.prepare(logits)?;
+        if self.params.temperature <= 0.0 {
+            return Ok(argmax(&self.candidates));
+        }
+        let u = self.rng.next_f64();
+        Ok(draw(&self.candidates, self.params.temperature, u))
+    }
+
+    /// The distribution `sample` draws from, as (token, probability) pairs with nonzero
+    /// probability (one pair at probability 1 when greedy). Draws nothing.
+    pub fn distribution(&mut self, logits: &[f32]) -> Result<Vec<(u32, f64)>, SamplingError> {
+        if let Some(token) = self.plain_argmax(logits)? {
+            return Ok(vec![(token, 1.0)]);
+        }
+        self.prepare(logits)?;
+        let t = self.params.temperature;
+        if t <= 0.0 {
+            return Ok(vec![(argmax(&self.candidates), 1.0)]);
+        }
+        let max = self.candidates.first().map_or(0.0, |c| c.1);
+        let weights: Vec<f64> = self
+            .candidates
+            .iter()
+            .map(|c| (f64::from(c.1 - max) / f64::from(t)).exp())
+            .collect();
+        let sum: f64 = weights.iter().sum();
+        Ok(self
+            .candidates
+            .iter()
+            .zip(weights)
+            .map(|(c, w)| (c.0, w / sum))
+            .collect())
+    }
+
+    /// A token drawn from a distribution (`distribution`'s pairs; they need not sum to 1).
+    pub fn draw_from(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let total: f64 = dist.iter().map(|d| d.1).sum();
+        let target = self.rng.next_f64() * total;
+        let mut cumulative = 0.0;
+        for &(token, p) in dist {
+            cumulative += p;
+            if target < cumulative {
+                return token;
+            }
+        }
+        dist.last().map_or(0, |d| d.0)
+    }
+
+    /// A uniform draw in [0, 1) from the sampler's generator.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Greedy without penalties in effect: the argmax straight from the logits (the highest
+    /// finite one, ties to the lowest id: what `prepare` then `argmax` give), without
+    /// copying the vocabulary into candidates. `None` when sampling needs the full path.
+    fn plain_argmax(&self, logits: &[f32]) -> Result<Option<u32>, SamplingError> {
+        let p = &self.params;
+        let penalties_off =
+            p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        let penalties = !(penalties_off || self.counts.is_empty());
+        if p.temperature > 0.0 || penalties {
+            return Ok(None);
+        }
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        let mut best: Option<(u32, f32)> = None;
+        for (id, &l) in logits.iter().enumerate() {
+            if l.is_finite() && best.is_none_or(|b| l > b.1) {
+                best = Some((id as u32, l));
+            }
+        }
+        match best {
+            Some((token, _)) => Ok(Some(token)),
+            None => Err(SamplingError::NoFiniteLogit {
+                count: logits.len(),
+            }),
+        }
+    }
+
+    /// Penalties and the truncations (top-k, top-p, min-p) into `candidates`.
+    fn prepare(&mut self, logits: &[f32]) -> Result<(), SamplingError> {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
@@ -186,13 +272,12 @@ impl Sampler {
             });
         }
         if p.temperature <= 0.0 {
-            return Ok(argmax(&self.candidates));
+            return Ok(());
         }
         top_k(&mut self.candidates, p.top_k);
         top_p(&mut self.candidates, p.top_p);
         min_p(&mut self.candidates, p.min_p);
-        let u = self.rng.next_f64();
-        Ok(draw(&self.candidates, p.temperature, u))
+        Ok(())
     }
 }
 

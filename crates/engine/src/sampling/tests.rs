@@ -178,3 +178,24 @@ fn invalid_params_are_refused() {
         ));
     }
 }
+
+/// The greedy fast path (no candidates) picks what the candidate path picks.
+#[test]
+fn greedy_fast_path_equals_the_candidate_path() {
+    let mut rng = Rng::new(9);
+    let mut fast = Sampler::new(SamplingParams::greedy()).expect("sampler");
+    for case in 0..200 {
+        let mut logits: Vec<f32> = (0..64).map(|_| (rng.next_f64() * 4.0) as f32).collect();
+        logits[case % 64] = f32::NAN;
+        logits[(case * 7) % 64] = f32::INFINITY;
+        logits[(case * 3) % 64] = logits[(case * 5) % 64];
+        let mut slow = Sampler::new(SamplingParams::greedy()).expect("sampler");
+        slow.prepare(&logits).expect("prepare");
+        let want = argmax(&slow.candidates);
+        assert_eq!(fast.sample(&logits).expect("sample"), want, "case {case}");
+        assert_eq!(
+            fast.distribution(&logits).expect("distribution"),
+            vec![(want, 1.0)]
+        );
+    }
+}

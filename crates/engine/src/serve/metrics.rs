@@ -29,6 +29,9 @@ struct Counters {
     step_sequences: AtomicU64,
     busy_slots: AtomicU64,
     max_queue: AtomicU64,
+    mtp_steps: AtomicU64,
+    mtp_drafted: AtomicU64,
+    mtp_accepted: AtomicU64,
 }
 
 pub(super) struct Metrics {
@@ -67,6 +70,10 @@ pub struct MetricsSnapshot {
     /// Generated tokens per second over the last ten seconds.
     pub tokens_per_second: f64,
     pub uptime_seconds: f64,
+    /// MTP speculative decoding: draft-and-verify steps, drafted tokens, kept drafts.
+    pub mtp_steps: u64,
+    pub mtp_drafted: u64,
+    pub mtp_accepted: u64,
 }
 
 impl Metrics {
@@ -140,6 +147,17 @@ impl Metrics {
         }
     }
 
+    /// One slot's draft-and-verify step: `drafted` drafts, `accepted` kept.
+    pub fn speculated(&self, drafted: usize, accepted: usize) {
+        self.c.mtp_steps.fetch_add(1, Ordering::Relaxed);
+        self.c
+            .mtp_drafted
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.c
+            .mtp_accepted
+            .fetch_add(accepted as u64, Ordering::Relaxed);
+    }
+
     pub fn set_busy(&self, busy: usize) {
         self.c.busy_slots.store(busy as u64, Ordering::Relaxed);
     }
@@ -178,6 +196,9 @@ impl Metrics {
             step_sequences: get(&self.c.step_sequences),
             tokens_per_second: generated as f64 / window,
             uptime_seconds: uptime,
+            mtp_steps: get(&self.c.mtp_steps),
+            mtp_drafted: get(&self.c.mtp_drafted),
+            mtp_accepted: get(&self.c.mtp_accepted),
         }
     }
 }

@@ -13,6 +13,7 @@ mod metrics;
 mod prefix;
 mod scheduler;
 mod slot;
+mod speculate;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -44,6 +45,9 @@ pub struct ServeConfig {
     /// State snapshots each slot keeps for prompt reuse (the DeltaNet state of one snapshot
     /// is ~75 MB on the full-size model).
     pub snapshots_per_slot: usize,
+    /// MTP speculative decoding: tokens the MTP block drafts per step and slot (0: off; the
+    /// backend must have the MTP block loaded otherwise).
+    pub draft: usize,
 }
 
 impl Default for ServeConfig {
@@ -55,6 +59,7 @@ impl Default for ServeConfig {
             chunk: 256,
             queue_limit: 64,
             snapshots_per_slot: 4,
+            draft: 0,
         }
     }
 }
@@ -268,6 +273,13 @@ where
             "slots, chunk and context must each be at least 1".into(),
         ));
     }
+    if config.draft > crate::session::MAX_DRAFT {
+        return Err(EngineError::BadConfig(format!(
+            "drafts per step must be at most {}, got {}",
+            crate::session::MAX_DRAFT,
+            config.draft
+        )));
+    }
     let shared = Arc::new(Shared {
         queue: Mutex::new(Queue {
             jobs: VecDeque::new(),
@@ -289,8 +301,18 @@ where
                     return;
                 }
             };
-            let mut scheduler =
-                scheduler::Scheduler::new(&backend, &tokenizer, &thread_config, &thread_shared);
+            let mut scheduler = match scheduler::Scheduler::new(
+                &backend,
+                &tokenizer,
+                &thread_config,
+                &thread_shared,
+            ) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let _ = ready_tx.send(Ok(backend.config().n_vocab));
             scheduler.run();
         })

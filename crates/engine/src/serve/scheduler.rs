@@ -3,6 +3,7 @@
 //! prompt tokens of the oldest prefilling slots, sample, stream, repeat.
 
 use crate::backend::{Backend, SeqState};
+use crate::error::Result;
 use crate::generate::StopReason;
 use crate::model::forward::{forward_batch, Logits, SeqInput, Workspace};
 use crate::sampling::Sampler;
@@ -12,12 +13,14 @@ use crate::serve::{Event, Pending, ServeConfig, Shared};
 use crate::tokenizer::Tokenizer;
 
 pub struct Scheduler<'a, B: Backend> {
-    backend: &'a B,
-    tokenizer: &'a Tokenizer,
-    config: &'a ServeConfig,
-    shared: &'a Shared,
-    slots: Vec<Slot<'a, B::State>>,
-    work: Workspace<B>,
+    pub(super) backend: &'a B,
+    pub(super) tokenizer: &'a Tokenizer,
+    pub(super) config: &'a ServeConfig,
+    pub(super) shared: &'a Shared,
+    pub(super) slots: Vec<Slot<'a, B::State>>,
+    pub(super) work: Workspace<B>,
+    /// With `config.draft > 0`: the MTP block's workspace.
+    pub(super) mtp_work: Option<Workspace<B>>,
     /// Increases with every admission and finish (ordering for fairness and eviction).
     tick: u64,
 }
@@ -28,25 +31,37 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         tokenizer: &'a Tokenizer,
         config: &'a ServeConfig,
         shared: &'a Shared,
-    ) -> Scheduler<'a, B> {
-        let slots = (0..config.slots)
-            .map(|_| Slot {
+    ) -> Result<Scheduler<'a, B>> {
+        let mtp = config.draft > 0;
+        let mut slots = Vec::with_capacity(config.slots);
+        for _ in 0..config.slots {
+            slots.push(Slot {
                 state: backend.new_state(config.context, config.kv_type),
+                mtp: if mtp {
+                    Some(backend.new_mtp_state(config.context, config.kv_type)?)
+                } else {
+                    None
+                },
+                checkpointed: false,
                 cache: PrefixCache::new(config.snapshots_per_slot),
                 active: None,
                 last_used: 0,
-            })
-            .collect();
-        let work = Workspace::new(backend, config.slots + config.chunk);
-        Scheduler {
+            });
+        }
+        // A decoding slot runs its token and its drafts.
+        let mut work = Workspace::new(backend, config.slots * (1 + config.draft) + config.chunk);
+        work.keep_normed = mtp;
+        let mtp_work = mtp.then(|| Workspace::new(backend, config.chunk.max(config.draft + 1)));
+        Ok(Scheduler {
             backend,
             tokenizer,
             config,
             shared,
             slots,
             work,
+            mtp_work,
             tick: 0,
-        }
+        })
     }
 
     fn busy(&self) -> usize {
@@ -241,7 +256,23 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         if plan.is_empty() {
             return;
         }
-        let mut wants_logits = Vec::with_capacity(plan.len());
+        // A slot that verifies drafts records its DeltaNet state per row (for a rollback).
+        for (index, _) in &plan {
+            let slot = &mut self.slots[*index];
+            let verifying = slot.active.as_ref().is_some_and(|a| !a.verify.is_empty());
+            slot.checkpointed = false;
+            if verifying {
+                if let Err(e) = slot.state.checkpoint() {
+                    self.fail(&plan, &e.to_string());
+                    return;
+                }
+                slot.checkpointed = true;
+            }
+        }
+        // Per sequence of the call: its first row and its rows of logits.
+        let mut wants_logits: Vec<usize> = Vec::with_capacity(plan.len());
+        let mut row0s: Vec<usize> = Vec::with_capacity(plan.len());
+        let mut next_row = 0;
         let result = {
             let mut seqs = Vec::with_capacity(plan.len());
             let mut plan_iter = plan.iter().peekable();
@@ -251,6 +282,9 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 };
                 let Some(active) = &slot.active else { continue };
                 let (tokens, logits) = match work {
+                    Work::Decode(_) if !active.verify.is_empty() => {
+                        (&active.verify[..], Logits::All)
+                    }
                     Work::Decode(_) => match &active.pending {
                         Some(t) => (std::slice::from_ref(t), Logits::Last),
                         None => continue,
@@ -262,7 +296,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     }
                     Work::Idle | Work::Ready => continue,
                 };
-                wants_logits.push(logits == Logits::Last);
+                wants_logits.push(match logits {
+                    Logits::None => 0,
+                    Logits::Last => 1,
+                    Logits::All => tokens.len(),
+                });
+                row0s.push(next_row);
+                next_row += tokens.len();
                 seqs.push(SeqInput {
                     state: &mut slot.state,
                     tokens,
@@ -275,19 +315,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 forward_batch(self.backend, &mut self.work, &mut seqs, false)
             }
         };
-        let rows: usize = plan
+        let rows = next_row;
+        let prefill: usize = plan
             .iter()
             .map(|(_, w)| match w {
                 Work::Prefill { from, to } => to - from,
-                Work::Decode(_) => 1,
-                Work::Ready | Work::Idle => 0,
+                _ => 0,
             })
             .sum();
-        let prefill = rows
-            - plan
-                .iter()
-                .filter(|(_, w)| matches!(w, Work::Decode(_)))
-                .count();
         let sequences = plan.iter().filter(|(_, w)| *w != Work::Ready).count();
         let output = match result {
             Ok(o) => o,
@@ -297,39 +332,68 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             }
         };
         let n_vocab = self.backend.config().n_vocab;
-        let mut logit_rows = output.logits.chunks(n_vocab);
         let mut generated = 0u64;
-        let mut wants = wants_logits.into_iter();
+        let mut wants = wants_logits.into_iter().zip(row0s);
+        let mut logit_row = 0;
         for (index, work) in &plan {
             if *work == Work::Ready {
                 let ready = self.slots[*index]
                     .active
                     .as_mut()
                     .and_then(|a| a.ready.take());
-                generated += u64::from(self.advance(*index, work, ready.as_deref()));
+                generated += self.advance(*index, work, ready.as_deref(), None) as u64;
                 continue;
             }
-            let logits = if wants.next() == Some(true) {
-                logit_rows.next()
-            } else {
-                None
+            let Some((count, row0)) = wants.next() else {
+                continue;
             };
-            generated += u64::from(self.advance(*index, work, logits));
+            let logits = (count > 0)
+                .then(|| {
+                    output
+                        .logits
+                        .get(logit_row * n_vocab..(logit_row + count) * n_vocab)
+                })
+                .flatten();
+            logit_row += count;
+            generated += self.advance(*index, work, logits, Some(row0)) as u64;
         }
         self.shared
             .metrics
             .step(rows, sequences, prefill, generated, self.busy());
     }
 
-    /// Records what slot `index` ingested and, with logits, samples its next token; returns
-    /// whether a token was generated.
-    fn advance(&mut self, index: usize, work: &Work, logits: Option<&[f32]>) -> bool {
+    /// Records what slot `index` ingested (its rows start at `row0` of the call) and, with
+    /// logits, samples its next token; returns how many tokens were generated.
+    fn advance(
+        &mut self,
+        index: usize,
+        work: &Work,
+        logits: Option<&[f32]>,
+        row0: Option<usize>,
+    ) -> usize {
         self.tick += 1;
         let tick = self.tick;
+        if let (Work::Decode(_), Some(rows), Some(row0)) = (work, logits, row0) {
+            let verifying = self.slots[index]
+                .active
+                .as_ref()
+                .is_some_and(|a| !a.verify.is_empty());
+            if verifying {
+                return self.advance_verified(index, rows, row0, tick);
+            }
+        }
         let slot = &mut self.slots[index];
         let Some(active) = slot.active.as_mut() else {
-            return false;
+            return 0;
         };
+        // The tokens this call fed, and what follows each (the last one's successor is
+        // sampled below, or is the next prompt token).
+        let fed: Vec<u32> = match *work {
+            Work::Decode(t) => vec![t],
+            Work::Prefill { from, to } => active.job.prompt[from..to].to_vec(),
+            Work::Idle | Work::Ready => Vec::new(),
+        };
+        let pos0 = slot.state.pos() - fed.len();
         match *work {
             Work::Decode(t) => {
                 slot.cache.extend(&[t]);
@@ -338,6 +402,16 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             Work::Prefill { from, to } => {
                 slot.cache.extend(&active.job.prompt[from..to]);
                 active.next_prompt = to;
+                if let (Some(&next), Some(row0)) = (active.job.prompt.get(to), row0) {
+                    // A prompt chunk that is not the last: the MTP block takes its rows now.
+                    let mut successors = fed[1..].to_vec();
+                    successors.push(next);
+                    if let Err(e) = self.mtp_catch_up(index, row0, pos0, &successors, false) {
+                        self.fail_slot(index, &e.to_string());
+                        return 0;
+                    }
+                    return 0;
+                }
                 if to == active.job.prompt.len() {
                     // The end of a prompt: a request that repeats it (a regenerated answer)
                     // resumes here, with these logits.
@@ -349,21 +423,36 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             Work::Idle | Work::Ready => {}
         }
         let Some(logits) = logits else {
-            return false;
+            return 0;
         };
         let outcome = active.take_logits(logits, self.tokenizer);
         let reason = match outcome {
-            Ok(Outcome::Continue) => return true,
+            Ok(Outcome::Continue) => {
+                if let (Some(row0), false) = (row0, fed.is_empty()) {
+                    if let Err(e) = self.draft(index, row0, pos0, &fed) {
+                        self.fail_slot(index, &e.to_string());
+                    }
+                }
+                return 1;
+            }
             Ok(Outcome::Done(reason)) => reason,
             Err(e) => {
                 if let Some(active) = slot.active.take() {
                     active.job.sink.send(Event::Failed(e));
                 }
                 self.shared.metrics.failed();
-                return false;
+                return 0;
             }
         };
-        let generated = !matches!(reason, StopReason::EndOfGeneration);
+        let generated = usize::from(!matches!(reason, StopReason::EndOfGeneration));
+        self.end_turn(index, reason, tick);
+        generated
+    }
+
+    /// A slot's job ended with `reason`: the state is snapshotted for the next turn, the
+    /// job reports its end.
+    pub(super) fn end_turn(&mut self, index: usize, reason: StopReason, tick: u64) {
+        let slot = &mut self.slots[index];
         if reason != StopReason::Cancelled {
             // The end of a turn: the next turn of the conversation starts with these tokens.
             if let Ok(s) = slot.state.snapshot() {
@@ -375,7 +464,17 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             self.shared.metrics.ended(&reason);
             active.finish(reason);
         }
-        generated
+    }
+
+    /// A slot's job failed (an MTP step): it reports the error, the slot starts empty.
+    pub(super) fn fail_slot(&mut self, index: usize, why: &str) {
+        let slot = &mut self.slots[index];
+        slot.state.reset_state();
+        slot.cache.clear();
+        if let Some(active) = slot.active.take() {
+            active.job.sink.send(Event::Failed(why.to_string()));
+            self.shared.metrics.failed();
+        }
     }
 
     /// A failed forward call leaves the states of its slots unknown: their jobs fail and the

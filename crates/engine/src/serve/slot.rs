@@ -9,6 +9,7 @@ use crate::generate::StopReason;
 use crate::sampling::{Sampler, StopMatcher};
 use crate::serve::prefix::PrefixCache;
 use crate::serve::{Event, Finish, Job, TokenLogprobs};
+use crate::speculative::judge;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// A job in a slot.
@@ -25,6 +26,12 @@ pub struct Active<'t> {
     pub pending: Option<u32>,
     /// Logits already known for the whole prompt (resumed from a snapshot that kept them).
     pub ready: Option<Vec<f32>>,
+    /// MTP drafts that follow `pending`, verified at the next step, and the distribution
+    /// each was drawn from.
+    pub drafts: Vec<u32>,
+    draft_dists: Vec<Vec<(u32, f64)>>,
+    /// `[pending, drafts...]`: the rows of the next step when drafts exist.
+    pub verify: Vec<u32>,
     queued_at: Instant,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
@@ -53,6 +60,17 @@ pub enum Outcome {
     Done(StopReason),
 }
 
+/// What verifying a slot's drafts gave.
+pub struct Verified {
+    pub drafts: Vec<u32>,
+    /// Drafts the rule kept.
+    pub accepted: usize,
+    /// Drafts that stay fed: `accepted`, or one fewer when emitting the last kept draft
+    /// ended the job (a job's last token is never fed).
+    pub fed: usize,
+    pub outcome: Outcome,
+}
+
 impl<'t> Active<'t> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -78,6 +96,9 @@ impl<'t> Active<'t> {
             generated: 0,
             pending: None,
             ready: None,
+            drafts: Vec::new(),
+            draft_dists: Vec::new(),
+            verify: Vec::new(),
             queued_at,
             admitted_at: Instant::now(),
             first_token_at: None,
@@ -112,6 +133,98 @@ impl<'t> Active<'t> {
     ) -> Result<Outcome, String> {
         self.first_token_at.get_or_insert_with(Instant::now);
         let token = self.sampler.sample(logits).map_err(|e| e.to_string())?;
+        self.emit(token, logits, tokenizer)
+    }
+
+    /// Tokens the job may still generate after `pending` (drafts beyond it are wasted).
+    pub fn budget(&self) -> usize {
+        self.job.max_tokens.saturating_sub(self.generated)
+    }
+
+    /// Draws an MTP draft from its logits with the job's sampling settings, and keeps the
+    /// distribution for the acceptance rule.
+    pub fn pick_draft(&mut self, logits: &[f32]) -> Result<u32, String> {
+        let dist = self
+            .sampler
+            .distribution(logits)
+            .map_err(|e| e.to_string())?;
+        let d = self.sampler.draw_from(&dist);
+        self.draft_dists.push(dist);
+        self.drafts.push(d);
+        Ok(d)
+    }
+
+    /// Sets the next step's verification rows from `pending` and the drafts.
+    pub fn seal_drafts(&mut self) {
+        self.verify.clear();
+        if let (Some(t), false) = (self.pending, self.drafts.is_empty()) {
+            self.verify.push(t);
+            self.verify.extend_from_slice(&self.drafts);
+        }
+    }
+
+    /// Verifies the drafts against the trunk's rows (`rows`: `[drafts + 1][vocab]`) with the
+    /// speculative acceptance rule, emitting each kept draft and then the trunk's own token
+    /// as `take_logits` does. Returns the drafts, how many were kept, how many of those must
+    /// stay fed (fewer when an emitted draft ended the job), and the outcome.
+    pub fn take_verified(
+        &mut self,
+        rows: &[f32],
+        vocab: usize,
+        tokenizer: &Tokenizer,
+    ) -> Result<Verified, String> {
+        let drafts = std::mem::take(&mut self.drafts);
+        let dists = std::mem::take(&mut self.draft_dists);
+        self.verify.clear();
+        let row = |i: usize| rows.get(i * vocab..(i + 1) * vocab).ok_or("missing logits");
+        for (i, (&d, q)) in drafts.iter().zip(&dists).enumerate() {
+            let logits = row(i)?;
+            let p = self
+                .sampler
+                .distribution(logits)
+                .map_err(|e| e.to_string())?;
+            let outcome = match judge(&mut self.sampler, &p, q, d) {
+                None => self.emit(d, logits, tokenizer)?,
+                Some(c) => {
+                    let outcome = self.emit(c, logits, tokenizer)?;
+                    return Ok(Verified {
+                        drafts,
+                        accepted: i,
+                        fed: i,
+                        outcome,
+                    });
+                }
+            };
+            if let Outcome::Done(_) = outcome {
+                return Ok(Verified {
+                    drafts,
+                    accepted: i + 1,
+                    fed: i,
+                    outcome,
+                });
+            }
+        }
+        let n = drafts.len();
+        let logits = row(n)?;
+        let bonus = self.sampler.sample(logits).map_err(|e| e.to_string())?;
+        let outcome = self.emit(bonus, logits, tokenizer)?;
+        Ok(Verified {
+            drafts,
+            accepted: n,
+            fed: n,
+            outcome,
+        })
+    }
+
+    /// Streams a sampled `token` (its `logits` give the log-probabilities) and says whether
+    /// the job goes on; the token becomes `pending`.
+    fn emit(
+        &mut self,
+        token: u32,
+        logits: &[f32],
+        tokenizer: &Tokenizer,
+    ) -> Result<Outcome, String> {
+        self.pending = None;
         if tokenizer.is_eog(token) {
             return Ok(Outcome::Done(StopReason::EndOfGeneration));
         }
@@ -205,6 +318,11 @@ fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
 /// A sequence state with its reuse cache and, when busy, its job.
 pub struct Slot<'t, S: SeqState> {
     pub state: S,
+    /// The MTP block's state of this slot (`serve --mtp`).
+    pub mtp: Option<S>,
+    /// This step's verification records the DeltaNet state per row (a rejected draft rolls
+    /// back to the last kept row).
+    pub checkpointed: bool,
     pub cache: PrefixCache<S::Snapshot>,
     pub active: Option<Active<'t>>,
     /// When the slot last finished a job (for least-recently-used choice).

@@ -51,15 +51,24 @@ fn conv_silu(c: &HybridConfig, taps_all: &[f32], window: &mut [f32], x: &mut [f3
     window.copy_from_slice(&seq[tokens * channels..]);
 }
 
+/// One sequence's rows of a DeltaNet call.
+pub struct SeqRows<'s> {
+    pub tokens: usize,
+    pub state: &'s mut DeltaNetState,
+    /// When the call records (a speculative verification): receives the state after each
+    /// row but the last, and the rows then run one at a time.
+    pub record: Option<&'s mut Vec<DeltaNetState>>,
+}
+
 /// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
-/// consecutive sequences, `(tokens, state)` each: projections and per-row math run over all
-/// rows, the conv window and the delta rule per sequence.
+/// consecutive sequences: projections and per-row math run over all rows, the conv window
+/// and the delta rule per sequence.
 pub fn forward(
     c: &HybridConfig,
     mm: &MatmulCtx,
     w: &DeltaNetWeights,
     h: &[f32],
-    seqs: &mut [(usize, &mut DeltaNetState)],
+    seqs: &mut [SeqRows<'_>],
     out: &mut [f32],
 ) -> Result<()> {
     let tokens = h.len() / c.n_embd;
@@ -92,15 +101,27 @@ pub fn forward(
     matmul(mm, &w.ba, h, tokens, &mut ba)?;
 
     // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
+    // A recorded sequence keeps the window after each row (the same math row by row).
     let mut row0 = 0;
-    for (n, state) in seqs.iter_mut() {
-        conv_silu(
-            c,
-            &w.conv,
-            &mut state.conv,
-            &mut qkv[row0 * channels..(row0 + *n) * channels],
-        );
-        row0 += *n;
+    for seq in seqs.iter_mut() {
+        let n = seq.tokens;
+        let rows = &mut qkv[row0 * channels..(row0 + n) * channels];
+        match seq.record.as_mut() {
+            None => conv_silu(c, &w.conv, &mut seq.state.conv, rows),
+            Some(record) => {
+                record.clear();
+                for (t, row) in rows.chunks_mut(channels).enumerate() {
+                    conv_silu(c, &w.conv, &mut seq.state.conv, row);
+                    if t + 1 < n {
+                        record.push(DeltaNetState {
+                            conv: seq.state.conv.clone(),
+                            recurrent: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        row0 += n;
     }
 
     // 3. Split, L2-normalize q and k per head, scale q.
@@ -137,7 +158,8 @@ pub fn forward(
         }
     }
 
-    // 5. The delta rule: the token loop for one token, the chunked form for a prompt.
+    // 5. The delta rule: the token loop for one token (and for each row of a recorded
+    // sequence), the chunked form for a prompt.
     let dims = DeltaDims {
         k_heads: nk,
         v_heads: nv,
@@ -146,21 +168,50 @@ pub fn forward(
     };
     let mut o = vec![0f32; tokens * inner];
     let mut row0 = 0;
-    for (n, state) in seqs.iter_mut() {
-        let n = *n;
-        let rows = |width: usize| row0 * width..(row0 + n) * width;
-        let inputs = DeltaInputs {
-            q: &q[rows(key_dim)],
-            k: &k[rows(key_dim)],
-            v: &v[rows(inner)],
-            g: &g[rows(nv)],
-            beta: &beta[rows(nv)],
+    for seq in seqs.iter_mut() {
+        let n = seq.tokens;
+        let rows = |from: usize, to: usize, width: usize| from * width..to * width;
+        let inputs = |from: usize, to: usize| DeltaInputs {
+            q: &q[rows(from, to, key_dim)],
+            k: &k[rows(from, to, key_dim)],
+            v: &v[rows(from, to, inner)],
+            g: &g[rows(from, to, nv)],
+            beta: &beta[rows(from, to, nv)],
         };
-        let o_seq = &mut o[rows(inner)];
-        if n == 1 {
-            delta_rule::recurrent(&dims, &inputs, &mut state.recurrent, o_seq);
-        } else {
-            delta_rule::chunked(&dims, &inputs, &mut state.recurrent, o_seq);
+        match seq.record.as_mut() {
+            Some(record) => {
+                for t in 0..n {
+                    let at = row0 + t;
+                    let o_row = &mut o[rows(at, at + 1, inner)];
+                    delta_rule::recurrent(
+                        &dims,
+                        &inputs(at, at + 1),
+                        &mut seq.state.recurrent,
+                        o_row,
+                    );
+                    if let Some(saved) = record.get_mut(t) {
+                        saved.recurrent.clone_from(&seq.state.recurrent);
+                    }
+                }
+            }
+            None if n == 1 => {
+                let o_seq = &mut o[rows(row0, row0 + n, inner)];
+                delta_rule::recurrent(
+                    &dims,
+                    &inputs(row0, row0 + n),
+                    &mut seq.state.recurrent,
+                    o_seq,
+                );
+            }
+            None => {
+                let o_seq = &mut o[rows(row0, row0 + n, inner)];
+                delta_rule::chunked(
+                    &dims,
+                    &inputs(row0, row0 + n),
+                    &mut seq.state.recurrent,
+                    o_seq,
+                );
+            }
         }
         row0 += n;
     }

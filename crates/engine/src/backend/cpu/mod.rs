@@ -15,9 +15,9 @@ use redlite_gguf::GgufModel;
 use crate::backend::{segment_rows, Backend, Batch, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
-use crate::state::{DeltaNetState, KvCache, KvType, SequenceState, Snapshot};
+use crate::state::{KvCache, KvType, SequenceState, Snapshot};
 use linear::{MatmulCtx, Precision};
-use weights::{CpuWeights, Mixer};
+use weights::{CpuWeights, Matrix, Mixer};
 
 pub struct CpuBackend {
     config: HybridConfig,
@@ -44,6 +44,11 @@ impl CpuBackend {
         })
     }
 
+    /// Loads the MTP block (spec §4) next to the main stack; refused when the file has none.
+    pub fn load_mtp(&mut self) -> Result<()> {
+        self.weights.load_mtp(&self.config)
+    }
+
     fn mm(&self) -> MatmulCtx<'_> {
         MatmulCtx {
             gguf: &self.weights.gguf,
@@ -57,7 +62,7 @@ impl SeqState for SequenceState {
         self.pos
     }
     fn set_pos(&mut self, pos: usize) {
-        self.pos = pos;
+        self.advance_to(pos);
     }
     fn check_room(&self, tokens: usize) -> Result<()> {
         SequenceState::check_room(self, tokens)
@@ -72,6 +77,13 @@ impl SeqState for SequenceState {
     fn restore(&mut self, snapshot: &Snapshot) -> Result<()> {
         SequenceState::restore(self, snapshot);
         Ok(())
+    }
+    fn checkpoint(&mut self) -> Result<()> {
+        SequenceState::checkpoint(self);
+        Ok(())
+    }
+    fn rollback_to(&mut self, kept: usize) -> Result<()> {
+        SequenceState::rollback_to(self, kept)
     }
 }
 
@@ -92,26 +104,15 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<()> {
-        let e = self.config.n_embd;
-        let w = &self.weights.model.token_embd;
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= w.rows {
-                return Err(EngineError::BadToken {
-                    id,
-                    n_vocab: w.rows,
-                });
-            }
-            let row = &self.weights.gguf.data(w.loc)[id as usize * w.row_bytes..][..w.row_bytes];
-            redlite_quant::dequantize_row(w.ty, row, &mut x[t * e..(t + 1) * e])?;
-        }
-        Ok(())
+        self.embed_with(&self.weights.model.token_embd, tokens, x)
     }
 
     fn rms_norm(&self, norm: Norm, b: Batch, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let w = match norm {
-            Norm::Attn(l) => &self.weights.model.layers[l].attn_norm,
-            Norm::Post(l) => &self.weights.model.layers[l].post_norm,
+            Norm::Attn(l) => &self.weights.model.layer(l)?.attn_norm,
+            Norm::Post(l) => &self.weights.model.layer(l)?.post_norm,
             Norm::Output => &self.weights.model.output_norm,
+            Norm::MtpHead => &self.weights.model.mtp()?.head_norm,
         };
         let e = w.len();
         for t in 0..b.tokens {
@@ -132,15 +133,22 @@ impl Backend for CpuBackend {
         h: &Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let Mixer::DeltaNet(w) = &self.weights.model.layers[layer].mixer else {
+        let Mixer::DeltaNet(w) = &self.weights.model.layer(layer)?.mixer else {
             return Err(EngineError::BadConfig(format!(
                 "layer {layer} is not a DeltaNet layer"
             )));
         };
         let rows = segment_rows(segs) * self.config.n_embd;
-        let mut states: Vec<(usize, &mut DeltaNetState)> = segs
+        let mut states: Vec<deltanet::SeqRows<'_>> = segs
             .iter_mut()
-            .map(|s| (s.tokens, s.state.deltanet_mut(layer)))
+            .map(|s| {
+                let (state, record) = s.state.deltanet_recording(layer);
+                deltanet::SeqRows {
+                    tokens: s.tokens,
+                    state,
+                    record,
+                }
+            })
             .collect();
         deltanet::forward(
             &self.config,
@@ -159,7 +167,7 @@ impl Backend for CpuBackend {
         h: &Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let Mixer::Attention(w) = &self.weights.model.layers[layer].mixer else {
+        let Mixer::Attention(w) = &self.weights.model.layer(layer)?.mixer else {
             return Err(EngineError::BadConfig(format!(
                 "layer {layer} is not an attention layer"
             )));
@@ -184,7 +192,7 @@ impl Backend for CpuBackend {
         moe::forward(
             &self.config,
             &self.mm(),
-            &self.weights.model.layers[layer].moe,
+            &self.weights.model.layer(layer)?.moe,
             &h[..b.tokens * e],
             b.tokens,
             &mut out[..b.tokens * e],
@@ -198,8 +206,79 @@ impl Backend for CpuBackend {
     }
 
     fn logits(&self, rows: &[usize], x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        self.head_logits(&self.weights.model.output, rows, x, out)
+    }
+
+    fn to_host(&self, b: Batch, x: &Vec<f32>) -> Vec<f32> {
+        x[..b.tokens * self.config.n_embd].to_vec()
+    }
+
+    fn new_mtp_state(&self, capacity: usize, kv_type: KvType) -> Result<SequenceState> {
+        self.weights.model.mtp()?;
+        Ok(SequenceState::new_mtp(&self.config, capacity, kv_type))
+    }
+
+    fn mtp_input(
+        &self,
+        tokens: &[u32],
+        hidden: &Vec<f32>,
+        hidden_row0: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let mtp = self.weights.model.mtp()?;
         let e = self.config.n_embd;
-        let vocab = self.weights.model.output.rows;
+        let n = tokens.len();
+        if (hidden_row0 + n) * e > hidden.len() || n * e > out.len() {
+            return Err(EngineError::BadConfig(format!(
+                "MTP input: {n} rows from row {hidden_row0} exceed the activation buffers"
+            )));
+        }
+        let mut embedded = vec![0f32; n * e];
+        self.embed_with(self.weights.model.mtp_embed()?, tokens, &mut embedded)?;
+        let mut concat = vec![0f32; n * 2 * e];
+        for (t, row) in concat.chunks_exact_mut(2 * e).enumerate() {
+            let (left, right) = row.split_at_mut(e);
+            let eps = self.config.rms_eps;
+            ops::rms_norm(&embedded[t * e..(t + 1) * e], &mtp.enorm, eps, left);
+            let h = &hidden[(hidden_row0 + t) * e..(hidden_row0 + t + 1) * e];
+            ops::rms_norm(h, &mtp.hnorm, eps, right);
+        }
+        linear::matmul(&self.mm(), &mtp.eh_proj, &concat, n, &mut out[..n * e])
+    }
+
+    fn mtp_logits(&self, rows: &[usize], x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        self.head_logits(self.weights.model.mtp_head()?, rows, x, out)
+    }
+}
+
+impl CpuBackend {
+    /// `x[t] = table[tokens[t]]`.
+    fn embed_with(&self, table: &Matrix, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        let e = self.config.n_embd;
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= table.rows {
+                return Err(EngineError::BadToken {
+                    id,
+                    n_vocab: table.rows,
+                });
+            }
+            let row = &self.weights.gguf.data(table.loc)[id as usize * table.row_bytes..]
+                [..table.row_bytes];
+            redlite_quant::dequantize_row(table.ty, row, &mut x[t * e..(t + 1) * e])?;
+        }
+        Ok(())
+    }
+
+    /// LM-head logits of `rows` of `x` through `head`, appended to `out`.
+    fn head_logits(
+        &self,
+        head: &Matrix,
+        rows: &[usize],
+        x: &[f32],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let e = self.config.n_embd;
+        let vocab = head.rows;
         let start = out.len();
         out.resize(start + rows.len() * vocab, 0.0);
         // Consecutive rows are multiplied straight from the activations; others are
@@ -216,16 +295,6 @@ impl Backend for CpuBackend {
                 &gathered[..]
             }
         };
-        linear::matmul(
-            &self.mm(),
-            &self.weights.model.output,
-            input,
-            rows.len(),
-            &mut out[start..],
-        )
-    }
-
-    fn to_host(&self, b: Batch, x: &Vec<f32>) -> Vec<f32> {
-        x[..b.tokens * self.config.n_embd].to_vec()
+        linear::matmul(&self.mm(), head, input, rows.len(), &mut out[start..])
     }
 }

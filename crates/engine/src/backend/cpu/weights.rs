@@ -71,4 +71,20 @@ impl CpuWeights {
         )?;
         Ok(CpuWeights { gguf, model })
     }
+
+    /// Adds the MTP block (no-op when already loaded).
+    pub fn load_mtp(&mut self, config: &HybridConfig) -> Result<()> {
+        if self.model.mtp.is_some() {
+            return Ok(());
+        }
+        let g = &*self.gguf;
+        let mtp = weights::load_mtp(
+            config,
+            &|name| Matrix::load(g, name),
+            &|name| vector(g, name),
+            &|name| g.locate(name).is_some(),
+        )?;
+        self.model.mtp = Some(mtp);
+        Ok(())
+    }
 }

@@ -17,10 +17,13 @@ use redlite_cuda::{
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::state::DeltaState;
 use crate::backend::cuda::weights::DeltaNetWeights;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 
-/// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`.
+/// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`. With `record` (a speculative
+/// verification) the recurrence runs row by row and keeps the state after each row but the
+/// last in `record` (allocated on first use), for a rollback without re-running.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
     c: &HybridConfig,
@@ -28,6 +31,7 @@ pub fn forward(
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
     state: &mut DeltaState,
+    record: Option<&mut Vec<DeltaState>>,
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     let t = h.len() / c.n_embd;
@@ -54,7 +58,7 @@ pub fn forward(
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
     matmul(device, &w.ba.view(), h, &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
-    if t == 1 && fused() {
+    if t == 1 && fused() && record.is_none() {
         let params = DeltaNetParams {
             conv_w: &w.conv.as_view(),
             a: &w.a.as_view(),
@@ -74,35 +78,82 @@ pub fn forward(
         matmul(device, &w.out.view(), &o.as_view(), out)?;
         return Ok(());
     }
-    deltanet_conv(
-        device,
-        &shape,
-        &w.conv.as_view(),
-        &mut state.conv.as_view_mut(),
-        &mut qkv,
-    )?;
     let mut beta = s.beta.slice_mut(..t * c.ssm_v_heads);
     let mut g = s.g.slice_mut(..t * c.ssm_v_heads);
-    deltanet_prep(
-        device,
-        &shape,
-        c.rms_eps,
-        &mut qkv,
-        &ba.as_view(),
-        &w.a.as_view(),
-        &w.dt_bias.as_view(),
-        &mut beta,
-        &mut g,
-    )?;
-    delta_rule(
-        device,
-        &shape,
-        &qkv.as_view(),
-        &beta.as_view(),
-        &g.as_view(),
-        &mut state.recurrent.as_view_mut(),
-        &mut o,
-    )?;
+    match record {
+        None => {
+            deltanet_conv(
+                device,
+                &shape,
+                &w.conv.as_view(),
+                &mut state.conv.as_view_mut(),
+                &mut qkv,
+            )?;
+            deltanet_prep(
+                device,
+                &shape,
+                c.rms_eps,
+                &mut qkv,
+                &ba.as_view(),
+                &w.a.as_view(),
+                &w.dt_bias.as_view(),
+                &mut beta,
+                &mut g,
+            )?;
+            delta_rule(
+                device,
+                &shape,
+                &qkv.as_view(),
+                &beta.as_view(),
+                &g.as_view(),
+                &mut state.recurrent.as_view_mut(),
+                &mut o,
+            )?;
+        }
+        Some(record) => {
+            // The conv and the delta rule carry state from row to row: one row at a time,
+            // keeping each row's state; the gates depend on nothing but their row.
+            let one = DeltaNetShape { tokens: 1, ..shape };
+            for r in 0..t {
+                deltanet_conv(
+                    device,
+                    &one,
+                    &w.conv.as_view(),
+                    &mut state.conv.as_view_mut(),
+                    &mut qkv.slice_mut(r * channels..(r + 1) * channels),
+                )?;
+                if r + 1 < t {
+                    keep_row(device, state, record, r, Part::Conv)?;
+                }
+            }
+            deltanet_prep(
+                device,
+                &shape,
+                c.rms_eps,
+                &mut qkv,
+                &ba.as_view(),
+                &w.a.as_view(),
+                &w.dt_bias.as_view(),
+                &mut beta,
+                &mut g,
+            )?;
+            let nv = c.ssm_v_heads;
+            for r in 0..t {
+                delta_rule(
+                    device,
+                    &one,
+                    &qkv.slice(r * channels..(r + 1) * channels),
+                    &beta.slice(r * nv..(r + 1) * nv),
+                    &g.slice(r * nv..(r + 1) * nv),
+                    &mut state.recurrent.as_view_mut(),
+                    &mut o.slice_mut(r * inner..(r + 1) * inner),
+                )?;
+                if r + 1 < t {
+                    keep_row(device, state, record, r, Part::Recurrent)?;
+                }
+            }
+        }
+    }
     gated_norm(
         device,
         &shape,
@@ -113,6 +164,39 @@ pub fn forward(
     )?;
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
+}
+
+/// Which half of a DeltaNet state.
+#[derive(Clone, Copy)]
+enum Part {
+    Conv,
+    Recurrent,
+}
+
+/// Copies that part of `state` into `record[row]` (allocated on first use), within device
+/// memory.
+fn keep_row(
+    device: &Device,
+    state: &DeltaState,
+    record: &mut Vec<DeltaState>,
+    row: usize,
+    part: Part,
+) -> Result<()> {
+    while record.len() <= row {
+        record.push(DeltaState {
+            conv: device.alloc_zeros(state.conv.len())?,
+            recurrent: device.alloc_zeros(state.recurrent.len())?,
+        });
+    }
+    let saved = &mut record[row];
+    let (src, dst) = match part {
+        Part::Conv => (&state.conv, &mut saved.conv),
+        Part::Recurrent => (&state.recurrent, &mut saved.recurrent),
+    };
+    device
+        .stream()
+        .memcpy_dtod(src, dst)
+        .map_err(|e| EngineError::Cuda(format!("DeltaNet row state copy: {e}")))
 }
 
 /// The fused one-token step, with `REDLITE_FUSED_DELTANET=1`.

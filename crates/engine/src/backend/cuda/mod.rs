@@ -15,6 +15,7 @@ mod attention;
 mod deltanet;
 mod graph;
 mod moe;
+mod mtp;
 mod scratch;
 mod state;
 mod weights;
@@ -43,6 +44,8 @@ pub struct CudaBackend {
     /// The recorded one-token decode steps (shared with every state, whose `set_pos` ends
     /// a step).
     graphs: SharedGraphs,
+    /// How every matrix's products are computed (the MTP block, loaded later, matches).
+    dots: Dots,
 }
 
 impl CudaBackend {
@@ -91,7 +94,22 @@ impl CudaBackend {
             weights,
             scratch,
             graphs,
+            dots,
         })
+    }
+
+    /// Uploads the MTP block (spec §4) next to the main stack; refused when the file has
+    /// none. A no-op when already loaded.
+    pub fn load_mtp(&mut self, gguf: &GgufModel) -> Result<()> {
+        if self.weights.mtp.is_none() {
+            self.weights.mtp = Some(weights::upload_mtp(
+                &self.device,
+                gguf,
+                &self.config,
+                self.dots,
+            )?);
+        }
+        Ok(())
     }
 
     pub fn device(&self) -> &Arc<Device> {
@@ -135,12 +153,14 @@ impl CudaBackend {
         })
     }
 
-    fn norm_weights(&self, norm: Norm) -> &redlite_cuda::CudaSlice<f32> {
-        match norm {
-            Norm::Attn(l) => &self.weights.layers[l].attn_norm,
-            Norm::Post(l) => &self.weights.layers[l].post_norm,
+    /// The weight of a norm; layer `n_layer` is the MTP block's.
+    fn norm_weights(&self, norm: Norm) -> Result<&redlite_cuda::CudaSlice<f32>> {
+        Ok(match norm {
+            Norm::Attn(l) => &self.weights.layer(l)?.attn_norm,
+            Norm::Post(l) => &self.weights.layer(l)?.post_norm,
             Norm::Output => &self.weights.output_norm,
-        }
+            Norm::MtpHead => &self.weights.mtp()?.head_norm,
+        })
     }
 
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
@@ -211,7 +231,7 @@ impl Backend for CudaBackend {
         redlite_cuda::rms_norm(
             &self.device,
             &x.rows(b.tokens)?,
-            &self.norm_weights(norm).as_view(),
+            &self.norm_weights(norm)?.as_view(),
             &mut out.rows_mut(b.tokens)?,
             self.config.rms_eps,
         )?;
@@ -227,12 +247,12 @@ impl Backend for CudaBackend {
         h: &CudaAct,
         out: &mut CudaAct,
     ) -> Result<()> {
-        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
+        let Mixer::DeltaNet(w) = &self.weights.layer(layer)?.mixer else {
             return Err(self.not_a(layer, "a DeltaNet"));
         };
         for seg in segs.iter_mut() {
             let pos = seg.batch().pos0;
-            let delta = seg.state.deltanet_mut(layer)?;
+            let (delta, record) = seg.state.deltanet_recording(layer, seg.tokens)?;
             let state = self.device.address(&delta.recurrent);
             let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
             if self.mixer_gate(Op::DeltaNet(layer), buffers, pos)? == Gate::Skip {
@@ -247,6 +267,7 @@ impl Backend for CudaBackend {
                 &mut scratch,
                 &h.row_range(first, last)?,
                 delta,
+                record,
                 &mut out.row_range_mut(first, last)?,
             )?;
         }
@@ -260,7 +281,7 @@ impl Backend for CudaBackend {
         h: &CudaAct,
         out: &mut CudaAct,
     ) -> Result<()> {
-        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
+        let Mixer::Attention(w) = &self.weights.layer(layer)?.mixer else {
             return Err(self.not_a(layer, "an attention"));
         };
         for seg in segs.iter_mut() {
@@ -305,7 +326,7 @@ impl Backend for CudaBackend {
         moe::forward(
             &self.device,
             &self.config,
-            &self.weights.layers[layer].moe,
+            &self.weights.layer(layer)?.moe,
             &mut scratch,
             &h.rows(b.tokens)?,
             &mut out.rows_mut(b.tokens)?,
@@ -345,40 +366,15 @@ impl Backend for CudaBackend {
             &self.device,
             &mut x.rows_mut(b.tokens)?,
             &y.rows(b.tokens)?,
-            &self.norm_weights(norm).as_view(),
+            &self.norm_weights(norm)?.as_view(),
             &mut out.rows_mut(b.tokens)?,
             self.config.rms_eps,
         )?;
         Ok(())
     }
 
-    /// Runs of consecutive rows each take one LM-head product.
     fn logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
-        graph::lock(&self.graphs)?.interrupt()?;
-        let vocab = self.weights.output.rows;
-        let mut i = 0;
-        while i < rows.len() {
-            let mut j = i + 1;
-            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
-                j += 1;
-            }
-            let (first, n) = (rows[i], j - i);
-            let mut scratch = self.scratch(first + n)?;
-            scratch.reserve_logits(&self.device, &self.config, n)?;
-            let mut logits = scratch.logits.slice_mut(..n * vocab);
-            redlite_cuda::matmul(
-                &self.device,
-                &self.weights.output.view(),
-                &x.row_range(first, first + n)?,
-                &mut logits,
-            )?;
-            let start = out.len();
-            out.resize(start + n * vocab, 0.0);
-            self.device
-                .copy_to_host(&logits.as_view(), &mut out[start..])?;
-            i = j;
-        }
-        Ok(())
+        self.head_logits(&self.weights.output, rows, x, out)
     }
 
     /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
@@ -392,5 +388,88 @@ impl Backend for CudaBackend {
             Ok(view) if self.device.copy_to_host(&view, &mut host).is_ok() => host,
             _ => Vec::new(),
         }
+    }
+
+    fn new_mtp_state(&self, capacity: usize, kv_type: KvType) -> Result<CudaState> {
+        self.weights.mtp()?;
+        Ok(CudaState::new_mtp(
+            self.device.clone(),
+            self.graphs.clone(),
+            &self.config,
+            capacity,
+            kv_type,
+        ))
+    }
+
+    fn mtp_input(
+        &self,
+        tokens: &[u32],
+        hidden: &CudaAct,
+        hidden_row0: usize,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let table = self.weights.mtp_embed()?;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(EngineError::BadToken {
+                id,
+                n_vocab: table.rows,
+            });
+        }
+        // Eager, outside any recorded step.
+        graph::lock(&self.graphs)?.interrupt()?;
+        let n = tokens.len();
+        let mut scratch = self.scratch(n)?;
+        let mut ids = scratch.token_ids.slice_mut(..n);
+        self.device.copy_to_device(tokens, &mut ids)?;
+        mtp::input(
+            &self.device,
+            self.weights.mtp()?,
+            table,
+            self.config.rms_eps,
+            &ids.as_view(),
+            &hidden.row_range(hidden_row0, hidden_row0 + n)?,
+            &mut out.rows_mut(n)?,
+        )
+    }
+
+    fn mtp_logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        self.head_logits(self.weights.mtp_head()?, rows, x, out)
+    }
+}
+
+impl CudaBackend {
+    /// Logits of `rows` through `head`; runs of consecutive rows each take one product.
+    fn head_logits(
+        &self,
+        head: &weights::DeviceMatrix,
+        rows: &[usize],
+        x: &CudaAct,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt()?;
+        let vocab = head.rows;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            let mut scratch = self.scratch(first + n)?;
+            scratch.reserve_logits(&self.device, &self.config, n)?;
+            let mut logits = scratch.logits.slice_mut(..n * vocab);
+            redlite_cuda::matmul(
+                &self.device,
+                &head.view(),
+                &x.row_range(first, first + n)?,
+                &mut logits,
+            )?;
+            let start = out.len();
+            out.resize(start + n * vocab, 0.0);
+            self.device
+                .copy_to_host(&logits.as_view(), &mut out[start..])?;
+            i = j;
+        }
+        Ok(())
     }
 }

@@ -158,18 +158,40 @@ pub struct CudaState {
     /// For each layer, its index into `kv` or `deltanet`.
     slot: Vec<usize>,
     buffers: std::result::Result<StateBuffers, String>,
+    /// Speculative decoding: the rows of a verification batch, recorded per DeltaNet layer.
+    recording: Recording,
 }
 
+/// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
+/// each of its rows but the last (device buffers, allocated on first use and reused), so
+/// `rollback_to` can keep any prefix of the batch without running it again.
+#[derive(Default)]
+struct Recording {
+    armed: bool,
+    /// Position before the recorded call; `None` until a call was recorded.
+    pos0: Option<usize>,
+    /// Rows of the recorded call.
+    rows: usize,
+    /// Per DeltaNet layer (slot order), the state after row `i` at index `i`.
+    states: Vec<Vec<DeltaState>>,
+}
+
+/// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
 fn allocate(
     device: &Device,
     config: &HybridConfig,
+    kinds: &[Option<LayerKind>],
     capacity: usize,
     kv_type: KvType,
 ) -> std::result::Result<(Vec<usize>, StateBuffers), redlite_cuda::CudaError> {
     let width = config.n_head_kv * config.head_dim;
-    let mut slot = Vec::with_capacity(config.layers.len());
+    let mut slot = Vec::with_capacity(kinds.len());
     let (mut kv, mut deltanet) = (Vec::new(), Vec::new());
-    for kind in &config.layers {
+    for kind in kinds {
+        let Some(kind) = kind else {
+            slot.push(usize::MAX);
+            continue;
+        };
         match kind {
             LayerKind::Attention => {
                 slot.push(kv.len());
@@ -206,7 +228,32 @@ impl CudaState {
         capacity: usize,
         kv_type: KvType,
     ) -> CudaState {
-        let (slot, buffers) = match allocate(&device, config, capacity, kv_type) {
+        let kinds: Vec<Option<LayerKind>> = config.layers.iter().copied().map(Some).collect();
+        CudaState::with_layers(device, graphs, config, &kinds, capacity, kv_type)
+    }
+
+    /// The state of the MTP block alone: the KV cache of its attention layer (`n_layer`).
+    pub(super) fn new_mtp(
+        device: Arc<Device>,
+        graphs: SharedGraphs,
+        config: &HybridConfig,
+        capacity: usize,
+        kv_type: KvType,
+    ) -> CudaState {
+        let mut kinds = vec![None; config.n_layer];
+        kinds.push(Some(LayerKind::Attention));
+        CudaState::with_layers(device, graphs, config, &kinds, capacity, kv_type)
+    }
+
+    fn with_layers(
+        device: Arc<Device>,
+        graphs: SharedGraphs,
+        config: &HybridConfig,
+        kinds: &[Option<LayerKind>],
+        capacity: usize,
+        kv_type: KvType,
+    ) -> CudaState {
+        let (slot, buffers) = match allocate(&device, config, kinds, capacity, kv_type) {
             Ok((slot, buffers)) => (slot, Ok(buffers)),
             Err(e) => (Vec::new(), Err(e.to_string())),
         };
@@ -219,6 +266,7 @@ impl CudaState {
             kv_type,
             slot,
             buffers,
+            recording: Recording::default(),
         }
     }
 
@@ -237,13 +285,35 @@ impl CudaState {
             .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no KV cache")))
     }
 
-    /// The state of DeltaNet layer `layer`.
-    pub(super) fn deltanet_mut(&mut self, layer: usize) -> Result<&mut DeltaState> {
+    /// The state of DeltaNet layer `layer` and, when the current call records (see
+    /// `checkpoint`), where its `tokens` rows go.
+    pub(super) fn deltanet_recording(
+        &mut self,
+        layer: usize,
+        tokens: usize,
+    ) -> Result<(&mut DeltaState, Option<&mut Vec<DeltaState>>)> {
         let slot = self.slot.get(layer).copied().unwrap_or(usize::MAX);
-        self.buffers_mut()?
-            .deltanet
-            .get_mut(slot)
-            .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no DeltaNet state")))
+        let armed = self.recording.armed;
+        if armed {
+            self.recording.rows = tokens;
+            let layers = self.buffers.as_ref().map_or(0, |b| b.deltanet.len());
+            if self.recording.states.len() < layers {
+                self.recording.states.resize_with(layers, Vec::new);
+            }
+        }
+        let buffers = self
+            .buffers
+            .as_mut()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        let state = buffers.deltanet.get_mut(slot).ok_or_else(|| {
+            EngineError::BadConfig(format!("layer {layer} has no DeltaNet state"))
+        })?;
+        let record = if armed {
+            self.recording.states.get_mut(slot)
+        } else {
+            None
+        };
+        Ok((state, record))
     }
 }
 
@@ -255,6 +325,7 @@ impl SeqState for CudaState {
     /// Called by `forward` after the layers: a recorded one-token step runs here.
     fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
+        self.recording.armed = false;
         let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish());
         if let Err(e) = finished {
             self.step_error = Some(e.to_string());
@@ -283,6 +354,8 @@ impl SeqState for CudaState {
     /// failure leaves the state unusable; `check_room` then reports it.
     fn reset_state(&mut self) {
         self.pos = 0;
+        self.recording.armed = false;
+        self.recording.pos0 = None;
         self.step_error = None;
         if let Ok(mut graphs) = graph::lock(&self.graphs) {
             graphs.abandon();
@@ -340,8 +413,54 @@ impl SeqState for CudaState {
             device.copy_to_device(recurrent, &mut d.recurrent.as_view_mut())?;
         }
         self.pos = snapshot.pos;
+        self.recording.pos0 = None;
         Ok(())
     }
+
+    /// Arms the recording of the next forward call (its DeltaNet state per row).
+    fn checkpoint(&mut self) -> Result<()> {
+        graph::lock(&self.graphs)?.abandon();
+        self.recording.armed = true;
+        self.recording.pos0 = Some(self.pos);
+        self.recording.rows = 0;
+        Ok(())
+    }
+
+    /// Copies the recorded state after row `kept - 1` back, within device memory.
+    fn rollback_to(&mut self, kept: usize) -> Result<()> {
+        graph::lock(&self.graphs)?.abandon();
+        let pos0 = self.recording.pos0.ok_or_else(|| {
+            EngineError::BadConfig("rollback without a recorded verification batch".into())
+        })?;
+        if kept == 0 || kept >= self.recording.rows {
+            return Err(EngineError::BadConfig(format!(
+                "rollback to {kept} rows of a batch of {}",
+                self.recording.rows
+            )));
+        }
+        let device = self.device.clone();
+        let buffers = self
+            .buffers
+            .as_mut()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        for (d, rows) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
+            let saved = rows.get(kept - 1).ok_or_else(|| {
+                EngineError::BadConfig(format!("no recorded state after row {}", kept - 1))
+            })?;
+            copy_state(&device, &saved.conv, &mut d.conv)?;
+            copy_state(&device, &saved.recurrent, &mut d.recurrent)?;
+        }
+        self.pos = pos0 + kept;
+        Ok(())
+    }
+}
+
+/// Device-to-device copy of one buffer into another of the same length (queued).
+fn copy_state(device: &Device, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
+    device
+        .stream()
+        .memcpy_dtod(src, dst)
+        .map_err(|e| EngineError::Cuda(format!("state checkpoint copy: {e}")))
 }
 
 /// A sequence's DeltaNet state (conv window, recurrent matrices per layer) and position,

@@ -60,6 +60,7 @@ pub type AttentionWeights = weights::AttentionWeights<DeviceMatrix, CudaSlice<f3
 pub type MoeWeights = weights::MoeWeights<DeviceMatrix>;
 pub type Mixer = weights::Mixer<DeviceMatrix, CudaSlice<f32>>;
 pub type CudaWeights = weights::ModelWeights<DeviceMatrix, CudaSlice<f32>>;
+pub type MtpWeights = weights::MtpWeights<DeviceMatrix, CudaSlice<f32>>;
 
 /// Uploads every weight once; every matrix's products use `dots`.
 pub fn upload(
@@ -69,6 +70,21 @@ pub fn upload(
     dots: Dots,
 ) -> Result<CudaWeights> {
     weights::load_weights(
+        config,
+        &|name| DeviceMatrix::load(device, g, name, dots),
+        &|name| vector(device, g, name),
+        &|name| g.locate(name).is_some(),
+    )
+}
+
+/// Uploads the MTP block (refused when the file has none).
+pub fn upload_mtp(
+    device: &Device,
+    g: &GgufModel,
+    config: &HybridConfig,
+    dots: Dots,
+) -> Result<MtpWeights> {
+    weights::load_mtp(
         config,
         &|name| DeviceMatrix::load(device, g, name, dots),
         &|name| vector(device, g, name),

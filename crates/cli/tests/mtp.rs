@@ -1,0 +1,131 @@
+//! `--mtp` end to end through the binary: greedy `generate` prints the same text with and
+//! without speculative decoding and reports its acceptance counts; `bench --mtp` reports
+//! them too; a file without the MTP block is refused with a message that says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+
+/// A tiny model written once per test (removed by the guard).
+struct TinyFile(PathBuf);
+
+impl TinyFile {
+    fn new(name: &str, mtp: bool) -> TinyFile {
+        let mut config = Preset::Tiny.config();
+        config.n_mtp = usize::from(mtp);
+        let opts = SynthOptions {
+            config,
+            recipe: Recipe::Q4KM,
+            vocab: VocabChoice::Tiny,
+            seed: 3,
+        };
+        let path =
+            std::env::temp_dir().join(format!("redlite-mtp-{}-{name}.gguf", std::process::id()));
+        write_synth(&path, &opts, &mut |_, _| {}).unwrap();
+        TinyFile(path)
+    }
+}
+
+impl Drop for TinyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn redlite(file: &Path, command: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .arg(command)
+        .arg("-m")
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn greedy_generate_prints_the_same_text_with_mtp() {
+    let file = TinyFile::new("generate", true);
+    let args = ["-p", "the quick brown fox", "-n", "24", "--temp", "0"];
+    let plain = redlite(&file.0, "generate", &args);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    for draft in ["1", "3"] {
+        let mut with = args.to_vec();
+        with.extend(["--mtp", "--draft", draft]);
+        let out = redlite(&file.0, "generate", &with);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), text(&plain.stdout), "draft {draft}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("mtp: ") && stderr.contains("drafted"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn bench_reports_acceptance() {
+    let file = TinyFile::new("bench", true);
+    let out = redlite(
+        &file.0,
+        "bench",
+        &[
+            "-p",
+            "0",
+            "-n",
+            "16",
+            "-r",
+            "1",
+            "--mtp",
+            "--draft",
+            "2",
+            "--mtp-accept",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "plain tg and tg with MTP");
+    let mtp = &results[1]["mtp"];
+    assert_eq!(mtp["draft"], 2);
+    assert_eq!(mtp["acceptance_rate"], 1.0);
+    assert!(mtp["stats"]["drafted"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_file_without_the_mtp_block_is_refused() {
+    let file = TinyFile::new("none", false);
+    for command in ["generate", "bench"] {
+        let args: &[&str] = if command == "generate" {
+            &["-p", "hi", "-n", "2", "--mtp"]
+        } else {
+            &["-p", "0", "-n", "2", "--mtp"]
+        };
+        let out = redlite(&file.0, command, args);
+        assert!(!out.status.success(), "{command} ran without the MTP block");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("--mtp needs the model's MTP block")
+                && stderr.contains("nextn_predict_layers"),
+            "{command}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn too_many_drafts_are_refused() {
+    let file = TinyFile::new("draft4", true);
+    let out = redlite(&file.0, "generate", &["-p", "hi", "--mtp", "--draft", "4"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--draft must be 1 to 3"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -1,0 +1,193 @@
+//! Speculative decoding with the model's own MTP block: per step the block drafts up to
+//! `draft` tokens (chained on its own output), the trunk verifies them in one batch, and
+//! the longest acceptable prefix is kept.
+//!
+//! Acceptance is the standard rule (Leviathan et al. 2023; Chen et al. 2023): draft `d`,
+//! drawn from the draft distribution `q`, is kept with probability `min(1, p(d) / q(d))`
+//! where `p` is the trunk's distribution at that row (both after the sampler's penalties,
+//! truncations and temperature); on rejection the token is drawn from `max(0, p - q)`
+//! normalized, and when every draft is kept one more comes from the last row's `p`. The
+//! output then has exactly the distribution of plain sampling. Greedy sampling makes `p`
+//! and `q` one-hot, so the rule is "keep while the draft equals the trunk's argmax" and the
+//! output is token for token the plain greedy output.
+//!
+//! `REDLITE_MTP_FORCE_ACCEPT=R` (benchmarks only) keeps each draft with probability `R`
+//! whatever the trunk says, to time the speed-up as a function of the acceptance rate.
+
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::generate::StopReason;
+use crate::sampling::{Rng, Sampler};
+use crate::session::{Runner, MAX_DRAFT};
+
+/// Environment variable of the forced acceptance rate (benchmarks only).
+pub const FORCE_ACCEPT_ENV: &str = "REDLITE_MTP_FORCE_ACCEPT";
+
+/// Counts over a generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MtpStats {
+    /// Draft-and-verify steps.
+    pub steps: usize,
+    /// Tokens the MTP block drafted.
+    pub drafted: usize,
+    /// Drafts the trunk kept.
+    pub accepted: usize,
+}
+
+impl MtpStats {
+    /// Kept drafts per step (each step also yields one token of the trunk's own).
+    pub fn mean_accepted(&self) -> f64 {
+        self.accepted as f64 / (self.steps.max(1)) as f64
+    }
+
+    /// Kept drafts over drafted ones.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / (self.drafted.max(1)) as f64
+    }
+
+    pub fn add(&mut self, other: &MtpStats) {
+        self.steps += other.steps;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
+}
+
+/// What a step ended with.
+pub enum Step {
+    /// The next token (a correction or the bonus token): sampled, not yet emitted or fed,
+    /// like the result of a plain `sample`.
+    Next(u32),
+    /// Emitting a kept draft ended the generation.
+    Stop(StopReason),
+}
+
+/// The drafting policy of one generation and its statistics.
+pub struct Speculator {
+    /// Drafts per step (1 to `MAX_DRAFT`).
+    pub draft: usize,
+    /// Benchmark-only forced acceptance rate.
+    pub force_accept: Option<f64>,
+    force_rng: Rng,
+    pub stats: MtpStats,
+}
+
+impl Speculator {
+    /// `draft` drafts per step; the forced acceptance rate comes from `force_accept`, or
+    /// when that is `None` from `REDLITE_MTP_FORCE_ACCEPT`.
+    pub fn new(draft: usize, force_accept: Option<f64>) -> Result<Speculator> {
+        if draft == 0 || draft > MAX_DRAFT {
+            return Err(EngineError::BadConfig(format!(
+                "--draft must be 1 to {MAX_DRAFT}, got {draft}"
+            )));
+        }
+        let force_accept = match force_accept {
+            Some(r) => Some(r),
+            None => match std::env::var(FORCE_ACCEPT_ENV) {
+                Ok(v) => Some(v.trim().parse::<f64>().map_err(|_| {
+                    EngineError::BadConfig(format!(
+                        "{FORCE_ACCEPT_ENV}={v:?} is not a number in [0, 1]"
+                    ))
+                })?),
+                Err(_) => None,
+            },
+        };
+        if let Some(r) = force_accept {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(EngineError::BadConfig(format!(
+                    "forced acceptance rate {r} is outside [0, 1]"
+                )));
+            }
+        }
+        Ok(Speculator {
+            draft,
+            force_accept,
+            force_rng: Rng::new(0x5eed_acce_97ed),
+            stats: MtpStats::default(),
+        })
+    }
+
+    /// One step after `token` (already emitted and accepted by the sampler, not yet fed):
+    /// drafts `n` tokens (1 to `draft`; the caller leaves room in the context and the
+    /// token budget), verifies them, emits the kept ones through `on_token` (which returns
+    /// a stop reason to end the generation; the sampler then `accept`s the token), and
+    /// leaves the session exactly where plain decoding would be.
+    pub fn step(
+        &mut self,
+        session: &mut dyn Runner,
+        sampler: &mut Sampler,
+        token: u32,
+        n: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
+    ) -> Result<Step> {
+        let mut q: Vec<Vec<(u32, f64)>> = Vec::with_capacity(n);
+        let drafts = session.mtp_draft(token, n, &mut |logits| {
+            let dist = sampler.distribution(logits)?;
+            let d = sampler.draw_from(&dist);
+            q.push(dist);
+            Ok(d)
+        })?;
+        let mut batch = Vec::with_capacity(n + 1);
+        batch.push(token);
+        batch.extend_from_slice(&drafts);
+        let logits = session.mtp_verify(&batch)?;
+        let vocab = logits.len() / batch.len();
+        self.stats.steps += 1;
+        self.stats.drafted += n;
+        for (i, (&d, q)) in drafts.iter().zip(&q).enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let keep = match self.force_accept {
+                Some(rate) => self.force_rng.next_f64() < rate,
+                None => {
+                    let p = sampler.distribution(row)?;
+                    match judge(sampler, &p, q, d) {
+                        None => true,
+                        Some(correction) => {
+                            session.mtp_accept(i)?;
+                            self.stats.accepted += i;
+                            return Ok(Step::Next(correction));
+                        }
+                    }
+                }
+            };
+            if !keep {
+                // Forced rejection: the trunk's own token at this row.
+                let correction = sampler.sample(row)?;
+                session.mtp_accept(i)?;
+                self.stats.accepted += i;
+                return Ok(Step::Next(correction));
+            }
+            if let Some(reason) = on_token(d)? {
+                session.mtp_accept(i)?;
+                self.stats.accepted += i + 1;
+                return Ok(Step::Stop(reason));
+            }
+            sampler.accept(d);
+        }
+        let bonus = sampler.sample(&logits[n * vocab..(n + 1) * vocab])?;
+        session.mtp_accept(n)?;
+        self.stats.accepted += n;
+        Ok(Step::Next(bonus))
+    }
+}
+
+/// The acceptance rule for draft `d` drawn from `q` against the trunk's `p`: `None` keeps
+/// it, `Some(t)` rejects it with the replacement `t` drawn from `max(0, p - q)`.
+pub fn judge(sampler: &mut Sampler, p: &[(u32, f64)], q: &[(u32, f64)], d: u32) -> Option<u32> {
+    let prob = |dist: &[(u32, f64)], t: u32| dist.iter().find(|e| e.0 == t).map_or(0.0, |e| e.1);
+    let (pd, qd) = (prob(p, d), prob(q, d));
+    if pd >= qd || (pd > 0.0 && sampler.uniform() < pd / qd) {
+        return None;
+    }
+    let q_of: std::collections::HashMap<u32, f64> = q.iter().copied().collect();
+    let residual: Vec<(u32, f64)> = p
+        .iter()
+        .map(|&(t, pt)| (t, (pt - q_of.get(&t).copied().unwrap_or(0.0)).max(0.0)))
+        .filter(|e| e.1 > 0.0)
+        .collect();
+    if residual.is_empty() {
+        // Only possible through rounding (p and q equal): fall back to p itself.
+        return Some(sampler.draw_from(p));
+    }
+    Some(sampler.draw_from(&residual))
+}
