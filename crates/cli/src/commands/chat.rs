@@ -144,8 +144,11 @@ fn answer(
         },
     )?;
     println!();
+    // The token that ended the answer (the length limit, an end-of-turn token) was emitted
+    // but never fed: the session's position says how many were.
     conv.fed = tokens;
     conv.fed.extend_from_slice(&stats.generated);
+    conv.fed.truncate(loaded.session.pos());
     if stats.stop == StopReason::Cancelled {
         eprintln!("(stopped)");
     }
