@@ -28,6 +28,8 @@ enum Command {
     /// Write a qwen3next GGUF with the real tensor names, shapes and types, filled with
     /// seeded random data.
     Synth(Box<commands::synth::SynthArgs>),
+    /// Convert a Hugging Face Qwen3-Next checkpoint (safetensors) to a GGUF.
+    Convert(commands::convert::ConvertArgs),
     /// Generate text from a prompt, streaming it.
     Generate(Box<commands::generate::GenerateArgs>),
     /// Chat with the model (multi-turn, through its chat template).
@@ -59,6 +61,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Synth(args) => commands::synth::run(*args),
+        Command::Convert(args) => commands::convert::run(args),
         Command::Logits(args) => commands::logits::run(args),
         Command::Plan(args) => commands::plan::run(*args),
         Command::Generate(args) => commands::generate::run(*args),

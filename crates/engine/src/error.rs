@@ -47,6 +47,10 @@ pub enum EngineError {
     #[error("synthetic model: {0}")]
     Synth(String),
 
+    /// A Hugging Face checkpoint that `convert` cannot read or map.
+    #[error("convert: {0}")]
+    Convert(String),
+
     /// A CUDA backend failure (driver, kernel launch, shape check, allocation).
     #[cfg(feature = "cuda")]
     #[error("CUDA: {0}")]

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod error;
 pub mod generate;
 pub mod inspect;

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod generate;
 pub mod inspect;
 pub mod logits;

@@ -78,7 +78,7 @@ fn metadata(opts: &SynthOptions, vocab: &Vocabulary) -> Metadata {
 }
 
 /// The `tokenizer.ggml.*` keys, as llama.cpp's converter writes them.
-fn write_vocabulary(md: &mut Metadata, v: &Vocabulary) {
+pub(crate) fn write_vocabulary(md: &mut Metadata, v: &Vocabulary) {
     md.set("tokenizer.ggml.model", Value::String(v.model.clone()));
     md.set("tokenizer.ggml.pre", Value::String(v.pre.clone()));
     md.set(
