@@ -2,7 +2,8 @@
 //! (its `ssm_in` is, per the spec, Hugging Face's `in_proj_qkvz` row for row) and with the
 //! MTP block is turned into a Hugging Face checkpoint by the inverse of the converter's
 //! documented transforms (norms stored as `w - 1`, `A_log = ln(-ssm_a)`, conv taps
-//! `[C, 1, K]`, experts one tensor each, a tokenizer.json from its vocabulary), converted
+//! `[C, 1, K]`, experts one tensor each or packed as transformers saves them, a tokenizer.json
+//! from its vocabulary), converted
 //! back in the *split* layout, and checked: every tensor equal (the de-interleaved
 //! `attn_qkv`/`attn_gate` against the legacy `ssm_in` rows the spec names), the metadata
 //! and vocabulary equal, and the CPU engine's logits on both files equal.
@@ -150,6 +151,29 @@ fn write_checkpoint(gguf: &GgufModel, c: &HybridConfig, dir: &Path) {
         let shape: Vec<usize> = plan.shape.iter().map(|&d| d as usize).collect();
         let (name, transform) = hf_name(c, &plan.name);
         match transform {
+            // Layer 0 in transformers' packed form, the others one tensor per expert.
+            "experts" if plan.layer == Some(0) => {
+                let (stem, proj) = name.rsplit_once('.').unwrap();
+                if proj == "down_proj" {
+                    tensors.insert(format!("{stem}.down_proj"), tensor(&shape, &values));
+                } else if proj == "gate_proj" {
+                    let up = f32s(gguf.tensor_data("blk.0.ffn_up_exps.weight").unwrap());
+                    let per = shape[1] * shape[2];
+                    let packed: Vec<f32> = (0..shape[0])
+                        .flat_map(|e| {
+                            let (g, u) =
+                                (&values[e * per..(e + 1) * per], &up[e * per..(e + 1) * per]);
+                            g.iter().chain(u).copied().collect::<Vec<f32>>()
+                        })
+                        .collect();
+                    let packed_shape = [shape[0], 2 * shape[1], shape[2]];
+                    tensors.insert(
+                        format!("{stem}.gate_up_proj"),
+                        tensor(&packed_shape, &packed),
+                    );
+                }
+                continue;
+            }
             "experts" => {
                 let per = shape[1] * shape[2];
                 let (stem, proj) = name.rsplit_once('.').unwrap();

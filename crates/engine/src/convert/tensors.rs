@@ -123,13 +123,35 @@ fn block(ck: &Checkpoint, c: &HybridConfig, layer: usize, suffix: &str) -> Resul
     }
 }
 
-/// The experts' `proj` matrices stacked in expert order.
+/// The experts' `proj` matrices stacked in expert order: from one tensor per expert
+/// (`mlp.experts.{e}.{proj}.weight`), or from transformers' packed tensors
+/// (`mlp.experts.gate_up_proj` `[n_expert, 2 ff, n_embd]`, gate rows first, and
+/// `mlp.experts.down_proj` `[n_expert, n_embd, ff]`).
 fn experts(ck: &Checkpoint, c: &HybridConfig, prefix: &str, proj: &str) -> Result<Vec<f32>> {
-    if ck.contains(&format!("{prefix}mlp.experts.gate_up_proj")) {
-        return Err(bad(format!(
-            "{prefix}mlp.experts.gate_up_proj: packed expert tensors are not supported yet \
-             (save the checkpoint with one tensor per expert)"
-        )));
+    let packed_gate_up = format!("{prefix}mlp.experts.gate_up_proj");
+    let packed_down = format!("{prefix}mlp.experts.down_proj");
+    match proj {
+        "down_proj" if ck.contains(&packed_down) => {
+            return read(ck, &packed_down, Transform::None);
+        }
+        "gate_proj" | "up_proj" if ck.contains(&packed_gate_up) => {
+            let (shape, values) = ck.read(&packed_gate_up)?;
+            let (ff, e) = (c.expert_ff, c.n_embd);
+            if shape != [c.n_expert, 2 * ff, e] {
+                return Err(bad(format!(
+                    "{packed_gate_up} has shape {shape:?}, expected [{}, {}, {e}]",
+                    c.n_expert,
+                    2 * ff
+                )));
+            }
+            let half = if proj == "gate_proj" { 0 } else { ff * e };
+            let mut out = Vec::with_capacity(c.n_expert * ff * e);
+            for expert in values.chunks_exact(2 * ff * e) {
+                out.extend_from_slice(&expert[half..half + ff * e]);
+            }
+            return Ok(out);
+        }
+        _ => {}
     }
     let mut out = Vec::new();
     for e in 0..c.n_expert {
