@@ -63,6 +63,18 @@ def write_tokenizer(path, out_dir):
         json.dump(config, f, ensure_ascii=False)
 
 
+def gguf_metadata(path):
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    out = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k.startswith("general."):
+            continue
+        v = f.contents()
+        out[k] = [float(x) if isinstance(x, float) else x for x in v] if isinstance(v, list) else v
+    return out
+
+
 def gguf_tensors(path):
     from gguf import GGUFReader, quants
     r = GGUFReader(path)
@@ -105,9 +117,19 @@ def main():
 
     if a.llama_src:
         theirs = os.path.join(a.work, "theirs.gguf")
-        env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_src, "gguf-py"))
-        subprocess.run([sys.executable, os.path.join(a.llama_src, "convert_hf_to_gguf.py"), hf,
-                        "--outtype", "f32", "--outfile", theirs], check=True, env=env)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [a.llama_src, os.path.join(a.llama_src, "gguf-py")]))
+        # llama.cpp names a BPE pre-tokenizer by hashing its output on a probe text, and the
+        # tiny test vocabulary is not in its list: it is told "qwen2" (what the tiny
+        # vocabulary is built for), the rest of its converter runs as shipped.
+        runner = ("import runpy, sys\n"
+                  "from conversion import base\n"
+                  "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'\n"
+                  "sys.argv = sys.argv[1:]\n"
+                  "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        subprocess.run([sys.executable, "-c", runner,
+                        os.path.join(a.llama_src, "convert_hf_to_gguf.py"), hf,
+                        "--outtype", "f32", "--outfile", theirs, "--no-mtp"], check=True, env=env)
         mine, other = gguf_tensors(ours), gguf_tensors(theirs)
         if set(mine) != set(other):
             print("tensor names differ:", sorted(set(mine) ^ set(other)))
@@ -120,7 +142,16 @@ def main():
             elif not np.allclose(va, vb, rtol=1e-6, atol=0):
                 print(f"{name}: values differ by up to {np.abs(va - vb).max():.3e}")
                 ok = False
-        print("llama.cpp's converter and ours:", "same tensors" if ok else "DIFFER")
+        ma, mb = gguf_metadata(ours), gguf_metadata(theirs)
+        for k in sorted(set(ma) | set(mb)):
+            if k not in ma or k not in mb:
+                print(f"metadata {k}: only in {'ours' if k in ma else 'llama.cpp'}")
+                ok = False
+            elif ma[k] != mb[k] and not (isinstance(ma[k], float)
+                                         and abs(ma[k] - mb[k]) <= 1e-6 * abs(mb[k])):
+                print(f"metadata {k}: ours {str(ma[k])[:80]}, llama.cpp {str(mb[k])[:80]}")
+                ok = False
+        print("llama.cpp's converter and ours:", "same tensors and metadata" if ok else "DIFFER")
     sys.exit(0 if ok else 1)
 
 

@@ -6,7 +6,8 @@
 //! from its vocabulary), converted
 //! back in the *split* layout, and checked: every tensor equal (the de-interleaved
 //! `attn_qkv`/`attn_gate` against the legacy `ssm_in` rows the spec names), the metadata
-//! and vocabulary equal, and the CPU engine's logits on both files equal.
+//! and vocabulary equal (the MTP block counted from its tensors, as Qwen3-Next's config.json
+//! does not name it), and the CPU engine's logits on both files equal.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -213,7 +214,6 @@ fn write_checkpoint(gguf: &GgufModel, c: &HybridConfig, dir: &Path) {
         "eos_token_id": md.u64("tokenizer.ggml.eos_token_id").unwrap(),
         "model_type": "qwen3_next",
         "num_hidden_layers": c.n_layer,
-        "num_nextn_predict_layers": c.n_mtp,
         "hidden_size": c.n_embd,
         "vocab_size": c.n_vocab,
         "max_position_embeddings": c.context_length,
@@ -360,11 +360,38 @@ fn a_checkpoint_converts_back_to_the_same_model() {
     // Metadata: the architecture keys and the vocabulary.
     for (key, value) in original.metadata().iter() {
         let compare = key.starts_with("qwen3next.") || key.starts_with("tokenizer.");
-        if !compare || key == "qwen3next.attention.recurrent_layers" {
+        if !compare
+            || key == "qwen3next.attention.recurrent_layers"
+            || key == "tokenizer.ggml.token_type"
+        {
             continue;
         }
         let found = converted.metadata().get(key);
         assert_eq!(found, Some(value), "metadata {key}");
+    }
+    // Token types: as the synthetic file's, except that llama.cpp's converter (and ours)
+    // makes CONTROL the added tokens shaped `<|...|>` that the tokenizer does not mark
+    // special (`<|fim_prefix|>` ...); the synthetic vocabulary keeps them USER_DEFINED.
+    let md = original.metadata();
+    let tokens = md.array("tokenizer.ggml.tokens").unwrap();
+    let types = |m: &GgufModel| -> Vec<i64> {
+        m.metadata()
+            .array("tokenizer.ggml.token_type")
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect()
+    };
+    let (want, found) = (types(&original), types(&converted));
+    assert_eq!(want.len(), found.len());
+    for (i, (w, f)) in want.iter().zip(&found).enumerate() {
+        let text = tokens[i].as_str().unwrap();
+        let looks_control = text.starts_with("<|") && text.ends_with("|>");
+        let expected = if *w == 4 && looks_control { 3 } else { *w };
+        assert_eq!(
+            *f, expected,
+            "token {i} {text:?}: type {f}, expected {expected}"
+        );
     }
     assert_eq!(
         converted.metadata().get("general.architecture"),

@@ -76,15 +76,36 @@ impl Checkpoint {
         Ok(Checkpoint { maps, entries })
     }
 
+    /// The stored name of `name`: the MTP block's tensors are `mtp.*` in Qwen's checkpoints
+    /// and `model.mtp.*` in some re-saved ones.
+    fn resolve<'a>(&'a self, name: &str) -> Option<&'a Entry> {
+        self.entries
+            .get(name)
+            .or_else(|| self.entries.get(&format!("model.{name}")))
+    }
+
     pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        self.resolve(name).is_some()
+    }
+
+    /// MTP layers stored (`mtp.layers.N.*`): Qwen3-Next's config.json does not count them.
+    pub fn mtp_layers(&self) -> usize {
+        self.entries
+            .keys()
+            .filter_map(|k| {
+                let k = k.strip_prefix("model.").unwrap_or(k);
+                let rest = k.strip_prefix("mtp.layers.")?;
+                rest.split('.').next()?.parse::<usize>().ok()
+            })
+            .map(|n| n + 1)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The tensor's shape and values (F32, F16 and BF16 sources).
     pub fn read(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let e = self
-            .entries
-            .get(name)
+            .resolve(name)
             .ok_or_else(|| bad(format!("the checkpoint has no tensor {name}")))?;
         let bytes = &self.maps[e.file][e.range.0..e.range.1];
         let values: Vec<f32> = match e.dtype {

@@ -75,10 +75,16 @@ pub fn hybrid_config(json: &Value, layout: DeltaNetLayout) -> Result<HybridConfi
             layers.len()
         )));
     }
-    let rotary = json
-        .get("partial_rotary_factor")
-        .and_then(Value::as_f64)
-        .unwrap_or(1.0);
+    // transformers 5 writes the RoPE keys under `rope_parameters`, older configs at the top.
+    let rope = |name: &str| {
+        json.get(name)
+            .or_else(|| json.get("rope_parameters").and_then(|r| r.get(name)))
+            .and_then(Value::as_f64)
+    };
+    let rotary = rope("partial_rotary_factor").unwrap_or(1.0);
+    let rope_base = rope("rope_theta").ok_or_else(|| {
+        EngineError::Convert("config.json has no rope_theta (top level or rope_parameters)".into())
+    })?;
     Ok(HybridConfig {
         n_layer,
         n_mtp: count_any(
@@ -94,7 +100,7 @@ pub fn hybrid_config(json: &Value, layout: DeltaNetLayout) -> Result<HybridConfi
         n_head_kv: count(json, "num_key_value_heads")?,
         head_dim,
         rope_dim: (head_dim as f64 * rotary).round() as usize,
-        rope_base: number(json, "rope_theta")? as f32,
+        rope_base: rope_base as f32,
         rms_eps: number(json, "rms_norm_eps")? as f32,
         n_expert: count(json, "num_experts")?,
         n_expert_used: count(json, "num_experts_per_tok")?,

@@ -2,7 +2,7 @@
 //! Hugging Face checkpoint → the GGUF `tokenizer.*` keys, as llama.cpp's converter writes
 //! them for a byte-level BPE (`gpt2`) vocabulary with the Qwen2 pre-tokenizer: one string per
 //! id up to the model's vocab_size, `[PAD{id}]` for ids no token has; added tokens CONTROL
-//! when special, USER_DEFINED otherwise; merges as `"A B"`.
+//! when special or shaped like a control token, USER_DEFINED otherwise; merges as `"A B"`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,6 +18,15 @@ use super::read_json;
 
 fn bad(what: String) -> EngineError {
     EngineError::Convert(what)
+}
+
+/// llama.cpp's converter also makes CONTROL the added tokens that look like control tokens
+/// although the tokenizer does not mark them special (Qwen's `<|fim_prefix|>` ...).
+fn looks_special(text: &str) -> bool {
+    matches!(text, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+        || (text.starts_with("<|") && text.ends_with("|>"))
+        || (text.starts_with("<\u{ff5c}") && text.ends_with("\u{ff5c}>"))
+        || (text.starts_with("<unused") && text.ends_with('>'))
 }
 
 /// The merges of a BPE model: `["a b", ...]` or `[["a", "b"], ...]`.
@@ -113,7 +122,7 @@ pub fn vocabulary(dir: &Path, model_config: &Value, vocab_size: usize) -> Result
             .get("special")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let ty = if special {
+        let ty = if special || looks_special(text) {
             TOKEN_TYPE_CONTROL
         } else {
             TOKEN_TYPE_USER_DEFINED

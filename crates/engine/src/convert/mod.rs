@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 
 use crate::error::{EngineError, Result};
 use crate::model::config::DeltaNetLayout;
-use crate::model::tensors::expected_tensors;
+use crate::model::tensors::{expected_tensors, Role};
 use crate::synth::write_vocabulary;
 use checkpoint::Checkpoint;
 
@@ -103,9 +103,13 @@ pub fn convert(
 ) -> Result<ConvertSummary> {
     let file_type = file_type(opts.ty)?;
     let json = read_json(&dir.join("config.json"))?;
-    let config = hybrid_config(&json, opts.layout)?;
-    let vocab = hf_vocab::vocabulary(dir, &json, config.n_vocab)?;
+    let mut config = hybrid_config(&json, opts.layout)?;
     let ckpt = Checkpoint::open(dir)?;
+    if config.n_mtp == 0 {
+        // As llama.cpp's converter: the MTP block is counted from the tensors.
+        config.n_mtp = ckpt.mtp_layers();
+    }
+    let vocab = hf_vocab::vocabulary(dir, &json, config.n_vocab)?;
 
     let mut md = Metadata::new();
     md.set("general.architecture", Value::String("qwen3next".into()));
@@ -134,7 +138,14 @@ pub fn convert(
     let specs: Vec<TensorSpec> = plans
         .iter()
         .zip(&types)
-        .map(|(p, &ty)| TensorSpec::new(p.name.clone(), ty, &p.shape))
+        .map(|(p, &ty)| {
+            // llama.cpp's converter keeps the shared-expert gate 2-D ([1, n_embd]).
+            let shape = match p.role {
+                Role::SharedExpertGate => [&[1], p.shape.as_slice()].concat(),
+                _ => p.shape.clone(),
+            };
+            TensorSpec::new(p.name.clone(), ty, &shape)
+        })
         .collect();
     // Written next to `out` and renamed at the end: a failure leaves no half file behind.
     let partial = out.with_extension("gguf.partial");
