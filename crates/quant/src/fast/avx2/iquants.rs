@@ -1,7 +1,7 @@
 //! AVX2 codebook kernels against Q8_K: IQ2_XXS, IQ2_XS, IQ1_M. Each group of 8 values is
 //! one u64 grid entry; four groups (a 32-value sub-block) fill one vector.
 
-use super::{f16_at, hsum_f32x8, load_256, split_scales};
+use super::{f16_at, hsum_f32x8, load_256, split_scales, u64_le};
 use crate::fast::scalar::{f16_to_f32, f32_at, iq1m_d, u16_at, Q8K_BYTES, Q8K_QS};
 use crate::tables::{IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
@@ -56,7 +56,7 @@ pub(super) fn f16c_at(bytes: &[u8], offset: usize) -> f32 {
 /// the top four bits) against 32 Q8_K values: eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq2_xxs_sub(word: u64, q8: &[u8; 32]) -> __m256i {
+fn iq2_xxs_sub(word: u64, q8: &[u8]) -> __m256i {
     let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((word >> (8 * l)) & 0xff) as usize]);
     let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((word >> (32 + 7 * l)) & 127) as usize]);
     let pairs = grid_pairs(grid, signs, q8);
@@ -70,22 +70,11 @@ fn iq2_xxs_sub(word: u64, q8: &[u8; 32]) -> __m256i {
 pub(super) fn iq2_xxs(row: &[u8], act: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in row.chunks_exact(66).zip(act.chunks_exact(Q8K_BYTES)) {
-        let (words, _) = x[2..].as_chunks::<16>();
-        let (q8, _) = y[Q8K_QS..Q8K_QS + 256].as_chunks::<64>();
+        let q8 = &y[Q8K_QS..Q8K_QS + 256];
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for (w, q) in words.iter().zip(q8) {
-            let (w0, w1) = w.split_at(8);
-            let (q0, q1) = q.split_at(32);
-            let (Ok(w0), Ok(w1), Ok(q0), Ok(q1)) = (
-                <[u8; 8]>::try_from(w0),
-                <[u8; 8]>::try_from(w1),
-                <&[u8; 32]>::try_from(q0),
-                <&[u8; 32]>::try_from(q1),
-            ) else {
-                continue;
-            };
-            even = _mm256_add_epi32(even, iq2_xxs_sub(u64::from_le_bytes(w0), q0));
-            odd = _mm256_add_epi32(odd, iq2_xxs_sub(u64::from_le_bytes(w1), q1));
+        for (w, q) in x[2..].chunks_exact(16).zip(q8.chunks_exact(64)) {
+            even = _mm256_add_epi32(even, iq2_xxs_sub(u64_le(w), q));
+            odd = _mm256_add_epi32(odd, iq2_xxs_sub(u64_le(&w[8..]), &q[32..]));
         }
         let sumi = _mm256_add_epi32(even, odd);
         let d = _mm256_set1_ps(f16c_at(x, 0) * f32_at(y, 0));

@@ -88,6 +88,15 @@ fn load_f32x8(bytes: &[u8]) -> __m256 {
     unsafe { _mm256_loadu_ps(bytes.as_ptr().cast()) }
 }
 
+/// The little-endian u64 at the start of `bytes` (0 where it is shorter than 8, which
+/// callers rule out by taking 8-byte chunks): one load where bytewise reads take eight.
+#[inline]
+fn u64_le(bytes: &[u8]) -> u64 {
+    bytes
+        .first_chunk::<8>()
+        .map_or(0, |b| u64::from_le_bytes(*b))
+}
+
 /// The f16 at `offset`, widened in general-purpose registers ([`f16_to_f32`]).
 #[inline]
 fn f16_at(bytes: &[u8], offset: usize) -> f32 {
