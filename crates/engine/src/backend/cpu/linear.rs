@@ -3,13 +3,16 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::Mutex;
+
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::{
     decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, vec_dot_many,
     DecodedRow, QuantizedActivation,
 };
 
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::Matrix;
 use crate::error::Result;
 
@@ -43,6 +46,9 @@ pub struct MatmulCtx<'a> {
 
 /// Rows handed to one parallel task.
 const ROWS_PER_TASK: usize = 16;
+
+/// Tokens handed to one parallel task (activation quantization, transposes).
+const TOKENS_PER_TASK: usize = 16;
 
 /// f32 dot product with eight partial sums (lane `l` sums elements `8c + l`), then a fixed
 /// pairwise reduction: a repeatable order that compiles to vector multiplies and adds (no
@@ -79,10 +85,24 @@ impl<'x> Prepared<'x> {
         if mm.precision == Precision::Exact || ty == GgmlType::F32 {
             return Ok(Prepared::F32 { x, cols });
         }
-        let acts = x
-            .chunks(cols)
-            .map(|xt| QuantizedActivation::new(ty, xt))
-            .collect::<std::result::Result<_, _>>()?;
+        // Tokens quantized in parallel, a block of them per task.
+        let blocks: Vec<Mutex<Vec<QuantizedActivation>>> = x
+            .chunks(cols * TOKENS_PER_TASK)
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
+        pool::for_each(blocks.len(), &|i| {
+            let xs = x.chunks(cols * TOKENS_PER_TASK).nth(i).unwrap_or_default();
+            let acts = xs
+                .chunks(cols)
+                .map(|xt| QuantizedActivation::new(ty, xt))
+                .collect::<std::result::Result<_, _>>()?;
+            *blocks[i].lock().unwrap_or_else(|p| p.into_inner()) = acts;
+            Ok(())
+        })?;
+        let acts = blocks
+            .into_iter()
+            .flat_map(|b| b.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .collect();
         Ok(Prepared::Quantized(acts))
     }
 
@@ -168,23 +188,43 @@ pub fn run_jobs(mm: &MatmulCtx, jobs: Vec<RowJob<'_>>) -> Result<()> {
         for (i, out) in job.out.chunks_mut(piece_rows * tokens).enumerate() {
             let first = job.first + i * piece_rows;
             let n = out.len() / tokens.max(1);
-            pieces.push((job.w, first, n, job.prep, out));
+            pieces.push(Mutex::new((job.w, first, n, job.prep, out)));
         }
     }
-    pieces
-        .into_par_iter()
-        .try_for_each_init(RowScratch::default, |scratch, (w, first, n, prep, out)| {
-            rows_serial(mm, w, first, n, prep, out, scratch)
-        })
+    pool::for_each(pieces.len(), &|i| {
+        // Each piece is claimed by one task: the lock is never contended.
+        let mut piece = pieces[i].lock().unwrap_or_else(|p| p.into_inner());
+        let (w, first, n, prep, ref mut out) = *piece;
+        SCRATCH.with_borrow_mut(|scratch| rows_serial(mm, w, first, n, prep, out, scratch))
+    })
 }
 
-/// Scatters `[rows][tokens]` into token-major `[tokens][rows]`.
+thread_local! {
+    /// Each thread's row-decoding buffers, kept between regions.
+    static SCRATCH: RefCell<RowScratch> = RefCell::new(RowScratch::default());
+}
+
+/// Scatters `[rows][tokens]` into token-major `[tokens][rows]`, a block of tokens per task.
 pub fn transpose_into(by_row: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
-    for r in 0..rows {
-        for t in 0..tokens {
-            out[t * rows + r] = by_row[r * tokens + t];
-        }
+    if tokens == 1 {
+        out[..rows].copy_from_slice(&by_row[..rows]);
+        return;
     }
+    let blocks: Vec<Mutex<&mut [f32]>> = out
+        .chunks_mut(rows * TOKENS_PER_TASK)
+        .map(Mutex::new)
+        .collect();
+    let ran = pool::for_each(blocks.len(), &|i| {
+        let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = i * TOKENS_PER_TASK;
+        for (dt, row) in block.chunks_mut(rows).enumerate() {
+            for (r, o) in row.iter_mut().enumerate() {
+                *o = by_row[r * tokens + t0 + dt];
+            }
+        }
+        Ok(())
+    });
+    debug_assert!(ran.is_ok(), "transpose tasks return no errors");
 }
 
 /// `out[t * n_rows + r] = W[first_row + r] · x[t]` for `t < tokens`, where `x` holds `tokens`
