@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::{
-    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, vec_dot_many,
-    DecodedRow, QuantizedActivation,
+    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, matvec,
+    vec_dot_many, DecodedRow, QuantizedActivation,
 };
 
 use crate::backend::cpu::pool;
@@ -46,6 +46,12 @@ pub struct MatmulCtx<'a> {
 
 /// Rows handed to one parallel task.
 const ROWS_PER_TASK: usize = 16;
+
+/// The most rows of a piece when several tokens share it.
+const MAX_BATCHED_PIECE_ROWS: usize = 32;
+
+/// Tokens per tile of a batched product: 32 Q8_K activations of 2048 values are 73 KiB.
+const TOKEN_TILE: usize = 32;
 
 /// Tokens handed to one parallel task (activation quantization, transposes).
 const TOKENS_PER_TASK: usize = 16;
@@ -118,7 +124,8 @@ impl<'x> Prepared<'x> {
 #[derive(Default)]
 struct RowScratch {
     f32_row: Vec<f32>,
-    decoded: DecodedRow,
+    /// One decoded row per row of a piece (grid types, several tokens).
+    decoded: Vec<DecodedRow>,
 }
 
 /// Rows `first..first + n` of `w` against every prepared token, serially, into `by_row`
@@ -134,11 +141,13 @@ fn rows_serial(
 ) -> Result<()> {
     let bytes = mm.gguf.data(w.loc);
     let tokens = prep.tokens();
-    for (k, row_out) in by_row.chunks_mut(tokens).take(n).enumerate() {
-        let r = first + k;
-        let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-        match prep {
-            Prepared::F32 { x, cols } => {
+    let rows = &bytes[first * w.row_bytes..(first + n) * w.row_bytes];
+    let acts = match prep {
+        Prepared::F32 { x, cols } => {
+            for (row, row_out) in rows
+                .chunks_exact(w.row_bytes)
+                .zip(by_row.chunks_mut(tokens))
+            {
                 let decoded = &mut scratch.f32_row;
                 decoded.resize(*cols, 0.0);
                 if w.ty == GgmlType::F32 {
@@ -153,14 +162,35 @@ fn rows_serial(
                     *o = dot(decoded, &x[t * cols..(t + 1) * cols]);
                 }
             }
-            // With several tokens, grid rows are decoded once and reused (bit-identical dots).
-            Prepared::Quantized(acts)
-                if tokens > 1 && decodable(w.ty) && decoded_dots_available() =>
-            {
-                decode_row(w.ty, row, &mut scratch.decoded)?;
-                dot_decoded_many(&scratch.decoded, acts, row_out)?;
+            return Ok(());
+        }
+        Prepared::Quantized(acts) => acts,
+    };
+    if let [act] = &acts[..] {
+        matvec(w.ty, rows, n, act, &mut by_row[..n])?;
+        return Ok(());
+    }
+    // Grid rows are decoded once per batch and reused by every token (bit-identical dots).
+    let decoded = decodable(w.ty) && decoded_dots_available();
+    if decoded {
+        if scratch.decoded.len() < n {
+            scratch.decoded.resize_with(n, DecodedRow::default);
+        }
+        for (row, d) in rows.chunks_exact(w.row_bytes).zip(&mut scratch.decoded) {
+            decode_row(w.ty, row, d)?;
+        }
+    }
+    // Token tiles outermost: the piece's rows stay in cache while a tile of activations
+    // streams past them once.
+    for t0 in (0..tokens).step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(tokens);
+        for (k, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+            let row_out = &mut by_row[k * tokens + t0..k * tokens + t1];
+            if decoded {
+                dot_decoded_many(&scratch.decoded[k], &acts[t0..t1], row_out)?;
+            } else {
+                vec_dot_many(w.ty, row, &acts[t0..t1], row_out)?;
             }
-            Prepared::Quantized(acts) => vec_dot_many(w.ty, row, acts, row_out)?,
         }
     }
     Ok(())
@@ -181,7 +211,12 @@ pub struct RowJob<'a> {
 pub fn run_jobs(mm: &MatmulCtx, jobs: Vec<RowJob<'_>>) -> Result<()> {
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.n).sum();
-    let piece_rows = (total_rows / (threads * 8)).max(ROWS_PER_TASK);
+    let batched = jobs.iter().any(|j| j.prep.tokens() > 1);
+    let mut piece_rows = (total_rows / (threads * 8)).max(ROWS_PER_TASK);
+    if batched {
+        // A piece's rows (decoded, for grid types) stay in cache across the token tiles.
+        piece_rows = piece_rows.min(MAX_BATCHED_PIECE_ROWS);
+    }
     let mut pieces = Vec::new();
     for job in jobs {
         let tokens = job.prep.tokens();
