@@ -77,6 +77,26 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
+/// [`dot`] of a row of little-endian f32 bytes (an F32 weight row, read in place from the
+/// file) with `b`: the same lanes and order, so the same bits as `dot` on the decoded row.
+pub fn dot_le_bytes(a: &[u8], b: &[f32]) -> f32 {
+    let n = (a.len() / 4).min(b.len());
+    let (a, b) = (&a[..4 * n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(32), b.chunks_exact(8));
+    let (a_rest, b_rest) = (a8.remainder(), b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        for ((s, xv), yv) in acc.iter_mut().zip(x.chunks_exact(4)).zip(y) {
+            *s += f32::from_le_bytes([xv[0], xv[1], xv[2], xv[3]]) * yv;
+        }
+    }
+    let mut sum = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a_rest.chunks_exact(4).zip(b_rest) {
+        sum += f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * y;
+    }
+    sum
+}
+
 /// A batch of activations prepared once for one weight type: f32 rows (exact precision, or
 /// F32 weights), or each token quantized to the type's dot format (ggml precision).
 /// The f32 rows are borrowed, not copied.
@@ -148,16 +168,16 @@ fn rows_serial(
                 .chunks_exact(w.row_bytes)
                 .zip(by_row.chunks_mut(tokens))
             {
+                if w.ty == GgmlType::F32 {
+                    // Read in place: no copy of the row (the router's 4 MiB per layer).
+                    for (t, o) in row_out.iter_mut().enumerate() {
+                        *o = dot_le_bytes(row, &x[t * cols..(t + 1) * cols]);
+                    }
+                    continue;
+                }
                 let decoded = &mut scratch.f32_row;
                 decoded.resize(*cols, 0.0);
-                if w.ty == GgmlType::F32 {
-                    decoded
-                        .iter_mut()
-                        .zip(row.chunks_exact(4))
-                        .for_each(|(d, b)| *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                } else {
-                    dequantize_row(w.ty, row, decoded)?;
-                }
+                dequantize_row(w.ty, row, decoded)?;
                 for (t, o) in row_out.iter_mut().enumerate() {
                     *o = dot(decoded, &x[t * cols..(t + 1) * cols]);
                 }
@@ -298,7 +318,7 @@ pub fn matmul(mm: &MatmulCtx, w: &Matrix, x: &[f32], tokens: usize, out: &mut [f
 
 #[cfg(test)]
 mod tests {
-    use super::dot;
+    use super::{dot, dot_le_bytes};
 
     /// The order `dot` promises, written as plain index loops.
     fn dot_by_index(a: &[f32], b: &[f32]) -> f32 {
@@ -315,6 +335,27 @@ mod tests {
             sum += a[i] * b[i];
         }
         sum
+    }
+
+    #[test]
+    fn dot_le_bytes_is_dot_on_the_decoded_row() {
+        let mut state = 0x9abc_def0_u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
+            let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            let bytes: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(
+                dot_le_bytes(&bytes, &b).to_bits(),
+                dot(&a, &b).to_bits(),
+                "n = {n}"
+            );
+        }
     }
 
     #[test]

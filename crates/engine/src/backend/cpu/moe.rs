@@ -13,8 +13,15 @@ use crate::model::config::HybridConfig;
 /// The `k` largest of `p` (ties to the lower index), with their probabilities.
 pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut idx: Vec<usize> = (0..p.len()).collect();
-    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-    idx.truncate(k);
+    let order = |a: &usize, b: &usize| p[*b].total_cmp(&p[*a]).then(a.cmp(b));
+    // A total order: selecting the k first, then sorting them, gives the full sort's head.
+    if k < idx.len() {
+        if k > 0 {
+            idx.select_nth_unstable_by(k - 1, order);
+        }
+        idx.truncate(k);
+    }
+    idx.sort_by(order);
     idx.into_iter().map(|i| (i, p[i])).collect()
 }
 
