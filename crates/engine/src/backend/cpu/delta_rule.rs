@@ -16,6 +16,7 @@
 
 use std::sync::Mutex;
 
+use crate::backend::cpu::linear::dot;
 use crate::backend::cpu::pool;
 
 /// Sizes of one layer's recurrence.
@@ -139,10 +140,6 @@ fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: 
 
 /// Tokens per chunk of the WY form.
 pub const CHUNK: usize = 64;
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
 
 /// The chunked form (spec §3.2 step 5′), used for prefill. Agrees with [`recurrent`] up to
 /// rounding: within a chunk the writes are solved for at once through the unit
