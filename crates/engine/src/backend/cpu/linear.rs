@@ -22,8 +22,9 @@ pub enum Precision {
     /// Weight rows decoded to f32, f32 activations: the exact math of the dequantized model
     /// (what transformers computes on the same weights). The reference.
     Exact,
-    /// Activations quantized once per token to the weight type's dot type (Q8_K, Q8_0, F16)
-    /// and integer block dots in SIMD, as llama.cpp's CPU backend does. Fast.
+    /// Activations quantized once per token to the weight type's dot type (Q8_K, Q8_0, F16;
+    /// F32 kept as is) and SIMD dots (integer block dots, f32 FMA), as llama.cpp's CPU
+    /// backend does. Fast.
     Ggml,
 }
 
@@ -108,7 +109,9 @@ pub enum Prepared<'x> {
 impl<'x> Prepared<'x> {
     /// Prepares `tokens` rows of `cols` values for dots with rows of `ty`.
     pub fn new(mm: &MatmulCtx, ty: GgmlType, x: &'x [f32], cols: usize) -> Result<Prepared<'x>> {
-        if mm.precision == Precision::Exact || ty == GgmlType::F32 {
+        // With ggml precision an F32 weight (the router) takes the quant crate's SIMD f32
+        // kernel (FMA, its own lane order) through an F32 "quantized" copy of each token.
+        if mm.precision == Precision::Exact {
             return Ok(Prepared::F32 { x, cols });
         }
         // Tokens quantized in parallel, a block of them per task.
