@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use crate::backend::cpu::linear::{dot, matmul, MatmulCtx};
+use crate::backend::cpu::linear::{dot, matmul, matmul_same_input, MatmulCtx};
 use crate::backend::cpu::ops::{rms_norm, sigmoid, softmax};
 use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::AttentionWeights;
@@ -43,9 +43,12 @@ pub fn forward(
     let mut qg = vec![0f32; tokens * 2 * nh * hd];
     let mut k = vec![0f32; tokens * nkv * hd];
     let mut v = vec![0f32; tokens * nkv * hd];
-    matmul(mm, &w.q, h, tokens, &mut qg)?;
-    matmul(mm, &w.k, h, tokens, &mut k)?;
-    matmul(mm, &w.v, h, tokens, &mut v)?;
+    matmul_same_input(
+        mm,
+        h,
+        tokens,
+        &mut [(&w.q, &mut qg), (&w.k, &mut k), (&w.v, &mut v)],
+    )?;
 
     let mut o = vec![0f32; tokens * nh * hd];
     let mut row0 = 0;

@@ -4,7 +4,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::backend::cpu::delta_rule::{self, DeltaDims, DeltaInputs};
-use crate::backend::cpu::linear::{matmul, MatmulCtx};
+use crate::backend::cpu::linear::{matmul, matmul_same_input, MatmulCtx};
 use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
 use crate::backend::cpu::weights::DeltaNetWeights;
 use crate::error::Result;
@@ -70,14 +70,17 @@ pub fn forward(
     // 1. Projections.
     let mut qkv = vec![0f32; tokens * channels];
     let mut z = vec![0f32; tokens * inner];
+    let mut ba = vec![0f32; tokens * 2 * nv];
     match &w.gate_proj {
-        Some(gate) => {
-            matmul(mm, &w.in_proj, h, tokens, &mut qkv)?;
-            matmul(mm, gate, h, tokens, &mut z)?;
-        }
+        Some(gate) => matmul_same_input(
+            mm,
+            h,
+            tokens,
+            &mut [(&w.in_proj, &mut qkv), (gate, &mut z), (&w.ba, &mut ba)],
+        )?,
         None => {
             let mut p = vec![0f32; tokens * (channels + inner)];
-            matmul(mm, &w.in_proj, h, tokens, &mut p)?;
+            matmul_same_input(mm, h, tokens, &mut [(&w.in_proj, &mut p), (&w.ba, &mut ba)])?;
             for t in 0..tokens {
                 split_legacy(
                     c,
@@ -88,8 +91,6 @@ pub fn forward(
             }
         }
     }
-    let mut ba = vec![0f32; tokens * 2 * nv];
-    matmul(mm, &w.ba, h, tokens, &mut ba)?;
 
     // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
     let mut row0 = 0;

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::{
     decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, matvec,
-    vec_dot_many, DecodedRow, QuantizedActivation,
+    vec_dot_many, vec_dot_type, DecodedRow, QuantizedActivation,
 };
 
 use crate::backend::cpu::pool;
@@ -317,6 +317,55 @@ pub fn matmul_rows(
 /// The whole matrix.
 pub fn matmul(mm: &MatmulCtx, w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
     matmul_rows(mm, w, 0, w.rows, x, tokens, out)
+}
+
+/// [`matmul`] of several whole matrices with the same input, in one parallel region, the
+/// input quantized once per activation format (e.g. the DeltaNet's qkv, gate and ba
+/// projections all dot Q8_K). Each result is what [`matmul`] gives.
+pub fn matmul_same_input(
+    mm: &MatmulCtx,
+    x: &[f32],
+    tokens: usize,
+    products: &mut [(&Matrix, &mut [f32])],
+) -> Result<()> {
+    let mut formats: Vec<GgmlType> = Vec::new();
+    let mut preps: Vec<Prepared<'_>> = Vec::new();
+    for (w, out) in products.iter() {
+        debug_assert_eq!(x.len(), tokens * w.cols);
+        debug_assert_eq!(out.len(), tokens * w.rows);
+        let format = vec_dot_type(w.ty);
+        if !formats.contains(&format) {
+            formats.push(format);
+            preps.push(Prepared::new(mm, w.ty, x, w.cols)?);
+        }
+    }
+    let mut by_rows: Vec<Vec<f32>> = products
+        .iter()
+        .map(|(w, _)| vec![0f32; w.rows * tokens])
+        .collect();
+    let mut jobs = Vec::with_capacity(products.len());
+    for ((w, _), by_row) in products.iter().zip(&mut by_rows) {
+        let format = vec_dot_type(w.ty);
+        let Some(prep) = formats
+            .iter()
+            .position(|f| *f == format)
+            .and_then(|i| preps.get(i))
+        else {
+            continue;
+        };
+        jobs.push(RowJob {
+            w,
+            first: 0,
+            n: w.rows,
+            prep,
+            out: by_row,
+        });
+    }
+    run_jobs(mm, jobs)?;
+    for ((w, out), by_row) in products.iter_mut().zip(&by_rows) {
+        transpose_into(by_row, w.rows, tokens, out);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

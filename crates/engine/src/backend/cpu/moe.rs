@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use crate::backend::cpu::linear::{matmul, run_jobs, MatmulCtx, Prepared, RowJob};
+use crate::backend::cpu::linear::{matmul_same_input, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
@@ -49,9 +49,16 @@ pub fn forward(
 ) -> Result<()> {
     let e = c.n_embd;
     let mut logits = vec![0f32; tokens * c.n_expert];
-    matmul(mm, &w.router, h, tokens, &mut logits)?;
     let mut shared_gates = vec![0f32; tokens];
-    matmul(mm, &w.shared_gate_inp, h, tokens, &mut shared_gates)?;
+    matmul_same_input(
+        mm,
+        h,
+        tokens,
+        &mut [
+            (&w.router, &mut logits),
+            (&w.shared_gate_inp, &mut shared_gates),
+        ],
+    )?;
 
     // Route: per expert, the tokens it serves and their weights, in token order.
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.n_expert];
