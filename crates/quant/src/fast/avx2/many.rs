@@ -6,7 +6,7 @@
 use super::decoded::{load_i16, load_i8};
 use super::{f16_at, hsum_f32x4, hsum_f32x8, load_256};
 use crate::fast::decoded::DecodedRow;
-use crate::fast::scalar::{f32_at, scales_mins_k4, Q8K_BYTES, Q8K_QS};
+use crate::fast::scalar::{f32_at, scales_mins_k4, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use std::arch::x86_64::*;
 
 /// N Q8_K activations, each as long as the row.
@@ -101,6 +101,54 @@ pub(crate) fn affine_k_xn<const N: usize, const FIVE_BIT: bool>(
     let mut out = [0f32; N];
     for t in 0..N {
         out[t] = hsum_f32x8(acc[t]) - hsum_f32x4(acc_min[t]);
+    }
+    out
+}
+
+/// [`super::kquants`]' Q2_K kernel for N activations: the 2-bit codes, the scales and the
+/// mins are unpacked once per block and used N times.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q2_k_xn<const N: usize>(row: &[u8], ys: Acts<'_, N>) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_min = [_mm256_setzero_ps(); N];
+    let two_bits = _mm256_set1_epi8(3);
+    for (blk, x) in row.chunks_exact(84).enumerate() {
+        let yb = block_of(ys, blk);
+        let packed = super::load_128(x);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+            _mm_srli_epi16::<4>(packed),
+            _mm_set1_epi8(0x0f),
+        ));
+        for t in 0..N {
+            let yd = f32_at(yb[t], 0);
+            let min_sums = _mm256_madd_epi16(mins, load_256(&yb[t][Q8K_BSUMS..]));
+            let dmin = _mm256_set1_ps(yd * f16_at(x, 82));
+            acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums), dmin, acc_min[t]);
+        }
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for half in 0..2 {
+            let mut bits = load_256(&x[16 + 32 * half..]);
+            for p in 0..4 {
+                let codes = _mm256_and_si256(bits, two_bits);
+                bits = _mm256_srli_epi16::<2>(bits);
+                let n = 128 * half + 32 * p;
+                let s = n / 16;
+                let scales =
+                    super::split_scales(i16::from(x[s] & 0x0f), i16::from(x[s + 1] & 0x0f));
+                for t in 0..N {
+                    let pairs = _mm256_maddubs_epi16(codes, load_256(&yb[t][Q8K_QS + n..]));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scales));
+                }
+            }
+        }
+        for t in 0..N {
+            let dall = _mm256_set1_ps(f32_at(yb[t], 0) * f16_at(x, 80));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), dall, acc[t]);
+        }
+    }
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum_f32x8(acc[t]) - hsum_f32x8(acc_min[t]);
     }
     out
 }

@@ -206,8 +206,8 @@ pub(super) fn dot_decoded_xn<const N: usize>(
     kernels().map(|_| unsafe { many::dot_decoded_xn(row, acts) })
 }
 
-/// One Q4_K or Q5_K row against N Q8_K activations (`None` for other types or without
-/// AVX2).
+/// One Q2_K, Q4_K or Q5_K row against N Q8_K activations (`None` for other types or
+/// without AVX2).
 pub(super) fn vec_dot_xn<const N: usize>(
     ty: redlite_gguf::GgmlType,
     row: &[u8],
@@ -218,6 +218,7 @@ pub(super) fn vec_dot_xn<const N: usize>(
     match ty {
         redlite_gguf::GgmlType::Q4K => Some(unsafe { many::affine_k_xn::<N, false>(row, acts) }),
         redlite_gguf::GgmlType::Q5K => Some(unsafe { many::affine_k_xn::<N, true>(row, acts) }),
+        redlite_gguf::GgmlType::Q2K => Some(unsafe { many::q2_k_xn::<N>(row, acts) }),
         _ => None,
     }
 }
