@@ -3,12 +3,17 @@
 //! the shared expert scaled by its sigmoid gate.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use crate::backend::cpu::linear::{matmul_same_input, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
 use crate::model::config::HybridConfig;
+
+/// Tokens routed per parallel task.
+const ROUTE_TOKENS_PER_TASK: usize = 16;
 
 /// The `k` largest of `p` (ties to the lower index), with their probabilities.
 pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
@@ -61,11 +66,25 @@ pub fn forward(
     )?;
 
     // Route: per expert, the tokens it serves and their weights, in token order.
+    // Each token's softmax and top-k are its own: computed in parallel, a block per task.
+    let tops: Vec<Mutex<(&mut [f32], Vec<Vec<(usize, f32)>>)>> = logits
+        .chunks_mut(c.n_expert * ROUTE_TOKENS_PER_TASK)
+        .map(|block| Mutex::new((block, Vec::new())))
+        .collect();
+    pool::for_each(tops.len(), &|i| {
+        let mut guard = tops[i].lock().unwrap_or_else(|p| p.into_inner());
+        let (block, top) = &mut *guard;
+        for p in block.chunks_mut(c.n_expert) {
+            softmax(p);
+            top.push(top_k(p, c.n_expert_used));
+        }
+        Ok(())
+    })?;
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.n_expert];
-    for t in 0..tokens {
-        let p = &mut logits[t * c.n_expert..(t + 1) * c.n_expert];
-        softmax(p);
-        let top = top_k(p, c.n_expert_used);
+    let per_token = tops
+        .into_iter()
+        .flat_map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).1);
+    for (t, top) in per_token.enumerate() {
         let sum: f32 = top.iter().map(|(_, w)| w).sum();
         for (expert, weight) in top {
             routes[expert].push((t, weight / sum));
@@ -143,20 +162,22 @@ pub fn forward(
     run_jobs(mm, jobs)?;
 
     // SwiGLU, token-major, then the down projections in one region.
-    let swiglu: Vec<Vec<f32>> = units
-        .iter()
-        .zip(&gates)
-        .zip(&ups)
-        .map(|((u, g), up)| {
-            let n = u.served.len();
-            let mut a = vec![0f32; n * u.width];
-            for r in 0..u.width {
-                for t in 0..n {
-                    a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
-                }
+    let swiglu: Vec<Mutex<Vec<f32>>> = units.iter().map(|_| Mutex::new(Vec::new())).collect();
+    pool::for_each(units.len(), &|i| {
+        let (u, g, up) = (&units[i], &gates[i], &ups[i]);
+        let n = u.served.len();
+        let mut a = vec![0f32; n * u.width];
+        for r in 0..u.width {
+            for t in 0..n {
+                a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
             }
-            a
-        })
+        }
+        *swiglu[i].lock().unwrap_or_else(|p| p.into_inner()) = a;
+        Ok(())
+    })?;
+    let swiglu: Vec<Vec<f32>> = swiglu
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect();
     let down_preps = units
         .iter()
