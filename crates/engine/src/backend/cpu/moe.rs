@@ -12,6 +12,9 @@ use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
 use crate::model::config::HybridConfig;
 
+/// One token's experts and their router probabilities.
+type Routed = Vec<(usize, f32)>;
+
 /// Tokens routed per parallel task.
 const ROUTE_TOKENS_PER_TASK: usize = 16;
 
@@ -67,7 +70,7 @@ pub fn forward(
 
     // Route: per expert, the tokens it serves and their weights, in token order.
     // Each token's softmax and top-k are its own: computed in parallel, a block per task.
-    let tops: Vec<Mutex<(&mut [f32], Vec<Vec<(usize, f32)>>)>> = logits
+    let tops: Vec<Mutex<(&mut [f32], Vec<Routed>)>> = logits
         .chunks_mut(c.n_expert * ROUTE_TOKENS_PER_TASK)
         .map(|block| Mutex::new((block, Vec::new())))
         .collect();
