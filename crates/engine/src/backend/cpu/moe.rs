@@ -5,6 +5,8 @@
 use std::borrow::Cow;
 use std::sync::Mutex;
 
+use redlite_quant::vec_dot_type;
+
 use crate::backend::cpu::linear::{matmul_same_input, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::pool;
@@ -130,13 +132,17 @@ pub fn forward(
     });
 
     // Gate and up projections of every unit in one parallel region.
+    // Gate and up usually share a type: their input is then quantized once.
     let preps = units
         .iter()
         .map(|u| {
-            Ok((
-                Prepared::new(mm, u.gate.ty, &u.x, e)?,
-                Prepared::new(mm, u.up.ty, &u.x, e)?,
-            ))
+            let gate = Prepared::new(mm, u.gate.ty, &u.x, e)?;
+            let up = if vec_dot_type(u.up.ty) == vec_dot_type(u.gate.ty) {
+                None
+            } else {
+                Some(Prepared::new(mm, u.up.ty, &u.x, e)?)
+            };
+            Ok((gate, up))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut gates: Vec<Vec<f32>> = units
@@ -158,7 +164,7 @@ pub fn forward(
             w: u.up,
             first,
             n: u.width,
-            prep: pu,
+            prep: pu.as_ref().unwrap_or(pg),
             out: up,
         });
     }
