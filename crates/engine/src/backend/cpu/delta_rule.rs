@@ -88,11 +88,23 @@ fn for_each_head(
     debug_assert!(ran.is_ok(), "head tasks return no errors");
     drop(parts);
     if tokens > 1 {
-        for (t, row) in out.chunks_mut(d.v_heads * dv).enumerate() {
-            for (h, o) in row.chunks_mut(dv).enumerate() {
-                o.copy_from_slice(&staged[(h * tokens + t) * dv..][..dv]);
+        // Back to `[T][v_heads][dv]`, blocks of tokens in parallel.
+        const TOKENS_PER_TASK: usize = 16;
+        let blocks: Vec<Mutex<&mut [f32]>> = out
+            .chunks_mut(d.v_heads * dv * TOKENS_PER_TASK)
+            .map(Mutex::new)
+            .collect();
+        let ran = pool::for_each(blocks.len(), &|i| {
+            let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+            for (dt, row) in block.chunks_mut(d.v_heads * dv).enumerate() {
+                let t = i * TOKENS_PER_TASK + dt;
+                for (h, o) in row.chunks_mut(dv).enumerate() {
+                    o.copy_from_slice(&staged[(h * tokens + t) * dv..][..dv]);
+                }
             }
-        }
+            Ok(())
+        });
+        debug_assert!(ran.is_ok(), "copy tasks return no errors");
     }
 }
 
