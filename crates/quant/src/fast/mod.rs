@@ -215,6 +215,20 @@ pub fn decoded_dots_available() -> bool {
 /// The dot of a row decoded by [`decode_row`] with `act`: bit-identical to [`vec_dot`] on
 /// the original row. Refused where [`decoded_dots_available`] is false.
 pub fn dot_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<f32, QuantError> {
+    let ty = check_decoded(row, act)?;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v) = avx2::dot_decoded(row, &act.bytes) {
+        return Ok(v);
+    }
+    Err(QuantError::Unsupported {
+        op: QuantOp::Dot,
+        ty,
+    })
+}
+
+/// The checks of [`dot_decoded`] (row decoded, Q8_K activation of the row's length, the
+/// CPU's support); the row's type.
+fn check_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<GgmlType, QuantError> {
     let op = QuantOp::Dot;
     let Some(ty) = row.ty else {
         return Err(QuantError::Unsupported {
@@ -241,11 +255,10 @@ pub fn dot_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<f32, Q
             found: row.w.len(),
         });
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(v) = avx2::dot_decoded(row, &act.bytes) {
-        return Ok(v);
+    if !decoded_dots_available() {
+        return Err(QuantError::Unsupported { op, ty });
     }
-    Err(QuantError::Unsupported { op, ty })
+    Ok(ty)
 }
 
 /// [`vec_dot`] of one row with each of `acts` (all of the same type and length), checks and
@@ -272,21 +285,90 @@ pub fn vec_dot_many(
             found: act.values,
         });
     }
-    let mut done = 0;
-    // Four activations per pass where a four-wide kernel exists (bit-identical to `dot`).
+    // Several activations per pass where a batched kernel exists (bit-identical to `dot`).
     #[cfg(target_arch = "x86_64")]
-    while done + 4 <= acts.len() && done + 4 <= out.len() {
-        let four = [0, 1, 2, 3].map(|i| &acts[done + i].bytes[..]);
-        let Some(dots) = avx2::vec_dot_x4(ty, row, four) else {
-            break;
-        };
-        out[done..done + 4].copy_from_slice(&dots);
-        done += 4;
-    }
+    let done = grouped(&KQuantRow { ty, row }, acts, out);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (o, act) in out.iter_mut().zip(acts).skip(done) {
         *o = dot(row, &act.bytes);
     }
     Ok(())
+}
+
+/// A kernel of one weight row against N activations at once, for any N (`None`: no such
+/// kernel for this row or CPU).
+#[cfg(target_arch = "x86_64")]
+trait RowAgainstMany {
+    /// Whether 8 activations at once pay (enough registers for 8 accumulators).
+    const EIGHT: bool;
+    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]>;
+}
+
+#[cfg(target_arch = "x86_64")]
+struct KQuantRow<'r> {
+    ty: GgmlType,
+    row: &'r [u8],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowAgainstMany for KQuantRow<'_> {
+    // Eight would need 24 vector accumulators (sums, scaled sums, min sums): they spill.
+    const EIGHT: bool = false;
+    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]> {
+        avx2::vec_dot_xn(self.ty, self.row, acts)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowAgainstMany for DecodedRow {
+    const EIGHT: bool = true;
+    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]> {
+        avx2::dot_decoded_xn(self, acts)
+    }
+}
+
+/// Runs `acts` through `kernel` in groups of 8 (where the kernel has them), then 4, 3 or 2,
+/// into `out`; returns how many were done (the last one is left to the caller, and all
+/// where the kernel declines). Every width does the same
+/// operations per activation, so the grouping does not change any result.
+#[cfg(target_arch = "x86_64")]
+fn grouped<K: RowAgainstMany>(kernel: &K, acts: &[QuantizedActivation], out: &mut [f32]) -> usize {
+    let n = acts.len().min(out.len());
+    let mut done = 0;
+    while done < n {
+        let (acts, out) = (&acts[done..n], &mut out[done..n]);
+        let step = match acts.len() {
+            8.. if K::EIGHT => group::<K, 8>(kernel, acts, out),
+            4.. => group::<K, 4>(kernel, acts, out),
+            3 => group::<K, 3>(kernel, acts, out),
+            2 => group::<K, 2>(kernel, acts, out),
+            // One left: the caller's one-activation kernel is faster than a width-1 batch.
+            _ => 0,
+        };
+        if step == 0 {
+            break;
+        }
+        done += step;
+    }
+    done
+}
+
+/// The first N of `acts` through `kernel` into `out` (N or 0 done).
+#[cfg(target_arch = "x86_64")]
+fn group<K: RowAgainstMany, const N: usize>(
+    kernel: &K,
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> usize {
+    let group: [&[u8]; N] = std::array::from_fn(|i| &acts[i].bytes[..]);
+    match kernel.dots(group) {
+        Some(dots) => {
+            out[..N].copy_from_slice(&dots);
+            N
+        }
+        None => 0,
+    }
 }
 
 /// [`dot_decoded`] of one decoded row with each of `acts`, checks done once.
@@ -299,7 +381,7 @@ pub fn dot_decoded_many(
         return Ok(());
     };
     // Validates the row against the first activation (and the CPU's support).
-    out[0] = dot_decoded(row, first)?;
+    check_decoded(row, first)?;
     if let Some(act) = acts
         .iter()
         .find(|a| a.ty != first.ty || a.values != first.values)
@@ -311,22 +393,14 @@ pub fn dot_decoded_many(
             found: act.values,
         });
     }
+    // `dot_decoded` above proved AVX2 is present and the lengths agree; the batched widths
+    // are bit-identical to one at a time.
     #[cfg(target_arch = "x86_64")]
-    {
-        // `dot_decoded` above proved AVX2 is present and the lengths agree; four
-        // activations per pass are bit-identical to one at a time.
-        let mut done = 1;
-        while done + 4 <= acts.len() && done + 4 <= out.len() {
-            let four = [0, 1, 2, 3].map(|i| &acts[done + i].bytes[..]);
-            match avx2::dot_decoded_x4(row, four) {
-                Some(dots) => out[done..done + 4].copy_from_slice(&dots),
-                None => break,
-            }
-            done += 4;
-        }
-        for (o, act) in out.iter_mut().zip(acts).skip(done) {
-            *o = avx2::dot_decoded(row, &act.bytes).unwrap_or(f32::NAN);
-        }
+    let done = grouped(row, acts, out);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for (o, act) in out.iter_mut().zip(acts).skip(done) {
+        *o = dot_decoded(row, act)?;
     }
     Ok(())
 }

@@ -377,7 +377,16 @@ fn many_activation_dots_are_bit_identical_to_vec_dot() {
         GgmlType::IQ2XS,
         GgmlType::IQ1M,
     ] {
-        for (blocks, n_acts) in [(1usize, 1usize), (2, 4), (8, 9), (3, 13)] {
+        // Every batch width (8, 4, 3, 2) and a single remainder.
+        for (blocks, n_acts) in [
+            (1usize, 1usize),
+            (2, 2),
+            (1, 3),
+            (2, 4),
+            (8, 9),
+            (3, 13),
+            (2, 19),
+        ] {
             let values = blocks * 256;
             let row = match ty {
                 GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ1M => {

@@ -3,8 +3,11 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use crate::backend::cpu::linear::{dot, matmul, MatmulCtx};
+use std::sync::Mutex;
+
+use crate::backend::cpu::linear::{dot, matmul, matmul_same_input, MatmulCtx};
 use crate::backend::cpu::ops::{rms_norm, sigmoid, softmax};
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::AttentionWeights;
 use crate::backend::Batch;
 use crate::error::Result;
@@ -40,9 +43,12 @@ pub fn forward(
     let mut qg = vec![0f32; tokens * 2 * nh * hd];
     let mut k = vec![0f32; tokens * nkv * hd];
     let mut v = vec![0f32; tokens * nkv * hd];
-    matmul(mm, &w.q, h, tokens, &mut qg)?;
-    matmul(mm, &w.k, h, tokens, &mut k)?;
-    matmul(mm, &w.v, h, tokens, &mut v)?;
+    matmul_same_input(
+        mm,
+        h,
+        tokens,
+        &mut [(&w.q, &mut qg), (&w.k, &mut k), (&w.v, &mut v)],
+    )?;
 
     let mut o = vec![0f32; tokens * nh * hd];
     let mut row0 = 0;
@@ -94,32 +100,60 @@ fn attend(
         );
     }
 
+    // Each token's heads read only the cache: tokens run in parallel, each writing its own
+    // output row (the same arithmetic as one after another).
+    let kv = &*kv;
+    let rows: Vec<Mutex<&mut [f32]>> = o.chunks_mut(nh * hd).map(Mutex::new).collect();
+    let ran = pool::for_each(rows.len(), &|t| {
+        // Task t alone takes row t: the lock is never contended.
+        let mut row = rows[t].lock().unwrap_or_else(|p| p.into_inner());
+        attend_token(
+            c,
+            w,
+            b.pos0 + t,
+            &qg[t * 2 * nh * hd..][..2 * nh * hd],
+            kv,
+            &mut row,
+        );
+        Ok(())
+    });
+    debug_assert!(ran.is_ok(), "token tasks return no errors");
+}
+
+/// Every head of the token at `pos`: `qg` its `[heads][2][head_dim]` queries and gates, `o`
+/// its `[heads * head_dim]` output.
+fn attend_token(
+    c: &HybridConfig,
+    w: &AttentionWeights,
+    pos: usize,
+    qg: &[f32],
+    kv: &KvCache,
+    o: &mut [f32],
+) {
+    let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut q = vec![0f32; hd];
     let mut key = vec![0f32; hd];
     let mut val = vec![0f32; hd];
-    let mut scores = Vec::with_capacity(b.pos0 + b.tokens);
-    for t in 0..b.tokens {
-        let pos = b.pos0 + t;
-        for head in 0..nh {
-            let base = (t * nh + head) * 2 * hd;
-            rms_norm(&qg[base..base + hd], &w.q_norm, c.rms_eps, &mut q);
-            rope(&mut q, pos, c.rope_dim, c.rope_base);
-            let kvh = head / group;
-            scores.clear();
-            for p in 0..=pos {
-                kv.read_k(p, kvh * hd, &mut key);
-                scores.push(dot(&q, &key) * scale);
-            }
-            softmax(&mut scores);
-            let oh = &mut o[(t * nh + head) * hd..][..hd];
-            for (p, &s) in scores.iter().enumerate() {
-                kv.read_v(p, kvh * hd, &mut val);
-                oh.iter_mut().zip(&val).for_each(|(a, b)| *a += s * b);
-            }
-            let gate = &qg[base + hd..base + 2 * hd];
-            oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
+    let mut scores = Vec::with_capacity(pos + 1);
+    for head in 0..nh {
+        let base = head * 2 * hd;
+        rms_norm(&qg[base..base + hd], &w.q_norm, c.rms_eps, &mut q);
+        rope(&mut q, pos, c.rope_dim, c.rope_base);
+        let kvh = head / group;
+        scores.clear();
+        for p in 0..=pos {
+            kv.read_k(p, kvh * hd, &mut key);
+            scores.push(dot(&q, &key) * scale);
         }
+        softmax(&mut scores);
+        let oh = &mut o[head * hd..][..hd];
+        for (p, &s) in scores.iter().enumerate() {
+            kv.read_v(p, kvh * hd, &mut val);
+            oh.iter_mut().zip(&val).for_each(|(a, b)| *a += s * b);
+        }
+        let gate = &qg[base + hd..base + 2 * hd];
+        oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
     }
 }

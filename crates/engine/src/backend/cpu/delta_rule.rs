@@ -14,6 +14,11 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
+use std::sync::Mutex;
+
+use crate::backend::cpu::linear::dot;
+use crate::backend::cpu::pool;
+
 /// Sizes of one layer's recurrence.
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaDims {
@@ -47,38 +52,99 @@ impl DeltaInputs<'_> {
     }
 }
 
+/// One v-head's work: `(h, state_h, out_h)`.
+type HeadFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
+
+/// Runs `head(h, state_h, out_h)` for every v-head across the CPU pool, where `state_h` is
+/// head h's `[dk][dv]` state and `out_h` its `[T][dv]` outputs. Heads are independent, so
+/// the result is the same as running them in order.
+fn for_each_head(
+    d: &DeltaDims,
+    tokens: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+    head: &HeadFn<'_>,
+) {
+    let (dk, dv) = (d.dk, d.dv);
+    // One token: head h's outputs are contiguous in `out`, written in place.
+    let mut staged = if tokens == 1 {
+        Vec::new()
+    } else {
+        vec![0f32; d.v_heads * tokens * dv]
+    };
+    let head_out: &mut [f32] = if tokens == 1 { out } else { &mut staged };
+    let parts: Vec<Mutex<(&mut [f32], &mut [f32])>> = state
+        .chunks_mut(dk * dv)
+        .zip(head_out.chunks_mut(tokens * dv))
+        .map(Mutex::new)
+        .collect();
+    let ran = pool::for_each(parts.len(), &|h| {
+        // Task h alone takes part h: the lock is never contended.
+        let mut part = parts[h].lock().unwrap_or_else(|p| p.into_inner());
+        let (s, o) = &mut *part;
+        head(h, s, o);
+        Ok(())
+    });
+    debug_assert!(ran.is_ok(), "head tasks return no errors");
+    drop(parts);
+    if tokens > 1 {
+        // Back to `[T][v_heads][dv]`, blocks of tokens in parallel.
+        const TOKENS_PER_TASK: usize = 16;
+        let blocks: Vec<Mutex<&mut [f32]>> = out
+            .chunks_mut(d.v_heads * dv * TOKENS_PER_TASK)
+            .map(Mutex::new)
+            .collect();
+        let ran = pool::for_each(blocks.len(), &|i| {
+            let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+            for (dt, row) in block.chunks_mut(d.v_heads * dv).enumerate() {
+                let t = i * TOKENS_PER_TASK + dt;
+                for (h, o) in row.chunks_mut(dv).enumerate() {
+                    o.copy_from_slice(&staged[(h * tokens + t) * dv..][..dv]);
+                }
+            }
+            Ok(())
+        });
+        debug_assert!(ran.is_ok(), "copy tasks return no errors");
+    }
+}
+
 /// The token loop: exact semantics, used for decode.
 pub fn recurrent(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f32]) {
     x.check(d, state, out);
+    let tokens = x.tokens(d);
+    for_each_head(d, tokens, state, out, &|h, s, o| {
+        recurrent_head(d, x, h, s, o)
+    });
+}
+
+/// [`recurrent`] for v-head `h`: `s` its `[dk][dv]` state, `out` its `[T][dv]` outputs.
+fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (d.dk, d.dv);
     let group = d.v_heads / d.k_heads;
     let mut delta = vec![0f32; dv];
+    let kh = h / group;
     for t in 0..x.tokens(d) {
-        for h in 0..d.v_heads {
-            let kh = h / group;
-            let q = &x.q[(t * d.k_heads + kh) * dk..][..dk];
-            let k = &x.k[(t * d.k_heads + kh) * dk..][..dk];
-            let v = &x.v[(t * d.v_heads + h) * dv..][..dv];
-            let alpha = x.g[t * d.v_heads + h].exp();
-            let beta = x.beta[t * d.v_heads + h];
-            let s = &mut state[h * dk * dv..][..dk * dv];
-            s.iter_mut().for_each(|e| *e *= alpha);
-            delta.copy_from_slice(v);
-            for i in 0..dk {
-                let row = &s[i * dv..][..dv];
-                for j in 0..dv {
-                    delta[j] -= row[j] * k[i];
-                }
+        let q = &x.q[(t * d.k_heads + kh) * dk..][..dk];
+        let k = &x.k[(t * d.k_heads + kh) * dk..][..dk];
+        let v = &x.v[(t * d.v_heads + h) * dv..][..dv];
+        let alpha = x.g[t * d.v_heads + h].exp();
+        let beta = x.beta[t * d.v_heads + h];
+        s.iter_mut().for_each(|e| *e *= alpha);
+        delta.copy_from_slice(v);
+        for i in 0..dk {
+            let row = &s[i * dv..][..dv];
+            for j in 0..dv {
+                delta[j] -= row[j] * k[i];
             }
-            delta.iter_mut().for_each(|e| *e *= beta);
-            let o = &mut out[(t * d.v_heads + h) * dv..][..dv];
-            o.iter_mut().for_each(|e| *e = 0.0);
-            for i in 0..dk {
-                let row = &mut s[i * dv..][..dv];
-                for j in 0..dv {
-                    row[j] += k[i] * delta[j];
-                    o[j] += row[j] * q[i];
-                }
+        }
+        delta.iter_mut().for_each(|e| *e *= beta);
+        let o = &mut out[t * dv..][..dv];
+        o.iter_mut().for_each(|e| *e = 0.0);
+        for i in 0..dk {
+            let row = &mut s[i * dv..][..dv];
+            for j in 0..dv {
+                row[j] += k[i] * delta[j];
+                o[j] += row[j] * q[i];
             }
         }
     }
@@ -87,118 +153,119 @@ pub fn recurrent(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f
 /// Tokens per chunk of the WY form.
 pub const CHUNK: usize = 64;
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 /// The chunked form (spec §3.2 step 5′), used for prefill. Agrees with [`recurrent`] up to
 /// rounding: within a chunk the writes are solved for at once through the unit
 /// lower-triangular system `(I + L) U = diag(β) V`, so the work is matrix products.
 pub fn chunked(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f32]) {
     x.check(d, state, out);
+    let tokens = x.tokens(d);
+    for_each_head(d, tokens, state, out, &|h, s, o| {
+        chunked_head(d, x, h, s, o)
+    });
+}
+
+/// [`chunked`] for v-head `h`: `s` its `[dk][dv]` state, `out` its `[T][dv]` outputs.
+fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (d.dk, d.dv);
     let group = d.v_heads / d.k_heads;
     let tokens = x.tokens(d);
-    // Per-chunk scratch, reused for every head and chunk.
+    // Per-chunk scratch, reused for every chunk.
     let mut cum = vec![0f32; CHUNK];
     let mut kk = vec![0f32; CHUNK * CHUNK];
     let mut u = vec![0f32; CHUNK * dv];
     let mut w = vec![0f32; CHUNK * dk];
     let mut new_v = vec![0f32; CHUNK * dv];
-    for h in 0..d.v_heads {
-        let kh = h / group;
-        let s = &mut state[h * dk * dv..][..dk * dv];
-        let q_of = |t: usize| &x.q[(t * d.k_heads + kh) * dk..][..dk];
-        let k_of = |t: usize| &x.k[(t * d.k_heads + kh) * dk..][..dk];
-        let mut start = 0;
-        while start < tokens {
-            let n = CHUNK.min(tokens - start);
-            // 1. Cumulative log-decay within the chunk.
-            let mut acc = 0f32;
-            for r in 0..n {
-                acc += x.g[(start + r) * d.v_heads + h];
-                cum[r] = acc;
-            }
-            // 2. Key Gram matrix (lower triangle incl. diagonal).
-            for r in 0..n {
-                for c in 0..=r {
-                    kk[r * CHUNK + c] = dot(k_of(start + r), k_of(start + c));
-                }
-            }
-            // 3-4. Forward substitution: U_r = β_r v_r − Σ_{s<r} L_rs U_s,
-            //      W_r = β_r e^{G_r} k_r − Σ_{s<r} L_rs W_s, with L_rs = β_r (k_r·k_s) e^{G_r−G_s}.
-            for r in 0..n {
-                let beta = x.beta[(start + r) * d.v_heads + h];
-                let v = &x.v[((start + r) * d.v_heads + h) * dv..][..dv];
-                let k = k_of(start + r);
-                let eg = cum[r].exp();
-                for j in 0..dv {
-                    u[r * dv + j] = beta * v[j];
-                }
-                for i in 0..dk {
-                    w[r * dk + i] = beta * eg * k[i];
-                }
-                for s_ in 0..r {
-                    let l = beta * kk[r * CHUNK + s_] * (cum[r] - cum[s_]).exp();
-                    for j in 0..dv {
-                        u[r * dv + j] -= l * u[s_ * dv + j];
-                    }
-                    for i in 0..dk {
-                        w[r * dk + i] -= l * w[s_ * dk + i];
-                    }
-                }
-            }
-            // 5. V' = U − W S.
-            for r in 0..n {
-                let nv = &mut new_v[r * dv..][..dv];
-                nv.copy_from_slice(&u[r * dv..][..dv]);
-                for i in 0..dk {
-                    let wi = w[r * dk + i];
-                    let row = &s[i * dv..][..dv];
-                    for j in 0..dv {
-                        nv[j] -= wi * row[j];
-                    }
-                }
-            }
-            // Outputs: O_r = e^{G_r} q_r S + Σ_{s≤r} (q_r·k_s) e^{G_r−G_s} v'_s.
-            for r in 0..n {
-                let q = q_of(start + r);
-                let o = &mut out[((start + r) * d.v_heads + h) * dv..][..dv];
-                o.iter_mut().for_each(|e| *e = 0.0);
-                let eg = cum[r].exp();
-                for i in 0..dk {
-                    let qi = q[i] * eg;
-                    let row = &s[i * dv..][..dv];
-                    for j in 0..dv {
-                        o[j] += qi * row[j];
-                    }
-                }
-                for s_ in 0..=r {
-                    let m = dot(q, k_of(start + s_)) * (cum[r] - cum[s_]).exp();
-                    let nv = &new_v[s_ * dv..][..dv];
-                    for j in 0..dv {
-                        o[j] += m * nv[j];
-                    }
-                }
-            }
-            // New state: e^{G_last} S + Σ_r e^{G_last − G_r} k_r v'_rᵀ.
-            let last = cum[n - 1];
-            let decay = last.exp();
-            s.iter_mut().for_each(|e| *e *= decay);
-            for r in 0..n {
-                let f = (last - cum[r]).exp();
-                let k = k_of(start + r);
-                let nv = &new_v[r * dv..][..dv];
-                for i in 0..dk {
-                    let ki = k[i] * f;
-                    let row = &mut s[i * dv..][..dv];
-                    for j in 0..dv {
-                        row[j] += ki * nv[j];
-                    }
-                }
-            }
-            start += n;
+    let kh = h / group;
+    let q_of = |t: usize| &x.q[(t * d.k_heads + kh) * dk..][..dk];
+    let k_of = |t: usize| &x.k[(t * d.k_heads + kh) * dk..][..dk];
+    let mut start = 0;
+    while start < tokens {
+        let n = CHUNK.min(tokens - start);
+        // 1. Cumulative log-decay within the chunk.
+        let mut acc = 0f32;
+        for r in 0..n {
+            acc += x.g[(start + r) * d.v_heads + h];
+            cum[r] = acc;
         }
+        // 2. Key Gram matrix (lower triangle incl. diagonal).
+        for r in 0..n {
+            for c in 0..=r {
+                kk[r * CHUNK + c] = dot(k_of(start + r), k_of(start + c));
+            }
+        }
+        // 3-4. Forward substitution: U_r = β_r v_r − Σ_{s<r} L_rs U_s,
+        //      W_r = β_r e^{G_r} k_r − Σ_{s<r} L_rs W_s, with L_rs = β_r (k_r·k_s) e^{G_r−G_s}.
+        for r in 0..n {
+            let beta = x.beta[(start + r) * d.v_heads + h];
+            let v = &x.v[((start + r) * d.v_heads + h) * dv..][..dv];
+            let k = k_of(start + r);
+            let eg = cum[r].exp();
+            for j in 0..dv {
+                u[r * dv + j] = beta * v[j];
+            }
+            for i in 0..dk {
+                w[r * dk + i] = beta * eg * k[i];
+            }
+            for s_ in 0..r {
+                let l = beta * kk[r * CHUNK + s_] * (cum[r] - cum[s_]).exp();
+                for j in 0..dv {
+                    u[r * dv + j] -= l * u[s_ * dv + j];
+                }
+                for i in 0..dk {
+                    w[r * dk + i] -= l * w[s_ * dk + i];
+                }
+            }
+        }
+        // 5. V' = U − W S.
+        for r in 0..n {
+            let nv = &mut new_v[r * dv..][..dv];
+            nv.copy_from_slice(&u[r * dv..][..dv]);
+            for i in 0..dk {
+                let wi = w[r * dk + i];
+                let row = &s[i * dv..][..dv];
+                for j in 0..dv {
+                    nv[j] -= wi * row[j];
+                }
+            }
+        }
+        // Outputs: O_r = e^{G_r} q_r S + Σ_{s≤r} (q_r·k_s) e^{G_r−G_s} v'_s.
+        for r in 0..n {
+            let q = q_of(start + r);
+            let o = &mut out[(start + r) * dv..][..dv];
+            o.iter_mut().for_each(|e| *e = 0.0);
+            let eg = cum[r].exp();
+            for i in 0..dk {
+                let qi = q[i] * eg;
+                let row = &s[i * dv..][..dv];
+                for j in 0..dv {
+                    o[j] += qi * row[j];
+                }
+            }
+            for s_ in 0..=r {
+                let m = dot(q, k_of(start + s_)) * (cum[r] - cum[s_]).exp();
+                let nv = &new_v[s_ * dv..][..dv];
+                for j in 0..dv {
+                    o[j] += m * nv[j];
+                }
+            }
+        }
+        // New state: e^{G_last} S + Σ_r e^{G_last − G_r} k_r v'_rᵀ.
+        let last = cum[n - 1];
+        let decay = last.exp();
+        s.iter_mut().for_each(|e| *e *= decay);
+        for r in 0..n {
+            let f = (last - cum[r]).exp();
+            let k = k_of(start + r);
+            let nv = &new_v[r * dv..][..dv];
+            for i in 0..dk {
+                let ki = k[i] * f;
+                let row = &mut s[i * dv..][..dv];
+                for j in 0..dv {
+                    row[j] += ki * nv[j];
+                }
+            }
+        }
+        start += n;
     }
 }
 

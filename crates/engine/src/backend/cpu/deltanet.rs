@@ -3,9 +3,12 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
+use std::sync::Mutex;
+
 use crate::backend::cpu::delta_rule::{self, DeltaDims, DeltaInputs};
-use crate::backend::cpu::linear::{matmul, MatmulCtx};
+use crate::backend::cpu::linear::{matmul, matmul_same_input, MatmulCtx};
 use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::DeltaNetWeights;
 use crate::error::Result;
 use crate::model::config::HybridConfig;
@@ -38,16 +41,28 @@ fn conv_silu(c: &HybridConfig, taps_all: &[f32], window: &mut [f32], x: &mut [f3
     let mut seq = Vec::with_capacity(window.len() + x.len());
     seq.extend_from_slice(window);
     seq.extend_from_slice(x);
-    for t in 0..tokens {
-        for ch in 0..channels {
-            let taps = &taps_all[ch * kernel..(ch + 1) * kernel];
-            let mut acc = 0f32;
-            for (j, tap) in taps.iter().enumerate() {
-                acc += tap * seq[(t + j) * channels + ch];
+    // Each output row reads only `seq`: blocks of tokens in parallel.
+    let rows: Vec<Mutex<&mut [f32]>> = x
+        .chunks_mut(channels * TOKENS_PER_TASK)
+        .map(Mutex::new)
+        .collect();
+    let ran = pool::for_each(rows.len(), &|i| {
+        let mut block = rows[i].lock().unwrap_or_else(|p| p.into_inner());
+        for (dt, row) in block.chunks_mut(channels).enumerate() {
+            let t = i * TOKENS_PER_TASK + dt;
+            for (ch, out) in row.iter_mut().enumerate() {
+                let taps = &taps_all[ch * kernel..(ch + 1) * kernel];
+                let mut acc = 0f32;
+                for (j, tap) in taps.iter().enumerate() {
+                    acc += tap * seq[(t + j) * channels + ch];
+                }
+                *out = silu(acc);
             }
-            x[t * channels + ch] = silu(acc);
         }
-    }
+        Ok(())
+    });
+    debug_assert!(ran.is_ok(), "conv tasks return no errors");
+    drop(rows);
     window.copy_from_slice(&seq[tokens * channels..]);
 }
 
@@ -59,6 +74,9 @@ pub struct SeqRows<'s> {
     /// row but the last, and the rows then run one at a time.
     pub record: Option<&'s mut Vec<DeltaNetState>>,
 }
+
+/// Tokens per parallel task of the per-token steps.
+const TOKENS_PER_TASK: usize = 16;
 
 /// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
 /// consecutive sequences: projections and per-row math run over all rows, the conv window
@@ -79,14 +97,17 @@ pub fn forward(
     // 1. Projections.
     let mut qkv = vec![0f32; tokens * channels];
     let mut z = vec![0f32; tokens * inner];
+    let mut ba = vec![0f32; tokens * 2 * nv];
     match &w.gate_proj {
-        Some(gate) => {
-            matmul(mm, &w.in_proj, h, tokens, &mut qkv)?;
-            matmul(mm, gate, h, tokens, &mut z)?;
-        }
+        Some(gate) => matmul_same_input(
+            mm,
+            h,
+            tokens,
+            &mut [(&w.in_proj, &mut qkv), (gate, &mut z), (&w.ba, &mut ba)],
+        )?,
         None => {
             let mut p = vec![0f32; tokens * (channels + inner)];
-            matmul(mm, &w.in_proj, h, tokens, &mut p)?;
+            matmul_same_input(mm, h, tokens, &mut [(&w.in_proj, &mut p), (&w.ba, &mut ba)])?;
             for t in 0..tokens {
                 split_legacy(
                     c,
@@ -97,8 +118,6 @@ pub fn forward(
             }
         }
     }
-    let mut ba = vec![0f32; tokens * 2 * nv];
-    matmul(mm, &w.ba, h, tokens, &mut ba)?;
 
     // 2. Causal depthwise conv over [window; new inputs], then SiLU; keep the last inputs.
     // A recorded sequence keeps the window after each row (the same math row by row).
@@ -217,13 +236,23 @@ pub fn forward(
     }
 
     // 6. Gated RMSNorm per head: RMSNorm(o_h) · ssm_norm · silu(z_h).
-    let mut normed = vec![0f32; dv];
-    for (oh, zh) in o.chunks_mut(dv).zip(z.chunks(dv)) {
-        rms_norm(oh, &w.norm, c.rms_eps, &mut normed);
-        for ((x, n), zz) in oh.iter_mut().zip(&normed).zip(zh) {
-            *x = n * silu(*zz);
+    let blocks: Vec<Mutex<&mut [f32]>> = o
+        .chunks_mut(inner * TOKENS_PER_TASK)
+        .map(Mutex::new)
+        .collect();
+    pool::for_each(blocks.len(), &|i| {
+        let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+        let z = &z[i * inner * TOKENS_PER_TASK..];
+        let mut normed = vec![0f32; dv];
+        for (oh, zh) in block.chunks_mut(dv).zip(z.chunks(dv)) {
+            rms_norm(oh, &w.norm, c.rms_eps, &mut normed);
+            for ((x, n), zz) in oh.iter_mut().zip(&normed).zip(zh) {
+                *x = n * silu(*zz);
+            }
         }
-    }
+        Ok(())
+    })?;
+    drop(blocks);
 
     // 7. Output projection.
     matmul(mm, &w.out, &o, tokens, out)

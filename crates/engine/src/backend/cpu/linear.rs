@@ -3,13 +3,16 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::Mutex;
+
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::{
-    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, vec_dot_many,
-    DecodedRow, QuantizedActivation,
+    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, matvec,
+    vec_dot_many, vec_dot_type, DecodedRow, QuantizedActivation,
 };
 
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::Matrix;
 use crate::error::Result;
 
@@ -19,8 +22,9 @@ pub enum Precision {
     /// Weight rows decoded to f32, f32 activations: the exact math of the dequantized model
     /// (what transformers computes on the same weights). The reference.
     Exact,
-    /// Activations quantized once per token to the weight type's dot type (Q8_K, Q8_0, F16)
-    /// and integer block dots in SIMD, as llama.cpp's CPU backend does. Fast.
+    /// Activations quantized once per token to the weight type's dot type (Q8_K, Q8_0, F16;
+    /// F32 kept as is) and SIMD dots (integer block dots, f32 FMA), as llama.cpp's CPU
+    /// backend does. Fast.
     Ggml,
 }
 
@@ -44,6 +48,15 @@ pub struct MatmulCtx<'a> {
 /// Rows handed to one parallel task.
 const ROWS_PER_TASK: usize = 16;
 
+/// The most rows of a piece when several tokens share it.
+const MAX_BATCHED_PIECE_ROWS: usize = 32;
+
+/// Tokens per tile of a batched product: 32 Q8_K activations of 2048 values are 73 KiB.
+const TOKEN_TILE: usize = 32;
+
+/// Tokens handed to one parallel task (activation quantization, transposes).
+const TOKENS_PER_TASK: usize = 16;
+
 /// f32 dot product with eight partial sums (lane `l` sums elements `8c + l`), then a fixed
 /// pairwise reduction: a repeatable order that compiles to vector multiplies and adds (no
 /// fused multiply-add, which would round differently).
@@ -65,6 +78,26 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
+/// [`dot`] of a row of little-endian f32 bytes (an F32 weight row, read in place from the
+/// file) with `b`: the same lanes and order, so the same bits as `dot` on the decoded row.
+pub fn dot_le_bytes(a: &[u8], b: &[f32]) -> f32 {
+    let n = (a.len() / 4).min(b.len());
+    let (a, b) = (&a[..4 * n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(32), b.chunks_exact(8));
+    let (a_rest, b_rest) = (a8.remainder(), b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        for ((s, xv), yv) in acc.iter_mut().zip(x.chunks_exact(4)).zip(y) {
+            *s += f32::from_le_bytes([xv[0], xv[1], xv[2], xv[3]]) * yv;
+        }
+    }
+    let mut sum = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a_rest.chunks_exact(4).zip(b_rest) {
+        sum += f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * y;
+    }
+    sum
+}
+
 /// A batch of activations prepared once for one weight type: f32 rows (exact precision, or
 /// F32 weights), or each token quantized to the type's dot format (ggml precision).
 /// The f32 rows are borrowed, not copied.
@@ -76,13 +109,29 @@ pub enum Prepared<'x> {
 impl<'x> Prepared<'x> {
     /// Prepares `tokens` rows of `cols` values for dots with rows of `ty`.
     pub fn new(mm: &MatmulCtx, ty: GgmlType, x: &'x [f32], cols: usize) -> Result<Prepared<'x>> {
-        if mm.precision == Precision::Exact || ty == GgmlType::F32 {
+        // With ggml precision an F32 weight (the router) takes the quant crate's SIMD f32
+        // kernel (FMA, its own lane order) through an F32 "quantized" copy of each token.
+        if mm.precision == Precision::Exact {
             return Ok(Prepared::F32 { x, cols });
         }
-        let acts = x
-            .chunks(cols)
-            .map(|xt| QuantizedActivation::new(ty, xt))
-            .collect::<std::result::Result<_, _>>()?;
+        // Tokens quantized in parallel, a block of them per task.
+        let blocks: Vec<Mutex<Vec<QuantizedActivation>>> = x
+            .chunks(cols * TOKENS_PER_TASK)
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
+        pool::for_each(blocks.len(), &|i| {
+            let xs = x.chunks(cols * TOKENS_PER_TASK).nth(i).unwrap_or_default();
+            let acts = xs
+                .chunks(cols)
+                .map(|xt| QuantizedActivation::new(ty, xt))
+                .collect::<std::result::Result<_, _>>()?;
+            *blocks[i].lock().unwrap_or_else(|p| p.into_inner()) = acts;
+            Ok(())
+        })?;
+        let acts = blocks
+            .into_iter()
+            .flat_map(|b| b.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .collect();
         Ok(Prepared::Quantized(acts))
     }
 
@@ -98,7 +147,8 @@ impl<'x> Prepared<'x> {
 #[derive(Default)]
 struct RowScratch {
     f32_row: Vec<f32>,
-    decoded: DecodedRow,
+    /// One decoded row per row of a piece (grid types, several tokens).
+    decoded: Vec<DecodedRow>,
 }
 
 /// Rows `first..first + n` of `w` against every prepared token, serially, into `by_row`
@@ -114,33 +164,56 @@ fn rows_serial(
 ) -> Result<()> {
     let bytes = mm.gguf.data(w.loc);
     let tokens = prep.tokens();
-    for (k, row_out) in by_row.chunks_mut(tokens).take(n).enumerate() {
-        let r = first + k;
-        let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-        match prep {
-            Prepared::F32 { x, cols } => {
+    let rows = &bytes[first * w.row_bytes..(first + n) * w.row_bytes];
+    let acts = match prep {
+        Prepared::F32 { x, cols } => {
+            for (row, row_out) in rows
+                .chunks_exact(w.row_bytes)
+                .zip(by_row.chunks_mut(tokens))
+            {
+                if w.ty == GgmlType::F32 {
+                    // Read in place: no copy of the row (the router's 4 MiB per layer).
+                    for (t, o) in row_out.iter_mut().enumerate() {
+                        *o = dot_le_bytes(row, &x[t * cols..(t + 1) * cols]);
+                    }
+                    continue;
+                }
                 let decoded = &mut scratch.f32_row;
                 decoded.resize(*cols, 0.0);
-                if w.ty == GgmlType::F32 {
-                    decoded
-                        .iter_mut()
-                        .zip(row.chunks_exact(4))
-                        .for_each(|(d, b)| *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                } else {
-                    dequantize_row(w.ty, row, decoded)?;
-                }
+                dequantize_row(w.ty, row, decoded)?;
                 for (t, o) in row_out.iter_mut().enumerate() {
                     *o = dot(decoded, &x[t * cols..(t + 1) * cols]);
                 }
             }
-            // With several tokens, grid rows are decoded once and reused (bit-identical dots).
-            Prepared::Quantized(acts)
-                if tokens > 1 && decodable(w.ty) && decoded_dots_available() =>
-            {
-                decode_row(w.ty, row, &mut scratch.decoded)?;
-                dot_decoded_many(&scratch.decoded, acts, row_out)?;
+            return Ok(());
+        }
+        Prepared::Quantized(acts) => acts,
+    };
+    if let [act] = &acts[..] {
+        matvec(w.ty, rows, n, act, &mut by_row[..n])?;
+        return Ok(());
+    }
+    // Grid rows are decoded once per batch and reused by every token (bit-identical dots).
+    let decoded = decodable(w.ty) && decoded_dots_available();
+    if decoded {
+        if scratch.decoded.len() < n {
+            scratch.decoded.resize_with(n, DecodedRow::default);
+        }
+        for (row, d) in rows.chunks_exact(w.row_bytes).zip(&mut scratch.decoded) {
+            decode_row(w.ty, row, d)?;
+        }
+    }
+    // Token tiles outermost: the piece's rows stay in cache while a tile of activations
+    // streams past them once.
+    for t0 in (0..tokens).step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(tokens);
+        for (k, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+            let row_out = &mut by_row[k * tokens + t0..k * tokens + t1];
+            if decoded {
+                dot_decoded_many(&scratch.decoded[k], &acts[t0..t1], row_out)?;
+            } else {
+                vec_dot_many(w.ty, row, &acts[t0..t1], row_out)?;
             }
-            Prepared::Quantized(acts) => vec_dot_many(w.ty, row, acts, row_out)?,
         }
     }
     Ok(())
@@ -161,30 +234,55 @@ pub struct RowJob<'a> {
 pub fn run_jobs(mm: &MatmulCtx, jobs: Vec<RowJob<'_>>) -> Result<()> {
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.n).sum();
-    let piece_rows = (total_rows / (threads * 8)).max(ROWS_PER_TASK);
+    let batched = jobs.iter().any(|j| j.prep.tokens() > 1);
+    let mut piece_rows = (total_rows / (threads * 8)).max(ROWS_PER_TASK);
+    if batched {
+        // A piece's rows (decoded, for grid types) stay in cache across the token tiles.
+        piece_rows = piece_rows.min(MAX_BATCHED_PIECE_ROWS);
+    }
     let mut pieces = Vec::new();
     for job in jobs {
         let tokens = job.prep.tokens();
         for (i, out) in job.out.chunks_mut(piece_rows * tokens).enumerate() {
             let first = job.first + i * piece_rows;
             let n = out.len() / tokens.max(1);
-            pieces.push((job.w, first, n, job.prep, out));
+            pieces.push(Mutex::new((job.w, first, n, job.prep, out)));
         }
     }
-    pieces
-        .into_par_iter()
-        .try_for_each_init(RowScratch::default, |scratch, (w, first, n, prep, out)| {
-            rows_serial(mm, w, first, n, prep, out, scratch)
-        })
+    pool::for_each(pieces.len(), &|i| {
+        // Each piece is claimed by one task: the lock is never contended.
+        let mut piece = pieces[i].lock().unwrap_or_else(|p| p.into_inner());
+        let (w, first, n, prep, ref mut out) = *piece;
+        SCRATCH.with_borrow_mut(|scratch| rows_serial(mm, w, first, n, prep, out, scratch))
+    })
 }
 
-/// Scatters `[rows][tokens]` into token-major `[tokens][rows]`.
+thread_local! {
+    /// Each thread's row-decoding buffers, kept between regions.
+    static SCRATCH: RefCell<RowScratch> = RefCell::new(RowScratch::default());
+}
+
+/// Scatters `[rows][tokens]` into token-major `[tokens][rows]`, a block of tokens per task.
 pub fn transpose_into(by_row: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
-    for r in 0..rows {
-        for t in 0..tokens {
-            out[t * rows + r] = by_row[r * tokens + t];
-        }
+    if tokens == 1 {
+        out[..rows].copy_from_slice(&by_row[..rows]);
+        return;
     }
+    let blocks: Vec<Mutex<&mut [f32]>> = out
+        .chunks_mut(rows * TOKENS_PER_TASK)
+        .map(Mutex::new)
+        .collect();
+    let ran = pool::for_each(blocks.len(), &|i| {
+        let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = i * TOKENS_PER_TASK;
+        for (dt, row) in block.chunks_mut(rows).enumerate() {
+            for (r, o) in row.iter_mut().enumerate() {
+                *o = by_row[r * tokens + t0 + dt];
+            }
+        }
+        Ok(())
+    });
+    debug_assert!(ran.is_ok(), "transpose tasks return no errors");
 }
 
 /// `out[t * n_rows + r] = W[first_row + r] · x[t]` for `t < tokens`, where `x` holds `tokens`
@@ -221,9 +319,58 @@ pub fn matmul(mm: &MatmulCtx, w: &Matrix, x: &[f32], tokens: usize, out: &mut [f
     matmul_rows(mm, w, 0, w.rows, x, tokens, out)
 }
 
+/// [`matmul`] of several whole matrices with the same input, in one parallel region, the
+/// input quantized once per activation format (e.g. the DeltaNet's qkv, gate and ba
+/// projections all dot Q8_K). Each result is what [`matmul`] gives.
+pub fn matmul_same_input(
+    mm: &MatmulCtx,
+    x: &[f32],
+    tokens: usize,
+    products: &mut [(&Matrix, &mut [f32])],
+) -> Result<()> {
+    let mut formats: Vec<GgmlType> = Vec::new();
+    let mut preps: Vec<Prepared<'_>> = Vec::new();
+    for (w, out) in products.iter() {
+        debug_assert_eq!(x.len(), tokens * w.cols);
+        debug_assert_eq!(out.len(), tokens * w.rows);
+        let format = vec_dot_type(w.ty);
+        if !formats.contains(&format) {
+            formats.push(format);
+            preps.push(Prepared::new(mm, w.ty, x, w.cols)?);
+        }
+    }
+    let mut by_rows: Vec<Vec<f32>> = products
+        .iter()
+        .map(|(w, _)| vec![0f32; w.rows * tokens])
+        .collect();
+    let mut jobs = Vec::with_capacity(products.len());
+    for ((w, _), by_row) in products.iter().zip(&mut by_rows) {
+        let format = vec_dot_type(w.ty);
+        let Some(prep) = formats
+            .iter()
+            .position(|f| *f == format)
+            .and_then(|i| preps.get(i))
+        else {
+            continue;
+        };
+        jobs.push(RowJob {
+            w,
+            first: 0,
+            n: w.rows,
+            prep,
+            out: by_row,
+        });
+    }
+    run_jobs(mm, jobs)?;
+    for ((w, out), by_row) in products.iter_mut().zip(&by_rows) {
+        transpose_into(by_row, w.rows, tokens, out);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::dot;
+    use super::{dot, dot_le_bytes};
 
     /// The order `dot` promises, written as plain index loops.
     fn dot_by_index(a: &[f32], b: &[f32]) -> f32 {
@@ -240,6 +387,27 @@ mod tests {
             sum += a[i] * b[i];
         }
         sum
+    }
+
+    #[test]
+    fn dot_le_bytes_is_dot_on_the_decoded_row() {
+        let mut state = 0x9abc_def0_u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
+            let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            let bytes: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(
+                dot_le_bytes(&bytes, &b).to_bits(),
+                dot(&a, &b).to_bits(),
+                "n = {n}"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod deltanet;
 pub mod linear;
 mod moe;
 pub mod ops;
+mod pool;
 pub mod weights;
 
 use std::sync::Arc;

@@ -3,18 +3,35 @@
 //! the shared expert scaled by its sigmoid gate.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
-use crate::backend::cpu::linear::{matmul, run_jobs, MatmulCtx, Prepared, RowJob};
+use redlite_quant::vec_dot_type;
+
+use crate::backend::cpu::linear::{matmul_same_input, run_jobs, MatmulCtx, Prepared, RowJob};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
+use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
 use crate::error::Result;
 use crate::model::config::HybridConfig;
 
+/// One token's experts and their router probabilities.
+type Routed = Vec<(usize, f32)>;
+
+/// Tokens routed per parallel task.
+const ROUTE_TOKENS_PER_TASK: usize = 16;
+
 /// The `k` largest of `p` (ties to the lower index), with their probabilities.
 pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut idx: Vec<usize> = (0..p.len()).collect();
-    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-    idx.truncate(k);
+    let order = |a: &usize, b: &usize| p[*b].total_cmp(&p[*a]).then(a.cmp(b));
+    // A total order: selecting the k first, then sorting them, gives the full sort's head.
+    if k < idx.len() {
+        if k > 0 {
+            idx.select_nth_unstable_by(k - 1, order);
+        }
+        idx.truncate(k);
+    }
+    idx.sort_by(order);
     idx.into_iter().map(|i| (i, p[i])).collect()
 }
 
@@ -42,16 +59,37 @@ pub fn forward(
 ) -> Result<()> {
     let e = c.n_embd;
     let mut logits = vec![0f32; tokens * c.n_expert];
-    matmul(mm, &w.router, h, tokens, &mut logits)?;
     let mut shared_gates = vec![0f32; tokens];
-    matmul(mm, &w.shared_gate_inp, h, tokens, &mut shared_gates)?;
+    matmul_same_input(
+        mm,
+        h,
+        tokens,
+        &mut [
+            (&w.router, &mut logits),
+            (&w.shared_gate_inp, &mut shared_gates),
+        ],
+    )?;
 
     // Route: per expert, the tokens it serves and their weights, in token order.
+    // Each token's softmax and top-k are its own: computed in parallel, a block per task.
+    let tops: Vec<Mutex<(&mut [f32], Vec<Routed>)>> = logits
+        .chunks_mut(c.n_expert * ROUTE_TOKENS_PER_TASK)
+        .map(|block| Mutex::new((block, Vec::new())))
+        .collect();
+    pool::for_each(tops.len(), &|i| {
+        let mut guard = tops[i].lock().unwrap_or_else(|p| p.into_inner());
+        let (block, top) = &mut *guard;
+        for p in block.chunks_mut(c.n_expert) {
+            softmax(p);
+            top.push(top_k(p, c.n_expert_used));
+        }
+        Ok(())
+    })?;
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.n_expert];
-    for t in 0..tokens {
-        let p = &mut logits[t * c.n_expert..(t + 1) * c.n_expert];
-        softmax(p);
-        let top = top_k(p, c.n_expert_used);
+    let per_token = tops
+        .into_iter()
+        .flat_map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).1);
+    for (t, top) in per_token.enumerate() {
         let sum: f32 = top.iter().map(|(_, w)| w).sum();
         for (expert, weight) in top {
             routes[expert].push((t, weight / sum));
@@ -94,13 +132,17 @@ pub fn forward(
     });
 
     // Gate and up projections of every unit in one parallel region.
+    // Gate and up usually share a type: their input is then quantized once.
     let preps = units
         .iter()
         .map(|u| {
-            Ok((
-                Prepared::new(mm, u.gate.ty, &u.x, e)?,
-                Prepared::new(mm, u.up.ty, &u.x, e)?,
-            ))
+            let gate = Prepared::new(mm, u.gate.ty, &u.x, e)?;
+            let up = if vec_dot_type(u.up.ty) == vec_dot_type(u.gate.ty) {
+                None
+            } else {
+                Some(Prepared::new(mm, u.up.ty, &u.x, e)?)
+            };
+            Ok((gate, up))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut gates: Vec<Vec<f32>> = units
@@ -122,27 +164,29 @@ pub fn forward(
             w: u.up,
             first,
             n: u.width,
-            prep: pu,
+            prep: pu.as_ref().unwrap_or(pg),
             out: up,
         });
     }
     run_jobs(mm, jobs)?;
 
     // SwiGLU, token-major, then the down projections in one region.
-    let swiglu: Vec<Vec<f32>> = units
-        .iter()
-        .zip(&gates)
-        .zip(&ups)
-        .map(|((u, g), up)| {
-            let n = u.served.len();
-            let mut a = vec![0f32; n * u.width];
-            for r in 0..u.width {
-                for t in 0..n {
-                    a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
-                }
+    let swiglu: Vec<Mutex<Vec<f32>>> = units.iter().map(|_| Mutex::new(Vec::new())).collect();
+    pool::for_each(units.len(), &|i| {
+        let (u, g, up) = (&units[i], &gates[i], &ups[i]);
+        let n = u.served.len();
+        let mut a = vec![0f32; n * u.width];
+        for r in 0..u.width {
+            for t in 0..n {
+                a[t * u.width + r] = silu(g[r * n + t]) * up[r * n + t];
             }
-            a
-        })
+        }
+        *swiglu[i].lock().unwrap_or_else(|p| p.into_inner()) = a;
+        Ok(())
+    })?;
+    let swiglu: Vec<Vec<f32>> = swiglu
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect();
     let down_preps = units
         .iter()

@@ -1,9 +1,9 @@
 //! The AVX2 dot of a decoded grid row with a Q8_K activation (see `fast::decoded`).
 
 use super::iquants::SIGN_MASKS;
-use super::{hsum_f32x8, load_256, split_scales};
+use super::{hsum_f32x8, load_256, split_scales, u64_le};
 use crate::fast::decoded::DecodedRow;
-use crate::fast::scalar::{f16_to_f32, f32_at, u16_at, u32_at, Q8K_BYTES, Q8K_QS};
+use crate::fast::scalar::{f16_to_f32, f32_at, u16_at, Q8K_BYTES, Q8K_QS};
 use crate::tables::{IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
 
@@ -84,13 +84,13 @@ pub(crate) fn decode_iq2xs(row: &[u8], out: &mut DecodedRow) {
 pub(crate) fn decode_iq2xxs(row: &[u8], out: &mut DecodedRow) {
     for (b, x) in row.chunks_exact(66).enumerate() {
         out.d[b] = f16_to_f32(u16::from_le_bytes([x[0], x[1]]));
-        for ib in 0..8 {
-            let sub = b * 8 + ib;
-            let (a, bits) = (u32_at(x, 2 + 8 * ib), u32_at(x, 6 + 8 * ib));
-            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((a >> (8 * l)) & 0xff) as usize]);
-            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((bits >> (7 * l)) & 127) as usize]);
-            let scales = _mm256_set1_epi16(2 * (bits >> 28) as i16 + 1);
-            store_sub(out, sub, grid, signs, scales);
+        for (ib, word) in x[2..].chunks_exact(8).enumerate() {
+            // Four grid indices, then 4 × 7 sign bits and the scale in the top four bits.
+            let word = u64_le(word);
+            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((word >> (8 * l)) & 0xff) as usize]);
+            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((word >> (32 + 7 * l)) & 127) as usize]);
+            let scales = _mm256_set1_epi16(2 * (word >> 60) as i16 + 1);
+            store_sub(out, b * 8 + ib, grid, signs, scales);
         }
     }
 }

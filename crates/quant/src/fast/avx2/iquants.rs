@@ -1,8 +1,8 @@
 //! AVX2 codebook kernels against Q8_K: IQ2_XXS, IQ2_XS, IQ1_M. Each group of 8 values is
 //! one u64 grid entry; four groups (a 32-value sub-block) fill one vector.
 
-use super::{f16_at, hsum_f32x8, load_256, split_scales};
-use crate::fast::scalar::{f16_to_f32, f32_at, iq1m_d, u16_at, u32_at, Q8K_BYTES, Q8K_QS};
+use super::{f16_at, hsum_f32x8, load_256, split_scales, u64_le};
+use crate::fast::scalar::{f16_to_f32, f32_at, iq1m_d, u16_at, Q8K_BYTES, Q8K_QS};
 use crate::tables::{IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
 
@@ -44,22 +44,40 @@ fn grid_pairs(grid: [u64; 4], signs: [u64; 4], q8: &[u8]) -> __m256i {
     _mm256_maddubs_epi16(entries(grid), q8)
 }
 
-/// IQ2_XXS: d @0; per sub-block ib two u32 @2 + 8ib: four grid indices, then 4 × 7 sign
-/// bits and the scale in bits 28..32.
+/// The f16 at `offset` of `bytes`, widened with F16C (exact, as [`f16_at`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16c_at(bytes: &[u8], offset: usize) -> f32 {
+    let bits = i32::from(u16_at(bytes, offset));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
+/// One IQ2_XXS sub-block (`word`: four grid indices, then 4 × 7 sign bits and the scale in
+/// the top four bits) against 32 Q8_K values: eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq2_xxs_sub(word: u64, q8: &[u8]) -> __m256i {
+    let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((word >> (8 * l)) & 0xff) as usize]);
+    let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((word >> (32 + 7 * l)) & 127) as usize]);
+    let pairs = grid_pairs(grid, signs, q8);
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(2 * (word >> 60) as i16 + 1))
+}
+
+/// IQ2_XXS: d @0; per sub-block ib one u64 @2 + 8ib: four grid indices, then 4 × 7 sign
+/// bits and the scale in bits 60..64. Two sub-blocks per step into two integer sums (exact,
+/// so the block sum is the same vector as one sub-block at a time).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn iq2_xxs(row: &[u8], act: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in row.chunks_exact(66).zip(act.chunks_exact(Q8K_BYTES)) {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let (a, b) = (u32_at(x, 2 + 8 * ib), u32_at(x, 6 + 8 * ib));
-            let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((a >> (8 * l)) & 0xff) as usize]);
-            let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((b >> (7 * l)) & 127) as usize]);
-            let pairs = grid_pairs(grid, signs, &y[Q8K_QS + 32 * ib..]);
-            let scale = _mm256_set1_epi16(2 * (b >> 28) as i16 + 1);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, scale));
+        let q8 = &y[Q8K_QS..Q8K_QS + 256];
+        let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for (w, q) in x[2..].chunks_exact(16).zip(q8.chunks_exact(64)) {
+            even = _mm256_add_epi32(even, iq2_xxs_sub(u64_le(w), q));
+            odd = _mm256_add_epi32(odd, iq2_xxs_sub(u64_le(&w[8..]), &q[32..]));
         }
-        let d = _mm256_set1_ps(f16_at(x, 0) * f32_at(y, 0));
+        let sumi = _mm256_add_epi32(even, odd);
+        let d = _mm256_set1_ps(f16c_at(x, 0) * f32_at(y, 0));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
     }
     0.125 * hsum_f32x8(acc)

@@ -88,6 +88,15 @@ fn load_f32x8(bytes: &[u8]) -> __m256 {
     unsafe { _mm256_loadu_ps(bytes.as_ptr().cast()) }
 }
 
+/// The little-endian u64 at the start of `bytes` (0 where it is shorter than 8, which
+/// callers rule out by taking 8-byte chunks): one load where bytewise reads take eight.
+#[inline]
+fn u64_le(bytes: &[u8]) -> u64 {
+    bytes
+        .first_chunk::<8>()
+        .map_or(0, |b| u64::from_le_bytes(*b))
+}
+
 /// The f16 at `offset`, widened in general-purpose registers ([`f16_to_f32`]).
 #[inline]
 fn f16_at(bytes: &[u8], offset: usize) -> f32 {
@@ -188,29 +197,30 @@ pub(super) fn dot_decoded(row: &super::decoded::DecodedRow, act: &[u8]) -> Optio
     kernels().map(|_| unsafe { decoded::dot_decoded(row, act) })
 }
 
-/// One row against four activations: the grid types' decoded rows (`None` without AVX2).
-pub(super) fn dot_decoded_x4(
+/// One decoded grid row against N activations (`None` without AVX2).
+pub(super) fn dot_decoded_xn<const N: usize>(
     row: &super::decoded::DecodedRow,
-    acts: many::Acts4<'_>,
-) -> Option<[f32; 4]> {
+    acts: many::Acts<'_, N>,
+) -> Option<[f32; N]> {
     // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
-    kernels().map(|_| unsafe { many::dot_decoded_x4(row, acts) })
+    kernels().map(|_| unsafe { many::dot_decoded_xn(row, acts) })
 }
 
-/// One Q4_K or Q5_K row against four Q8_K activations (`None` for other types or without
-/// AVX2).
-pub(super) fn vec_dot_x4(
+/// One Q2_K, Q4_K or Q5_K row against N Q8_K activations (`None` for other types or
+/// without AVX2).
+pub(super) fn vec_dot_xn<const N: usize>(
     ty: redlite_gguf::GgmlType,
     row: &[u8],
-    acts: many::Acts4<'_>,
-) -> Option<[f32; 4]> {
-    let five_bit = match ty {
-        redlite_gguf::GgmlType::Q4K => false,
-        redlite_gguf::GgmlType::Q5K => true,
-        _ => return None,
-    };
-    // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
-    kernels().map(|_| unsafe { many::affine_k_x4(row, acts, five_bit) })
+    acts: many::Acts<'_, N>,
+) -> Option<[f32; N]> {
+    kernels()?;
+    // SAFETY: `kernels` returned `Some`, so avx2, fma and f16c were detected.
+    match ty {
+        redlite_gguf::GgmlType::Q4K => Some(unsafe { many::affine_k_xn::<N, false>(row, acts) }),
+        redlite_gguf::GgmlType::Q5K => Some(unsafe { many::affine_k_xn::<N, true>(row, acts) }),
+        redlite_gguf::GgmlType::Q2K => Some(unsafe { many::q2_k_xn::<N>(row, acts) }),
+        _ => None,
+    }
 }
 
 /// Decodes an IQ2_XXS or IQ2_XS row (buffers already sized) with AVX2; `false` for other

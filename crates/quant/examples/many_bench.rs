@@ -1,0 +1,105 @@
+//! Single-thread speed of the batched (prompt-processing) kernels: one 512 × 2048 matrix
+//! against T activations, per weight type, in ns per (row, token) product.
+//!
+//! `cargo run -p redlite-quant --release --example many_bench`
+//!
+//! Grid types (IQ2_XXS, IQ2_XS, IQ1_M) decode each row once and dot it with every token
+//! (`decode_row` + `dot_decoded_many`); the others use `vec_dot_many`. T = 10 is an
+//! expert's share of a 512-token prompt (10 of 512 experts per token), T = 64 a dense
+//! projection's tile. Best of 8 trials, thread CPU time where Linux reports it.
+
+use redlite_gguf::GgmlType;
+use redlite_quant::{
+    decodable, decode_row, dot_decoded_many, scale_fields, vec_dot_many, DecodedRow,
+    QuantizedActivation, ScaleKind,
+};
+use std::time::{Duration, Instant};
+
+const ROWS: usize = 512;
+const COLS: usize = 2048;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+fn main() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    println!("{ROWS} x {COLS} against T tokens, one thread: ns per (row, token)");
+    for ty in [
+        GgmlType::IQ2XXS,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q2K,
+    ] {
+        let mut weights = vec![0u8; ROWS * COLS / ty.block_values() * ty.block_bytes()];
+        weights.fill_with(|| rng.next_u64() as u8);
+        for block in weights.chunks_exact_mut(ty.block_bytes()) {
+            for field in scale_fields(ty) {
+                let value = match field.kind {
+                    ScaleKind::Dmin => rng.uniform(-0.05, 0.05),
+                    _ => rng.uniform(0.005, 0.05),
+                };
+                field.write(block, value);
+            }
+        }
+        let row_bytes = weights.len() / ROWS;
+        for tokens in [1usize, 10, 64] {
+            let acts: Vec<QuantizedActivation> = (0..tokens)
+                .map(|_| {
+                    let x: Vec<f32> = (0..COLS).map(|_| rng.uniform(-2.0, 2.0)).collect();
+                    QuantizedActivation::new(ty, &x).expect("activation")
+                })
+                .collect();
+            let mut out = vec![0f32; tokens];
+            let mut decoded = DecodedRow::default();
+            let mut run = || {
+                for row in weights.chunks_exact(row_bytes) {
+                    if tokens > 1 && decodable(ty) {
+                        decode_row(ty, row, &mut decoded).expect("decode");
+                        dot_decoded_many(&decoded, &acts, &mut out).expect("dots");
+                    } else {
+                        vec_dot_many(ty, row, &acts, &mut out).expect("dots");
+                    }
+                }
+            };
+            run();
+            let mut best = f64::INFINITY;
+            for _ in 0..8 {
+                let start = Instant::now();
+                let cpu = thread_cpu_ns();
+                let mut calls = 0usize;
+                while start.elapsed() < Duration::from_millis(50) {
+                    run();
+                    calls += 1;
+                }
+                let busy = match (cpu, thread_cpu_ns()) {
+                    (Some(a), Some(b)) if b > a => (b - a) as f64 * 1e-9,
+                    _ => start.elapsed().as_secs_f64(),
+                };
+                best = best.min(busy / calls as f64);
+            }
+            println!(
+                "{:8} T={:3} {:8.1} ns",
+                ty.to_string(),
+                tokens,
+                best * 1e9 / (ROWS * tokens) as f64
+            );
+        }
+    }
+}
