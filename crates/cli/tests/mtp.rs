@@ -2,35 +2,17 @@
 //! without speculative decoding and reports its acceptance counts; `bench --mtp` reports
 //! them too; a file without the MTP block is refused with a message that says so.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+use common::TinyFile;
+use redlite_engine::synth::Recipe;
 
-/// A tiny model written once per test (removed by the guard).
-struct TinyFile(PathBuf);
+mod common;
 
-impl TinyFile {
-    fn new(name: &str, mtp: bool) -> TinyFile {
-        let mut config = Preset::Tiny.config();
-        config.n_mtp = usize::from(mtp);
-        let opts = SynthOptions {
-            config,
-            recipe: Recipe::Q4KM,
-            vocab: VocabChoice::Tiny,
-            seed: 3,
-        };
-        let path =
-            std::env::temp_dir().join(format!("redlite-mtp-{}-{name}.gguf", std::process::id()));
-        write_synth(&path, &opts, &mut |_, _| {}).unwrap();
-        TinyFile(path)
-    }
-}
-
-impl Drop for TinyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A tiny model for these tests.
+fn tiny_file(name: &str, mtp: bool) -> TinyFile {
+    TinyFile::new("mtp", name, Recipe::Q4KM, 3, mtp)
 }
 
 fn redlite(file: &Path, command: &str, args: &[&str]) -> Output {
@@ -49,7 +31,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn greedy_generate_prints_the_same_text_with_mtp() {
-    let file = TinyFile::new("generate", true);
+    let file = tiny_file("generate", true);
     let args = ["-p", "the quick brown fox", "-n", "24", "--temp", "0"];
     let plain = redlite(&file.0, "generate", &args);
     assert!(plain.status.success(), "{}", text(&plain.stderr));
@@ -69,7 +51,7 @@ fn greedy_generate_prints_the_same_text_with_mtp() {
 
 #[test]
 fn bench_reports_acceptance() {
-    let file = TinyFile::new("bench", true);
+    let file = tiny_file("bench", true);
     let out = redlite(
         &file.0,
         "bench",
@@ -100,7 +82,7 @@ fn bench_reports_acceptance() {
 
 #[test]
 fn a_file_without_the_mtp_block_is_refused() {
-    let file = TinyFile::new("none", false);
+    let file = tiny_file("none", false);
     for command in ["generate", "bench"] {
         let args: &[&str] = if command == "generate" {
             &["-p", "hi", "-n", "2", "--mtp"]
@@ -120,7 +102,7 @@ fn a_file_without_the_mtp_block_is_refused() {
 
 #[test]
 fn too_many_drafts_are_refused() {
-    let file = TinyFile::new("draft4", true);
+    let file = tiny_file("draft4", true);
     let out = redlite(&file.0, "generate", &["-p", "hi", "--mtp", "--draft", "4"]);
     assert!(!out.status.success());
     assert!(

@@ -1,35 +1,17 @@
 //! `redlite plan` end to end: it reads only the tensor table, prints the plan, and its exit
 //! status says whether the plan fits.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+use common::TinyFile;
+use redlite_engine::synth::Recipe;
 
-/// A tiny model written once per test run (removed by the guard).
-struct TinyFile(PathBuf);
+mod common;
 
-impl TinyFile {
-    fn new(name: &str, mtp: bool) -> TinyFile {
-        let mut config = Preset::Tiny.config();
-        config.n_mtp = usize::from(mtp);
-        let opts = SynthOptions {
-            config,
-            recipe: Recipe::IQ2XXS,
-            vocab: VocabChoice::Tiny,
-            seed: 1,
-        };
-        let path =
-            std::env::temp_dir().join(format!("redlite-plan-{}-{name}.gguf", std::process::id()));
-        write_synth(&path, &opts, &mut |_, _| {}).unwrap();
-        TinyFile(path)
-    }
-}
-
-impl Drop for TinyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A tiny model for these tests.
+fn tiny_file(name: &str, mtp: bool) -> TinyFile {
+    TinyFile::new("plan", name, Recipe::IQ2XXS, 1, mtp)
 }
 
 fn plan(file: &Path, args: &[&str]) -> Output {
@@ -48,7 +30,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn a_plan_that_fits_exits_zero() {
-    let file = TinyFile::new("fits", false);
+    let file = tiny_file("fits", false);
     let out = plan(&file.0, &["--gpu-limit", "2GiB", "--kv", "f16"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -61,7 +43,7 @@ fn a_plan_that_fits_exits_zero() {
 
 #[test]
 fn a_plan_that_does_not_fit_exits_non_zero_with_advice() {
-    let file = TinyFile::new("tight", false);
+    let file = tiny_file("tight", false);
     let out = plan(&file.0, &["--gpu-limit", "900MiB", "--ctx", "200000"]);
     assert!(!out.status.success());
     let stdout = text(&out.stdout);
@@ -72,7 +54,7 @@ fn a_plan_that_does_not_fit_exits_non_zero_with_advice() {
 
 #[test]
 fn json_for_scripts() {
-    let file = TinyFile::new("json", true);
+    let file = tiny_file("json", true);
     let out = plan(&file.0, &["--gpu-limit", "1G", "--mtp", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -84,7 +66,7 @@ fn json_for_scripts() {
 
 #[test]
 fn bad_input_is_named() {
-    let file = TinyFile::new("bad", false);
+    let file = tiny_file("bad", false);
     let out = plan(&file.0, &["--gpu-limit", "24XB"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("\"24XB\" is not a byte size"));

@@ -389,15 +389,19 @@ mod tests {
         sum
     }
 
-    #[test]
-    fn dot_le_bytes_is_dot_on_the_decoded_row() {
-        let mut state = 0x9abc_def0_u32;
-        let mut next = || {
+    /// Xorshift values in [-1, 1).
+    fn uniform(mut state: u32) -> impl FnMut() -> f32 {
+        move || {
             state ^= state << 13;
             state ^= state >> 17;
             state ^= state << 5;
             (state as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
+        }
+    }
+
+    #[test]
+    fn dot_le_bytes_is_dot_on_the_decoded_row() {
+        let mut next = uniform(0x9abc_def0_u32);
         for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
             let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
             let b: Vec<f32> = (0..n).map(|_| next()).collect();
@@ -412,13 +416,7 @@ mod tests {
 
     #[test]
     fn dot_keeps_its_summation_order() {
-        let mut state = 0x1234_5678_u32;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
+        let mut next = uniform(0x1234_5678_u32);
         for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
             let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
             let b: Vec<f32> = (0..n).map(|_| next()).collect();

@@ -31,7 +31,7 @@ pub fn forward(
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
     state: &mut DeltaState,
-    record: Option<&mut Vec<DeltaState>>,
+    mut record: Option<&mut Vec<DeltaState>>,
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     let t = h.len() / c.n_embd;
@@ -80,40 +80,18 @@ pub fn forward(
     }
     let mut beta = s.beta.slice_mut(..t * c.ssm_v_heads);
     let mut g = s.g.slice_mut(..t * c.ssm_v_heads);
-    match record {
-        None => {
-            deltanet_conv(
-                device,
-                &shape,
-                &w.conv.as_view(),
-                &mut state.conv.as_view_mut(),
-                &mut qkv,
-            )?;
-            deltanet_prep(
-                device,
-                &shape,
-                c.rms_eps,
-                &mut qkv,
-                &ba.as_view(),
-                &w.a.as_view(),
-                &w.dt_bias.as_view(),
-                &mut beta,
-                &mut g,
-            )?;
-            delta_rule(
-                device,
-                &shape,
-                &qkv.as_view(),
-                &beta.as_view(),
-                &g.as_view(),
-                &mut state.recurrent.as_view_mut(),
-                &mut o,
-            )?;
-        }
+    // The conv and the delta rule carry state from row to row: a recording call runs them
+    // one row at a time, keeping each row's state; the gates depend on nothing but their row.
+    let one = DeltaNetShape { tokens: 1, ..shape };
+    match record.as_deref_mut() {
+        None => deltanet_conv(
+            device,
+            &shape,
+            &w.conv.as_view(),
+            &mut state.conv.as_view_mut(),
+            &mut qkv,
+        )?,
         Some(record) => {
-            // The conv and the delta rule carry state from row to row: one row at a time,
-            // keeping each row's state; the gates depend on nothing but their row.
-            let one = DeltaNetShape { tokens: 1, ..shape };
             for r in 0..t {
                 deltanet_conv(
                     device,
@@ -126,17 +104,30 @@ pub fn forward(
                     keep_row(device, state, record, r, Part::Conv)?;
                 }
             }
-            deltanet_prep(
-                device,
-                &shape,
-                c.rms_eps,
-                &mut qkv,
-                &ba.as_view(),
-                &w.a.as_view(),
-                &w.dt_bias.as_view(),
-                &mut beta,
-                &mut g,
-            )?;
+        }
+    }
+    deltanet_prep(
+        device,
+        &shape,
+        c.rms_eps,
+        &mut qkv,
+        &ba.as_view(),
+        &w.a.as_view(),
+        &w.dt_bias.as_view(),
+        &mut beta,
+        &mut g,
+    )?;
+    match record {
+        None => delta_rule(
+            device,
+            &shape,
+            &qkv.as_view(),
+            &beta.as_view(),
+            &g.as_view(),
+            &mut state.recurrent.as_view_mut(),
+            &mut o,
+        )?,
+        Some(record) => {
             let nv = c.ssm_v_heads;
             for r in 0..t {
                 delta_rule(
