@@ -2,10 +2,7 @@
 //! without speculative decoding and reports its acceptance counts; `bench --mtp` reports
 //! them too; a file without the MTP block is refused with a message that says so.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-use common::TinyFile;
+use common::{redlite, text, TinyFile};
 use redlite_engine::synth::Recipe;
 
 mod common;
@@ -13,20 +10,6 @@ mod common;
 /// A tiny model for these tests.
 fn tiny_file(name: &str, mtp: bool) -> TinyFile {
     TinyFile::new("mtp", name, Recipe::Q4KM, 3, mtp)
-}
-
-fn redlite(file: &Path, command: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .arg(command)
-        .arg("-m")
-        .arg(file)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]

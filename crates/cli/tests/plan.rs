@@ -2,9 +2,9 @@
 //! status says whether the plan fits.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::TinyFile;
+use common::{redlite, text, TinyFile};
 use redlite_engine::synth::Recipe;
 
 mod common;
@@ -15,17 +15,7 @@ fn tiny_file(name: &str, mtp: bool) -> TinyFile {
 }
 
 fn plan(file: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .arg("plan")
-        .arg("-m")
-        .arg(file)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    redlite(file, "plan", args)
 }
 
 #[test]

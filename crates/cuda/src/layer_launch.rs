@@ -3,25 +3,26 @@
 
 use crate::device::Device;
 use crate::error::CudaError;
+pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route};
 use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
     LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS, MATMUL_TILE_TOKENS, MATMUL_V2_ROWS,
-    MATMUL_V2_WARPS, MOE_LANES, MOE_V3_WARPS, WIDE_F16, WIDE_F32,
+    MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
 use std::sync::OnceLock;
 
 /// Threads of the one-CTA-per-row kernels (embed, rms_norm, deltanet_prep, moe_route).
-const ROW_THREADS: u32 = 256;
+pub(crate) const ROW_THREADS: u32 = 256;
 /// Threads per CTA of the flat element-wise kernels.
 const FLAT_THREADS: u32 = 256;
 /// x is staged in shared memory up to the default 48 KiB dynamic limit.
 pub(crate) const SHARED_MAX_BYTES: usize = 48 * 1024;
 
-fn to_i32(v: usize) -> i32 {
+pub(crate) fn to_i32(v: usize) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
@@ -29,7 +30,7 @@ fn to_u32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-fn config(grid: (usize, usize, usize), threads: u32, shared: usize) -> LaunchConfig {
+pub(crate) fn config(grid: (usize, usize, usize), threads: u32, shared: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (to_u32(grid.0), to_u32(grid.1), to_u32(grid.2)),
         block_dim: (threads, 1, 1),
@@ -232,7 +233,7 @@ fn split_k() -> bool {
 /// Dynamic shared memory of a q8 kernel staging `values` activation values: the f32 scale
 /// of each 256 values (padded to 16 bytes), then the int8 codes (`q8_scales_bytes` in
 /// `q8dot.cuh`).
-fn q8_shared_bytes(values: usize) -> usize {
+pub(crate) fn q8_shared_bytes(values: usize) -> usize {
     (values / 256 * 4).next_multiple_of(16) + values
 }
 
@@ -244,7 +245,7 @@ fn stage_x() -> bool {
 }
 
 /// `REDLITE_MATVEC_V1=1`: the version-1 matvecs (one row per warp, 4 warps per CTA).
-fn matvec_v1() -> bool {
+pub(crate) fn matvec_v1() -> bool {
     static V1: OnceLock<bool> = OnceLock::new();
     *V1.get_or_init(|| std::env::var("REDLITE_MATVEC_V1").as_deref() == Ok("1"))
 }
@@ -269,250 +270,6 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize) -> usize {
         .copied()
         .find(|&r| ctas(r) >= 2 * multiprocessors)
         .unwrap_or(1)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn moe_route(
-    device: &Device,
-    logits: &CudaView<'_, f32>,
-    shared_logit: &CudaView<'_, f32>,
-    ids: &mut CudaViewMut<'_, i32>,
-    weights: &mut CudaViewMut<'_, f32>,
-    shared_weight: &mut CudaViewMut<'_, f32>,
-    (tokens, n_expert, used): (usize, usize, usize),
-) -> Result<(), CudaError> {
-    static V1: OnceLock<bool> = OnceLock::new();
-    let v1 = *V1.get_or_init(|| std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1"));
-    let cfg = if v1 || n_expert > 32 * source::ROUTE_V2_PER_LANE {
-        (
-            device.kernel("moe_route_kernel")?,
-            ROW_THREADS,
-            n_expert * size_of::<f32>(),
-        )
-    } else {
-        (device.kernel(&source::route_v2_kernel())?, 32, 0)
-    };
-    let (kernel, cfg) = (cfg.0, config((tokens, 1, 1), cfg.1, cfg.2));
-    let dims = (to_i32(n_expert), to_i32(used));
-    raw::launch_moe_route(
-        device.stream(),
-        kernel,
-        cfg,
-        logits,
-        shared_logit,
-        ids,
-        weights,
-        shared_weight,
-        dims,
-    )
-}
-
-/// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
-pub(crate) type MoeCounts = (usize, usize, usize);
-
-/// Which expert matvecs run: version 2 (default) with its lanes per row (16 when a row has
-/// at most 16 thread items, else 32), version 3 under `REDLITE_MOE_V3=1` (measured slower on
-/// the H200: reading x through L1 instead of shared memory costs more than staging it; see
-/// docs/PERF.md), version 1 under `REDLITE_MATVEC_V1=1`.
-enum MoeVersion {
-    V1,
-    V2 { lanes: usize },
-    V3,
-    Q8 { lanes: usize },
-}
-
-/// Whether the version-3 expert matvecs run (`REDLITE_MOE_V3=1`, and not
-/// `REDLITE_MATVEC_V1=1`).
-pub(crate) fn moe_v3() -> bool {
-    static V3: OnceLock<bool> = OnceLock::new();
-    !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
-}
-
-/// Rows per lane group of the q8 expert matvecs: `REDLITE_MOE_ROWS` (1, 2 or 4), else 1.
-fn moe_q8_rows() -> usize {
-    static ROWS: OnceLock<usize> = OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::env::var("REDLITE_MOE_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| source::MOE_Q8_ROWS.contains(r))
-            .unwrap_or(1)
-    })
-}
-
-/// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
-/// version-3 and q8 kernels can).
-pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
-    !matvec_v1() && (moe_v3() || dots.quantizes(ty))
-}
-
-fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
-    if matvec_v1() {
-        return MoeVersion::V1;
-    }
-    if moe_v3() {
-        return MoeVersion::V3;
-    }
-    let items = cols / kind.ty.block_values() * kind.items_per_block;
-    let lanes = if items <= MOE_LANES[0] {
-        MOE_LANES[0]
-    } else {
-        MOE_LANES[1]
-    };
-    if dots.quantizes(kind.ty) {
-        MoeVersion::Q8 { lanes }
-    } else {
-        MoeVersion::V2 { lanes }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn moe_gate_up(
-    device: &Device,
-    kind: WeightKind,
-    dots: Dots,
-    gate: &CudaView<'_, u8>,
-    up: &CudaView<'_, u8>,
-    ids: &CudaView<'_, i32>,
-    x: &CudaView<'_, f32>,
-    act: &mut CudaViewMut<'_, f32>,
-    (ff, cols): (usize, usize),
-    (tokens, used, n_expert): MoeCounts,
-    shared: Option<raw::SharedUpArgs<'_, '_>>,
-) -> Result<(), CudaError> {
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
-        MoeVersion::V3 => (
-            device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
-            MOE_V3_WARPS as usize,
-            MOE_V3_WARPS * 32,
-            0,
-        ),
-        MoeVersion::V2 { lanes } => (
-            device.kernel(&source::moe_gate_up_v2_kernel(kind, lanes))?,
-            LAYER_WARPS as usize * 32 / lanes,
-            LAYER_WARPS * 32,
-            cols * size_of::<f32>(),
-        ),
-        MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
-            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
-            LAYER_WARPS * 32,
-            q8_shared_bytes(cols),
-        ),
-        MoeVersion::V1 => (
-            device.kernel(&source::moe_gate_up_kernel(kind))?,
-            LAYER_WARPS as usize,
-            LAYER_WARPS * 32,
-            cols * size_of::<f32>(),
-        ),
-    };
-    let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
-    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, cols) {
-        let (slots, rows) = match &shared {
-            Some(s) => (used + 1, ff.max(s.3)),
-            None => (used, ff),
-        };
-        let cfg = config(
-            (rows.div_ceil(rows_per_cta), slots, tokens),
-            threads,
-            shared_bytes,
-        );
-        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
-        crate::profile::label(|| {
-            format!(
-                "moe_gate_up {version} {} {ff}x{cols} slots{slots}",
-                kind.cuda_name
-            )
-        });
-        let inputs = (gate, up, ids, x);
-        return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
-    }
-    let cfg = config(
-        (ff.div_ceil(rows_per_cta), used, tokens),
-        threads,
-        shared_bytes,
-    );
-    crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
-    raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn moe_down(
-    device: &Device,
-    kind: WeightKind,
-    dots: Dots,
-    down: &CudaView<'_, u8>,
-    ids: &CudaView<'_, i32>,
-    weights: &CudaView<'_, f32>,
-    act: &CudaView<'_, f32>,
-    out: &mut CudaViewMut<'_, f32>,
-    (rows, ff, accumulate): (usize, usize, bool),
-    (tokens, used, n_expert): MoeCounts,
-    shared: Option<raw::SharedDownArgs<'_, '_>>,
-) -> Result<(), CudaError> {
-    let staged = used * ff * size_of::<f32>();
-    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
-        MoeVersion::V3 => (
-            device.kernel(&source::moe_down_v3_kernel(kind))?,
-            MOE_V3_WARPS as usize,
-            MOE_V3_WARPS * 32,
-            0,
-        ),
-        MoeVersion::V2 { lanes } => (
-            device.kernel(&source::moe_down_v2_kernel(kind, lanes))?,
-            LAYER_WARPS as usize * 32 / lanes,
-            LAYER_WARPS * 32,
-            staged,
-        ),
-        MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,
-            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
-            LAYER_WARPS * 32,
-            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
-        ),
-        MoeVersion::V1 => (
-            device.kernel(&source::moe_down_kernel(kind))?,
-            LAYER_WARPS as usize,
-            LAYER_WARPS * 32,
-            staged,
-        ),
-    };
-    let cfg = config(
-        (rows.div_ceil(rows_per_cta), tokens, 1),
-        threads,
-        shared_bytes,
-    );
-    let dims = (
-        to_i32(rows),
-        to_i32(ff),
-        to_i32(used),
-        to_i32(n_expert),
-        i32::from(accumulate),
-    );
-    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, ff) {
-        let with = if shared.is_some() { "+shared" } else { "" };
-        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
-        crate::profile::label(|| {
-            format!(
-                "moe_down {version} {} {rows}x{ff} used{used}{with}",
-                kind.cuda_name
-            )
-        });
-        let inputs = (down, ids, weights, act);
-        return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
-    }
-    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
-    raw::launch_moe_down(
-        device.stream(),
-        kernel,
-        cfg,
-        down,
-        ids,
-        weights,
-        act,
-        out,
-        dims,
-    )
 }
 
 pub(crate) struct DeltaDims {

@@ -29,6 +29,7 @@ mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
+mod moe_launch;
 mod ops;
 mod profile;
 mod raw;

@@ -1,6 +1,7 @@
 //! Shared by the CLI tests: a tiny synthetic model in a temporary file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
 
@@ -29,4 +30,19 @@ impl Drop for TinyFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// Runs `redlite COMMAND -m FILE ARGS...`.
+pub fn redlite(file: &Path, command: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .arg(command)
+        .arg("-m")
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }

@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 
 use crate::error::{EngineError, Result};
 use crate::model::config::DeltaNetLayout;
-use crate::model::tensors::{expected_tensors, Role};
+use crate::model::tensors::{expected_tensors, Role, TensorPlan};
 use crate::synth::write_vocabulary;
 use checkpoint::Checkpoint;
 
@@ -74,16 +74,17 @@ fn encode(ty: GgmlType, values: &[f32]) -> Vec<u8> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write_tensors(
     path: &Path,
     md: &Metadata,
     specs: &[TensorSpec],
     ckpt: &Checkpoint,
     config: &crate::model::config::HybridConfig,
+    plans: &[TensorPlan],
     types: &[GgmlType],
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let plans = expected_tensors(config);
     let mut writer = GgufWriter::create(path, md, specs)?;
     for (i, (plan, &ty)) in plans.iter().zip(types).enumerate() {
         let values = tensors::tensor_values(ckpt, config, plan)?;
@@ -149,7 +150,9 @@ pub fn convert(
         .collect();
     // Written next to `out` and renamed at the end: a failure leaves no half file behind.
     let partial = out.with_extension("gguf.partial");
-    let written = write_tensors(&partial, &md, &specs, &ckpt, &config, &types, progress);
+    let written = write_tensors(
+        &partial, &md, &specs, &ckpt, &config, &plans, &types, progress,
+    );
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e);

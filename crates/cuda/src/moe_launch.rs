@@ -1,0 +1,256 @@
+//! Launchers of the MoE kernels: routing, and the expert gate/up and down matvecs in their
+//! versions (1, 2, 3 and q8), with the shared expert folded in where the version allows.
+
+use crate::device::Device;
+use crate::error::CudaError;
+use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
+use crate::ops::Dots;
+use crate::raw;
+use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_V3_WARPS};
+use cudarc::driver::{CudaView, CudaViewMut};
+use redlite_gguf::GgmlType;
+use std::sync::OnceLock;
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_route(
+    device: &Device,
+    logits: &CudaView<'_, f32>,
+    shared_logit: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+    (tokens, n_expert, used): (usize, usize, usize),
+) -> Result<(), CudaError> {
+    static V1: OnceLock<bool> = OnceLock::new();
+    let v1 = *V1.get_or_init(|| std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1"));
+    let cfg = if v1 || n_expert > 32 * source::ROUTE_V2_PER_LANE {
+        (
+            device.kernel("moe_route_kernel")?,
+            ROW_THREADS,
+            n_expert * size_of::<f32>(),
+        )
+    } else {
+        (device.kernel(&source::route_v2_kernel())?, 32, 0)
+    };
+    let (kernel, cfg) = (cfg.0, config((tokens, 1, 1), cfg.1, cfg.2));
+    let dims = (to_i32(n_expert), to_i32(used));
+    raw::launch_moe_route(
+        device.stream(),
+        kernel,
+        cfg,
+        logits,
+        shared_logit,
+        ids,
+        weights,
+        shared_weight,
+        dims,
+    )
+}
+
+/// Sizes of one MoE launch: (tokens, experts selected per token, experts in the stack).
+pub(crate) type MoeCounts = (usize, usize, usize);
+
+/// Which expert matvecs run: version 2 (default) with its lanes per row (16 when a row has
+/// at most 16 thread items, else 32), version 3 under `REDLITE_MOE_V3=1` (measured slower on
+/// the H200: reading x through L1 instead of shared memory costs more than staging it; see
+/// docs/PERF.md), version 1 under `REDLITE_MATVEC_V1=1`.
+enum MoeVersion {
+    V1,
+    V2 { lanes: usize },
+    V3,
+    Q8 { lanes: usize },
+}
+
+/// Whether the version-3 expert matvecs run (`REDLITE_MOE_V3=1`, and not
+/// `REDLITE_MATVEC_V1=1`).
+pub(crate) fn moe_v3() -> bool {
+    static V3: OnceLock<bool> = OnceLock::new();
+    !matvec_v1() && *V3.get_or_init(|| std::env::var("REDLITE_MOE_V3").as_deref() == Ok("1"))
+}
+
+/// Rows per lane group of the q8 expert matvecs: `REDLITE_MOE_ROWS` (1, 2 or 4), else 1.
+fn moe_q8_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("REDLITE_MOE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| source::MOE_Q8_ROWS.contains(r))
+            .unwrap_or(1)
+    })
+}
+
+/// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
+/// version-3 and q8 kernels can).
+pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
+    !matvec_v1() && (moe_v3() || dots.quantizes(ty))
+}
+
+fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
+    if matvec_v1() {
+        return MoeVersion::V1;
+    }
+    if moe_v3() {
+        return MoeVersion::V3;
+    }
+    let items = cols / kind.ty.block_values() * kind.items_per_block;
+    let lanes = if items <= MOE_LANES[0] {
+        MOE_LANES[0]
+    } else {
+        MOE_LANES[1]
+    };
+    if dots.quantizes(kind.ty) {
+        MoeVersion::Q8 { lanes }
+    } else {
+        MoeVersion::V2 { lanes }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_gate_up(
+    device: &Device,
+    kind: WeightKind,
+    dots: Dots,
+    gate: &CudaView<'_, u8>,
+    up: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    x: &CudaView<'_, f32>,
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols): (usize, usize),
+    (tokens, used, n_expert): MoeCounts,
+    shared: Option<raw::SharedUpArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
+        MoeVersion::V3 => (
+            device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
+            MOE_V3_WARPS as usize,
+            MOE_V3_WARPS * 32,
+            0,
+        ),
+        MoeVersion::V2 { lanes } => (
+            device.kernel(&source::moe_gate_up_v2_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            cols * size_of::<f32>(),
+        ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+            LAYER_WARPS * 32,
+            q8_shared_bytes(cols),
+        ),
+        MoeVersion::V1 => (
+            device.kernel(&source::moe_gate_up_kernel(kind))?,
+            LAYER_WARPS as usize,
+            LAYER_WARPS * 32,
+            cols * size_of::<f32>(),
+        ),
+    };
+    let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, cols) {
+        let (slots, rows) = match &shared {
+            Some(s) => (used + 1, ff.max(s.3)),
+            None => (used, ff),
+        };
+        let cfg = config(
+            (rows.div_ceil(rows_per_cta), slots, tokens),
+            threads,
+            shared_bytes,
+        );
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
+        crate::profile::label(|| {
+            format!(
+                "moe_gate_up {version} {} {ff}x{cols} slots{slots}",
+                kind.cuda_name
+            )
+        });
+        let inputs = (gate, up, ids, x);
+        return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
+    }
+    let cfg = config(
+        (ff.div_ceil(rows_per_cta), used, tokens),
+        threads,
+        shared_bytes,
+    );
+    crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
+    raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_down(
+    device: &Device,
+    kind: WeightKind,
+    dots: Dots,
+    down: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    weights: &CudaView<'_, f32>,
+    act: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, accumulate): (usize, usize, bool),
+    (tokens, used, n_expert): MoeCounts,
+    shared: Option<raw::SharedDownArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let staged = used * ff * size_of::<f32>();
+    let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
+        MoeVersion::V3 => (
+            device.kernel(&source::moe_down_v3_kernel(kind))?,
+            MOE_V3_WARPS as usize,
+            MOE_V3_WARPS * 32,
+            0,
+        ),
+        MoeVersion::V2 { lanes } => (
+            device.kernel(&source::moe_down_v2_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            staged,
+        ),
+        MoeVersion::Q8 { lanes } => (
+            device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+            LAYER_WARPS * 32,
+            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
+        ),
+        MoeVersion::V1 => (
+            device.kernel(&source::moe_down_kernel(kind))?,
+            LAYER_WARPS as usize,
+            LAYER_WARPS * 32,
+            staged,
+        ),
+    };
+    let cfg = config(
+        (rows.div_ceil(rows_per_cta), tokens, 1),
+        threads,
+        shared_bytes,
+    );
+    let dims = (
+        to_i32(rows),
+        to_i32(ff),
+        to_i32(used),
+        to_i32(n_expert),
+        i32::from(accumulate),
+    );
+    if let MoeVersion::V3 | MoeVersion::Q8 { .. } = moe_version(kind, dots, ff) {
+        let with = if shared.is_some() { "+shared" } else { "" };
+        let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
+        crate::profile::label(|| {
+            format!(
+                "moe_down {version} {} {rows}x{ff} used{used}{with}",
+                kind.cuda_name
+            )
+        });
+        let inputs = (down, ids, weights, act);
+        return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
+    }
+    crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
+    raw::launch_moe_down(
+        device.stream(),
+        kernel,
+        cfg,
+        down,
+        ids,
+        weights,
+        act,
+        out,
+        dims,
+    )
+}
