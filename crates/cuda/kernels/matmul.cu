@@ -159,8 +159,8 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
 
-// Token tiles for prompt ingestion (`REDLITE_PREFILL_TILES=1`; not yet measured, off by
-// default): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
+// Token tiles for prompt ingestion (the default for several tokens; `REDLITE_PREFILL_TILES=0`
+// turns them off): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
 // consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
 // each warp takes ROWS rows for all NT tokens, so a weight item is loaded and decoded once
 // for NT products instead of once per token (the per-token dots below share their loads

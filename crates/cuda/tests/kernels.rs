@@ -182,8 +182,8 @@ fn matvec_matches_cpu_reference() {
 /// `Dots::Q8K` (its types) against the CPU's reference dot on Q8_K activations (`dot_row`,
 /// ggml's integer block sums): the activation codes are the same bits and the block sums the
 /// same integers, so only the float order of the scaled block sums differs (1e-5).
-/// With `REDLITE_PREFILL_TILES=1` in the environment the multi-token cases take the
-/// token-tiled q8 kernel (11 tokens: a full tile and a partial one).
+/// The multi-token q8 cases take the token-tiled kernel (11 tokens: a full tile and a partial
+/// one); with `REDLITE_PREFILL_TILES=0` in the environment, the one-token kernels per token.
 #[test]
 fn matmul_matches_cpu_in_both_precisions() {
     let Some(device) = device("matmul_matches_cpu_in_both_precisions") else {

@@ -8,7 +8,7 @@ use crate::loader::{load, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt lengths to time (pp tests); empty to skip.
+    /// Prompt lengths to time (pp tests); 0 to skip.
     #[arg(
         short = 'p',
         long = "n-prompt",
