@@ -1,10 +1,16 @@
-//! The model used when a command gets no `-m`: until the trained demo model ships, a tiny
-//! synthetic model with random weights, written once to the cache directory.
+//! The model used when a command gets no `-m`: redlite's demo model, a 31 M-parameter
+//! qwen3next with its MTP block, trained on the King James Bible (tools/train/README.md). It
+//! is embedded in the binary and written once to the cache directory, from where it is mapped
+//! like any other file.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+
+/// The file's name in the cache; a new demo file gets a new name, so an old copy is never
+/// taken for it.
+const NAME: &str = "redlite-demo-kjv-IQ2_XS.gguf";
+static BYTES: &[u8] = include_bytes!("../../../assets/models/redlite-demo-kjv-IQ2_XS.gguf");
 
 fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("REDLITE_CACHE") {
@@ -17,28 +23,23 @@ fn cache_dir() -> PathBuf {
     base.join("redlite")
 }
 
-/// The default model's path, writing it first if needed.
+/// The default model's path, writing it first if it is missing or incomplete.
 pub fn path_or_create() -> Result<PathBuf> {
     let dir = cache_dir();
-    let path = dir.join("default-tiny-random-F16-qwenvocab.gguf");
-    if !path.exists() {
+    let path = dir.join(NAME);
+    let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == BYTES.len() as u64);
+    if !complete {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!(
-            "no model given: writing the default model, a tiny qwen3next with RANDOM weights (no trained model ships yet), to {}",
+            "no model given: using redlite's demo model (31 M parameters, trained on the King James Bible), written to {}",
             path.display()
         );
-        // The real Qwen vocabulary, so prompts tokenize as they would for the real model.
-        let mut config = Preset::Tiny.config();
-        config.n_vocab = 151_936;
-        let opts = SynthOptions {
-            config,
-            recipe: Recipe::F16,
-            vocab: VocabChoice::Qwen,
-            seed: 1,
-        };
-        let partial = path.with_extension("partial");
-        write_synth(&partial, &opts, &mut |_, _| {})?;
-        std::fs::rename(&partial, &path)?;
+        // Written beside and renamed, so a run stopped halfway leaves no partial file under the name.
+        let partial = path.with_extension(format!("partial-{}", std::process::id()));
+        std::fs::write(&partial, BYTES)
+            .with_context(|| format!("writing {}", partial.display()))?;
+        std::fs::rename(&partial, &path)
+            .with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
     }
     Ok(path)
 }

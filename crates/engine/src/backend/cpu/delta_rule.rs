@@ -113,11 +113,12 @@ pub fn recurrent(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f
     x.check(d, state, out);
     let tokens = x.tokens(d);
     for_each_head(d, tokens, state, out, &|h, s, o| {
-        recurrent_head(d, x, h, s, o)
+        wide::recurrent_head(d, x, h, s, o)
     });
 }
 
 /// [`recurrent`] for v-head `h`: `s` its `[dk][dv]` state, `out` its `[T][dv]` outputs.
+#[inline(always)]
 fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (d.dk, d.dv);
     let group = d.v_heads / d.k_heads;
@@ -131,22 +132,35 @@ fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: 
         let beta = x.beta[t * d.v_heads + h];
         s.iter_mut().for_each(|e| *e *= alpha);
         delta.copy_from_slice(v);
-        for i in 0..dk {
-            let row = &s[i * dv..][..dv];
-            for j in 0..dv {
-                delta[j] -= row[j] * k[i];
-            }
+        for (row, &ki) in s.chunks_exact(dv).zip(k) {
+            sub_scaled(&mut delta, ki, row);
         }
         delta.iter_mut().for_each(|e| *e *= beta);
         let o = &mut out[t * dv..][..dv];
         o.iter_mut().for_each(|e| *e = 0.0);
-        for i in 0..dk {
-            let row = &mut s[i * dv..][..dv];
-            for j in 0..dv {
-                row[j] += k[i] * delta[j];
-                o[j] += row[j] * q[i];
+        for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+            for ((r, o), &d) in row.iter_mut().zip(o.iter_mut()).zip(&delta) {
+                *r += ki * d;
+                *o += *r * qi;
             }
         }
+    }
+}
+
+/// `y -= a x`, element by element (slices, not indices: no bounds checks in the loop, so it
+/// vectorizes; each element's one multiply and one subtract are the indexed loop's).
+#[inline(always)]
+fn sub_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y -= a * x;
+    }
+}
+
+/// `y += a x`, as [`sub_scaled`].
+#[inline(always)]
+fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
     }
 }
 
@@ -160,11 +174,12 @@ pub fn chunked(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f32
     x.check(d, state, out);
     let tokens = x.tokens(d);
     for_each_head(d, tokens, state, out, &|h, s, o| {
-        chunked_head(d, x, h, s, o)
+        wide::chunked_head(d, x, h, s, o)
     });
 }
 
 /// [`chunked`] for v-head `h`: `s` its `[dk][dv]` state, `out` its `[T][dv]` outputs.
+#[inline(always)]
 fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (d.dk, d.dv);
     let group = d.v_heads / d.k_heads;
@@ -199,33 +214,32 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
             let beta = x.beta[(start + r) * d.v_heads + h];
             let v = &x.v[((start + r) * d.v_heads + h) * dv..][..dv];
             let k = k_of(start + r);
-            let eg = cum[r].exp();
-            for j in 0..dv {
-                u[r * dv + j] = beta * v[j];
-            }
-            for i in 0..dk {
-                w[r * dk + i] = beta * eg * k[i];
-            }
-            for s_ in 0..r {
+            let beta_eg = beta * cum[r].exp();
+            let (u_done, u_rest) = u.split_at_mut(r * dv);
+            let (w_done, w_rest) = w.split_at_mut(r * dk);
+            let (u_r, w_r) = (&mut u_rest[..dv], &mut w_rest[..dk]);
+            u_r.iter_mut().zip(v).for_each(|(u, &v)| *u = beta * v);
+            w_r.iter_mut().zip(k).for_each(|(w, &k)| *w = beta_eg * k);
+            for (s_, (u_s, w_s)) in u_done
+                .chunks_exact(dv)
+                .zip(w_done.chunks_exact(dk))
+                .enumerate()
+            {
                 let l = beta * kk[r * CHUNK + s_] * (cum[r] - cum[s_]).exp();
-                for j in 0..dv {
-                    u[r * dv + j] -= l * u[s_ * dv + j];
-                }
-                for i in 0..dk {
-                    w[r * dk + i] -= l * w[s_ * dk + i];
-                }
+                sub_scaled(u_r, l, u_s);
+                sub_scaled(w_r, l, w_s);
             }
         }
         // 5. V' = U − W S.
-        for r in 0..n {
-            let nv = &mut new_v[r * dv..][..dv];
-            nv.copy_from_slice(&u[r * dv..][..dv]);
-            for i in 0..dk {
-                let wi = w[r * dk + i];
-                let row = &s[i * dv..][..dv];
-                for j in 0..dv {
-                    nv[j] -= wi * row[j];
-                }
+        for ((nv, u_r), w_r) in new_v
+            .chunks_exact_mut(dv)
+            .zip(u.chunks_exact(dv))
+            .zip(w.chunks_exact(dk))
+            .take(n)
+        {
+            nv.copy_from_slice(u_r);
+            for (&wi, row) in w_r.iter().zip(s.chunks_exact(dv)) {
+                sub_scaled(nv, wi, row);
             }
         }
         // Outputs: O_r = e^{G_r} q_r S + Σ_{s≤r} (q_r·k_s) e^{G_r−G_s} v'_s.
@@ -234,39 +248,68 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
             let o = &mut out[(start + r) * dv..][..dv];
             o.iter_mut().for_each(|e| *e = 0.0);
             let eg = cum[r].exp();
-            for i in 0..dk {
-                let qi = q[i] * eg;
-                let row = &s[i * dv..][..dv];
-                for j in 0..dv {
-                    o[j] += qi * row[j];
-                }
+            for (&qi, row) in q.iter().zip(s.chunks_exact(dv)) {
+                add_scaled(o, qi * eg, row);
             }
-            for s_ in 0..=r {
+            for (s_, nv) in new_v.chunks_exact(dv).take(r + 1).enumerate() {
                 let m = dot(q, k_of(start + s_)) * (cum[r] - cum[s_]).exp();
-                let nv = &new_v[s_ * dv..][..dv];
-                for j in 0..dv {
-                    o[j] += m * nv[j];
-                }
+                add_scaled(o, m, nv);
             }
         }
         // New state: e^{G_last} S + Σ_r e^{G_last − G_r} k_r v'_rᵀ.
         let last = cum[n - 1];
         let decay = last.exp();
         s.iter_mut().for_each(|e| *e *= decay);
-        for r in 0..n {
+        for (r, nv) in new_v.chunks_exact(dv).take(n).enumerate() {
             let f = (last - cum[r]).exp();
-            let k = k_of(start + r);
-            let nv = &new_v[r * dv..][..dv];
-            for i in 0..dk {
-                let ki = k[i] * f;
-                let row = &mut s[i * dv..][..dv];
-                for j in 0..dv {
-                    row[j] += ki * nv[j];
-                }
+            for (&ki, row) in k_of(start + r).iter().zip(s.chunks_exact_mut(dv)) {
+                add_scaled(row, ki * f, nv);
             }
         }
         start += n;
     }
+}
+
+/// The head functions compiled a second time with AVX2 enabled, chosen at run time. The engine
+/// crate is built for baseline x86-64 (SSE2): its axpy loops run 4 lanes wide; here 8. FMA is
+/// not enabled, so every multiply and add rounds as in the baseline build and `dot` keeps its
+/// 8 lanes: the results are bit-identical, only the vectors are wider.
+mod wide {
+    use super::{DeltaDims, DeltaInputs};
+
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx2() -> bool {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+    }
+
+    macro_rules! dispatch {
+        ($name:ident, $avx2:ident) => {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            fn $avx2(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], o: &mut [f32]) {
+                super::$name(d, x, h, s, o)
+            }
+
+            pub(super) fn $name(
+                d: &DeltaDims,
+                x: &DeltaInputs,
+                h: usize,
+                s: &mut [f32],
+                o: &mut [f32],
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2() {
+                    // SAFETY: the CPU has AVX2 (detected at run time), the one feature enabled.
+                    return unsafe { $avx2(d, x, h, s, o) };
+                }
+                super::$name(d, x, h, s, o)
+            }
+        };
+    }
+
+    dispatch!(recurrent_head, recurrent_head_avx2);
+    dispatch!(chunked_head, chunked_head_avx2);
 }
 
 #[cfg(test)]

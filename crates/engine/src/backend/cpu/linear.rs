@@ -60,6 +60,7 @@ const TOKENS_PER_TASK: usize = 16;
 /// f32 dot product with eight partial sums (lane `l` sums elements `8c + l`), then a fixed
 /// pairwise reduction: a repeatable order that compiles to vector multiplies and adds (no
 /// fused multiply-add, which would round differently).
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
