@@ -11,8 +11,14 @@
 #   5. a short table last. Full logs in $OUT/logs.tgz, the table in $OUT/summary.txt.
 #
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
-#                                         # SKIP_KERNELS=1: no kernel tests (~100 s)
+#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity serve ab mtp
+#                                         # demo profile sanitize compare (default: all but
+#                                         # sanitize; compare needs QUICK unset)
 set -u
+STAGES=" ${STAGES:-kernels parity serve ab mtp demo profile compare} "
+[ "${SKIP_KERNELS:-0}" = 1 ] && STAGES="${STAGES/ kernels / }"
+[ "${QUICK:-0}" = 1 ] && STAGES="${STAGES/ compare / }"
+stage() { [[ "$STAGES" == *" $1 "* ]]; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; QUICK="${QUICK:-0}"
 RESULTS="${OUT:-$W/results}"; OUT="$W/logs"  # the bench script writes its logs to $OUT too
@@ -25,16 +31,16 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 stamp() { echo "[$SECONDS s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
-[ "$QUICK" = 1 ] || bash "$S" build
+stage compare && bash "$S" build
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
 [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
 F="$M"
-[ "$QUICK" = 1 ] || RECIPE=IQ2_XXS bash "$S" synth
-[ "$QUICK" = 1 ] || RECIPE=IQ1_M bash "$S" synth
+stage compare && RECIPE=IQ2_XXS bash "$S" synth
+stage compare && RECIPE=IQ1_M bash "$S" synth
 
-if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+if stage kernels; then
   stamp "kernel tests"
   "$D/kernels" --test-threads=1 > "$OUT/kernels.log" 2>&1
   note "kernels: $(grep -E '^test result' "$OUT/kernels.log" | tail -1)"
@@ -42,13 +48,24 @@ if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   note "kernels, no token tiles: $(grep -E '^test result' "$OUT/kernels-tiles.log" | tail -1)"
 fi
 
-stamp "parity tests"
-"$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity.log" 2>&1
-note "cuda_parity: $(grep -E '^test result' "$OUT/parity.log" | tail -1)"
-note "  worst exact: $(grep -h 'Exact' "$OUT/parity.log" | sort -k8 -g | tail -1)"
-note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
-REDLITE_PREFILL_TILES=0 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-tiles.log" 2>&1
-note "cuda_parity, no token tiles: $(grep -E '^test result' "$OUT/parity-tiles.log" | tail -1)"
+if stage parity; then
+  stamp "parity tests"
+  "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity.log" 2>&1
+  note "cuda_parity: $(grep -E '^test result' "$OUT/parity.log" | tail -1)"
+  note "  worst exact: $(grep -h 'Exact' "$OUT/parity.log" | sort -k8 -g | tail -1)"
+  note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
+  REDLITE_PREFILL_TILES=0 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-tiles.log" 2>&1
+  note "cuda_parity, no token tiles: $(grep -E '^test result' "$OUT/parity-tiles.log" | tail -1)"
+fi
+
+if stage sanitize; then
+  # compute-sanitizer's memcheck over the parity tests that cover every op (slow: a subset).
+  stamp "compute-sanitizer"
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/cuda_parity" \
+    --test-threads=1 decode_and_chunked_prefill_match_the_cpu a_multi_sequence_batch \
+    > "$OUT/sanitizer.log" 2>&1
+  note "memcheck (exit $?): $(grep -E 'ERROR SUMMARY|^test result' "$OUT/sanitizer.log" | tr '\n' ' ')"
+fi
 
 serve_check() {
   local name="$1"; shift
@@ -61,35 +78,48 @@ serve_check() {
   kill -INT "$pid"; wait "$pid"
   note "serve ($name): $(grep -E 'equal to the request alone' "$OUT/serve-$name.txt")"
 }
-stamp "serve"
-serve_check graph REDLITE_UNUSED=0
-serve_check no-graph REDLITE_CUDA_GRAPH=0
+if stage serve; then
+  stamp "serve"
+  serve_check graph REDLITE_UNUSED=0
+  serve_check no-graph REDLITE_CUDA_GRAPH=0
+fi
 
-stamp "redlite A/B"
+stage ab && stamp "redlite A/B"
 tg() {
   env "$@" "$R" bench -m "$F" --device cuda -p 512 -n 128 -d 0 -r 2 2>&1 | grep -E '^\| (pp|tg)' \
     | tr -s ' ' | tr '\n' ' '
 }
-note "defaults:               $(tg REDLITE_UNUSED=0)"
-note "no token tiles:         $(tg REDLITE_PREFILL_TILES=0)"
-note "exact (f32 activations): $(tg REDLITE_CUDA_EXACT=1)"
+if stage ab; then
+  note "defaults:               $(tg REDLITE_UNUSED=0)"
+  note "no token tiles:         $(tg REDLITE_PREFILL_TILES=0)"
+  note "exact (f32 activations): $(tg REDLITE_CUDA_EXACT=1)"
+fi
 
-stamp "MTP"
+if stage profile; then
+  stamp "profile"
+  "$R" bench -m "$F" --device cuda -p 512 -n 32 -r 1 --profile > "$OUT/profile.txt" 2>&1
+  note "bench --profile (pp512, tg32 eager):"; grep -E '^(profile|  )' "$OUT/profile.txt" | tee -a "$SUMMARY"
+fi
+
+stage mtp && stamp "MTP"
 mtp_bench() {
   "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 "$@" 2>&1 | grep -E '^\| tg' | tr -s ' '
 }
-note "MTP on the full file, forced acceptance (each run times plain decoding first):"
-{ mtp_bench --mtp --draft 1 --mtp-accept 0,0.7,1; mtp_bench --mtp --draft 3 --mtp-accept 0.7,1; } \
-  | tee -a "$SUMMARY"
+if stage mtp; then
+  note "MTP on the full file, forced acceptance (each run times plain decoding first):"
+  { mtp_bench --mtp --draft 1 --mtp-accept 0,0.7,1; mtp_bench --mtp --draft 3 --mtp-accept 0.7,1; } \
+    | tee -a "$SUMMARY"
+fi
 
-# The trained demo model (carried in .cache/demo-gpu): greedy text with and without MTP, real
-# acceptance and speed, and the same text as the CPU.
-for f in "$ROOT"/.cache/demo-gpu/*.gguf; do
-  [ -f "$f" ] || continue
+# The trained demo model: the embedded default, and any file carried in .cache/demo-gpu: greedy
+# text with and without MTP, real acceptance and speed, and the same text as the CPU.
+stage demo && for f in default "$ROOT"/.cache/demo-gpu/*.gguf; do
+  [ "$f" = default ] || [ -f "$f" ] || continue
   name="$(basename "$f" .gguf)"
+  model=(); [ "$f" = default ] || model=(-m "$f")
   run_demo() {
-    "$R" generate -m "$f" -p "And God said, Let there be light" -n 256 --temp 0 "$@" \
-      > "$OUT/$name-$*.txt" 2> "$OUT/$name-$*.err"
+    REDLITE_CACHE="$W/cache" "$R" generate "${model[@]}" -p "And God said, Let there be light" \
+      -n 256 --temp 0 "$@" > "$OUT/$name-$*.txt" 2> "$OUT/$name-$*.err"
   }
   run_demo --device cpu; run_demo --device cuda; run_demo --device cuda --mtp
   run_demo --device cuda --mtp --draft 3
@@ -101,7 +131,7 @@ $(same '--device cuda' '--device cuda --mtp'), draft 3 $(same '--device cuda' '-
   done
 done
 
-if [ "$QUICK" != 1 ]; then
+if stage compare; then
   stamp "same-run comparison"
   RECIPE=IQ2_XXS ROUNDS=1 PP=512,2048 bash "$S" bench > "$OUT/vs-IQ2_XXS.txt" 2>&1
   RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1

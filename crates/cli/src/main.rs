@@ -3,6 +3,7 @@
 mod commands;
 mod default_model;
 mod loader;
+mod profile;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -94,6 +94,12 @@ impl Device {
             .map_err(CudaError::driver("cuDeviceGetName"))
     }
 
+    /// With `--profile` (`enable_components`): `component`'s launches start here on the
+    /// stream. Nothing otherwise.
+    pub fn mark(&self, component: &'static str) {
+        crate::profile::mark(self.stream(), component);
+    }
+
     /// The stream every op of this device is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -51,7 +51,7 @@ pub use layer_ops::{
     DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
-pub use profile::profiling;
+pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};
 
 /// Whether this build carries the CUDA backend at all.

@@ -1,13 +1,17 @@
-//! `REDLITE_CUDA_PROFILE=1`: every layer-kernel launch waits for the stream before and
+//! Two profiles. `REDLITE_CUDA_PROFILE=1`: every layer-kernel launch waits for the stream before and
 //! after it, and the wall time in between is added up per kernel (matmuls per shape); the
 //! table goes to stderr when the device is dropped. For finding where decode time goes on
 //! a machine without a profiler; it serializes everything, so CUDA graphs are off with it.
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaStream};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use crate::error::CudaError;
 
 /// Whether `REDLITE_CUDA_PROFILE=1` is set.
 pub fn profiling() -> bool {
@@ -76,4 +80,90 @@ pub(crate) fn report() -> String {
         );
     }
     out
+}
+
+/// `--profile`: the stream's time split by model component. The engine marks where each
+/// component's launches begin (`Device::mark`, an event recorded on the stream: nothing
+/// waits); the time from one mark to the next is the earlier one's. Launches are not
+/// serialized, so the split is of a normal run's stream time (gaps where the GPU waits for the
+/// host included); the decode graph is off while it is on (an event recorded during a
+/// capture would time the capture, not the replays).
+static COMPONENTS: AtomicBool = AtomicBool::new(false);
+
+/// The marks since the last [`take_components`]: (component, event), and the stream they
+/// were recorded on (one device per process).
+struct Marks {
+    marks: Vec<(&'static str, CudaEvent)>,
+    stream: Option<Arc<CudaStream>>,
+}
+
+static MARKS: Mutex<Marks> = Mutex::new(Marks {
+    marks: Vec::new(),
+    stream: None,
+});
+
+/// Turns the component split on (for the rest of the process).
+pub fn enable_components() {
+    COMPONENTS.store(true, Ordering::Relaxed);
+}
+
+/// Whether the component split is on.
+pub fn components_on() -> bool {
+    COMPONENTS.load(Ordering::Relaxed)
+}
+
+/// Records the start of `component`'s launches on `stream`.
+pub(crate) fn mark(stream: &Arc<CudaStream>, component: &'static str) {
+    if !components_on() {
+        return;
+    }
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    if let (Ok(event), Ok(mut marks)) = (stream.record_event(timed), MARKS.lock()) {
+        marks.marks.push((component, event));
+        marks.stream.get_or_insert_with(|| stream.clone());
+    }
+}
+
+/// One component's share of the stream time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComponentTime {
+    pub component: &'static str,
+    pub milliseconds: f64,
+    /// Times the component started (per layer and call).
+    pub spans: u64,
+}
+
+/// Time per component between the marks recorded since the last call, largest first (waits
+/// for the stream); empty when nothing was marked.
+pub fn take_components() -> Result<Vec<ComponentTime>, CudaError> {
+    let stream = MARKS.lock().ok().and_then(|m| m.stream.clone());
+    let Some(stream) = stream else {
+        return Ok(Vec::new());
+    };
+    // Closes the last component's span.
+    mark(&stream, "end");
+    let marks = match MARKS.lock() {
+        Ok(mut marks) => std::mem::take(&mut marks.marks),
+        Err(_) => return Ok(Vec::new()),
+    };
+    let mut table: Vec<ComponentTime> = Vec::new();
+    for pair in marks.windows(2) {
+        let ((component, start), (_, end)) = (&pair[0], &pair[1]);
+        let ms = start
+            .elapsed_ms(end)
+            .map_err(CudaError::driver("cuEventElapsedTime"))?;
+        match table.iter_mut().find(|c| c.component == *component) {
+            Some(c) => {
+                c.milliseconds += f64::from(ms);
+                c.spans += 1;
+            }
+            None => table.push(ComponentTime {
+                component,
+                milliseconds: f64::from(ms),
+                spans: 1,
+            }),
+        }
+    }
+    table.sort_by(|a, b| b.milliseconds.total_cmp(&a.milliseconds));
+    Ok(table)
 }

@@ -3,6 +3,7 @@ use clap::Args;
 use redlite_engine::bench::{bench_gen, bench_gen_mtp, bench_prompt, BenchResult};
 
 use crate::loader::{load, ModelArgs};
+use crate::profile;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -38,6 +39,11 @@ pub struct BenchArgs {
     /// model's). Empty: real acceptance.
     #[arg(long = "mtp-accept", value_delimiter = ',', value_name = "RATES")]
     mtp_accept: Vec<f64>,
+    /// With --device cuda: after each test, where the GPU's time went per model component
+    /// (CUDA events, mean over the warm-up and timed runs; a tg test at a depth includes the
+    /// context's prefill). The decode graph is off meanwhile, so tg figures are eager ones.
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
@@ -52,7 +58,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model.ctx = args.model.ctx.max(longest_pp).max(longest_tg);
     // One prefill call per pp test, as llama-bench's default batch does.
     args.model.chunk = args.model.chunk.max(longest_pp);
+    profile::enable(args.profile, &args.model.device)?;
     let mut loaded = load(&args.model)?;
+    profile::discard(args.profile)?;
+    let runs = args.repetitions + 1;
     let mut results: Vec<BenchResult> = Vec::new();
     // The pp and plain tg tests run without the MTP block's cost (its prefill and per-token
     // catch-up); `tg N mtpK` turns it on.
@@ -61,6 +70,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
         results.push(bench_prompt(loaded.session.as_mut(), p, args.repetitions)?);
         report(results.last(), args.json);
+        profile::print(args.profile, &format!("pp{p}"), runs, p)?;
     }
     if args.n_gen > 0 {
         for &d in &args.depth {
@@ -71,6 +81,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 args.repetitions,
             )?);
             report(results.last(), args.json);
+            let test = results.last().map_or(String::new(), |r| r.test.clone());
+            profile::print(args.profile, &test, runs, args.n_gen)?;
         }
         if args.model.mtp {
             loaded.session.reset();

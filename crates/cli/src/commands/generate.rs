@@ -7,6 +7,7 @@ use redlite_engine::generate::{generate, GenerateRequest};
 
 use crate::commands::sampling_args::SamplingArgs;
 use crate::loader::{load, ModelArgs};
+use crate::profile;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -23,10 +24,16 @@ pub struct GenerateArgs {
     /// Wrap the prompt as one user turn of the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// With --device cuda: print where the GPU's time goes per model component, for the
+    /// prompt and for the generation (CUDA events; the decode graph is off meanwhile).
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    profile::enable(args.profile, &args.model.device)?;
     let mut loaded = load(&args.model)?;
+    profile::discard(args.profile)?;
     let text = if args.chat {
         let source = loaded
             .gguf
@@ -53,16 +60,27 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let mut stdout = std::io::stdout();
     print!("{}", args.prompt);
+    let prompt_tokens = request.prompt.len();
+    let mut pieces = 0usize;
     let stats = generate(
         loaded.session.as_mut(),
         &loaded.tokenizer,
         &request,
         &mut |piece| {
+            // The first piece comes after the prompt's prefill (and the first token's sampling).
+            if pieces == 0 {
+                if let Err(e) = profile::print(args.profile, "prompt", 1, prompt_tokens) {
+                    eprintln!("profile: {e:#}");
+                }
+            }
+            pieces += 1;
             print!("{piece}");
             stdout.flush().is_ok()
         },
     )?;
     println!();
+    let decoded = stats.generated.len().saturating_sub(1);
+    profile::print(args.profile, "generation", 1, decoded)?;
     eprintln!(
         "prompt {} tokens, {:.1} tok/s; generated {} tokens, {:.1} tok/s; stop: {:?}",
         stats.prompt_tokens,

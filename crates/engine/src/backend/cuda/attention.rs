@@ -34,6 +34,7 @@ pub fn forward(
     let mut qg = s.proj.slice_mut(..t * 2 * heads);
     let mut k = s.k.slice_mut(..t * kv_width);
     let mut v = s.v.slice_mut(..t * kv_width);
+    device.mark("attention projections");
     matmul(device, &w.q.view(), h, &mut qg)?;
     matmul(device, &w.k.view(), h, &mut k)?;
     matmul(device, &w.v.view(), h, &mut v)?;
@@ -51,6 +52,7 @@ pub fn forward(
     let mut q = s.q.slice_mut(..t * heads);
     let mut o = s.o.slice_mut(..t * heads);
     let mut partials = s.attn_partials.as_view_mut();
+    device.mark("attention");
     let inputs = Inputs {
         qg: qg.as_view(),
         k: k.as_view(),
@@ -80,6 +82,7 @@ pub fn forward(
             position,
         )?,
     }
+    device.mark("attention projections");
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
 }

@@ -44,6 +44,7 @@ pub fn forward(
     let (channels, inner) = (shape.channels(), shape.inner());
     let mut qkv = s.qkv.slice_mut(..t * channels);
     let mut z = s.z.slice_mut(..t * inner);
+    device.mark("DeltaNet projections");
     match &w.gate_proj {
         Some(gate) => {
             matmul(device, &w.in_proj.view(), h, &mut qkv)?;
@@ -58,6 +59,7 @@ pub fn forward(
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
     matmul(device, &w.ba.view(), h, &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
+    device.mark("DeltaNet recurrence and tail");
     if t == 1 && fused() && record.is_none() {
         let params = DeltaNetParams {
             conv_w: &w.conv.as_view(),
@@ -75,6 +77,7 @@ pub fn forward(
             &mut state.recurrent.as_view_mut(),
             &mut o,
         )?;
+        device.mark("DeltaNet ssm_out");
         matmul(device, &w.out.view(), &o.as_view(), out)?;
         return Ok(());
     }
@@ -153,6 +156,7 @@ pub fn forward(
         &z.as_view(),
         &w.norm.as_view(),
     )?;
+    device.mark("DeltaNet ssm_out");
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
 }

@@ -94,9 +94,12 @@ pub fn lock(graphs: &SharedGraphs) -> Result<MutexGuard<'_, DecodeGraphs>> {
         .map_err(|_| EngineError::Cuda("decode-graph lock poisoned by a panic".into()))
 }
 
-/// Off with `REDLITE_CUDA_GRAPH=0`, and while profiling (which synchronizes every launch).
+/// Off with `REDLITE_CUDA_GRAPH=0`, and while profiling (`REDLITE_CUDA_PROFILE=1` synchronizes
+/// every launch; `--profile` marks components with events, which a replay would not record).
 fn enabled_by_env() -> bool {
-    std::env::var("REDLITE_CUDA_GRAPH").as_deref() != Ok("0") && !redlite_cuda::profiling()
+    std::env::var("REDLITE_CUDA_GRAPH").as_deref() != Ok("0")
+        && !redlite_cuda::profiling()
+        && !redlite_cuda::components_on()
 }
 
 impl DecodeGraphs {

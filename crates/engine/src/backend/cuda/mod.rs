@@ -211,6 +211,7 @@ impl Backend for CudaBackend {
             _ => graphs.abandon(),
         }
         drop(graphs);
+        self.device.mark("embedding");
         let mut ids = scratch.token_ids.slice_mut(..tokens.len());
         self.device.copy_to_device(tokens, &mut ids)?;
         let mut out = x.rows_mut(tokens.len())?;
@@ -228,6 +229,7 @@ impl Backend for CudaBackend {
         if self.gate(Op::Norm(norm), buffers)? == Gate::Skip {
             return Ok(());
         }
+        self.device.mark("norms and residuals");
         redlite_cuda::rms_norm(
             &self.device,
             &x.rows(b.tokens)?,
@@ -338,6 +340,7 @@ impl Backend for CudaBackend {
         if self.gate(Op::Add, buffers)? == Gate::Skip {
             return Ok(());
         }
+        self.device.mark("norms and residuals");
         redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
         Ok(())
     }
@@ -362,6 +365,7 @@ impl Backend for CudaBackend {
         if self.gate(Op::AddNorm(norm), buffers)? == Gate::Skip {
             return Ok(());
         }
+        self.device.mark("norms and residuals");
         redlite_cuda::add_rms_norm(
             &self.device,
             &mut x.rows_mut(b.tokens)?,
@@ -374,6 +378,7 @@ impl Backend for CudaBackend {
     }
 
     fn logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        self.device.mark("LM head");
         self.head_logits(&self.weights.output, rows, x, out)
     }
 
@@ -419,6 +424,7 @@ impl Backend for CudaBackend {
         graph::lock(&self.graphs)?.interrupt()?;
         let n = tokens.len();
         let mut scratch = self.scratch(n)?;
+        self.device.mark("MTP block");
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
         mtp::input(
@@ -433,6 +439,7 @@ impl Backend for CudaBackend {
     }
 
     fn mtp_logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        self.device.mark("MTP head");
         self.head_logits(self.weights.mtp_head()?, rows, x, out)
     }
 }

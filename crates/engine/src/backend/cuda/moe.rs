@@ -32,6 +32,7 @@ pub fn forward(
     let used = c.n_expert_used;
     let mut router = s.router.slice_mut(..t * c.n_expert);
     let mut shared_logit = s.shared_logit.slice_mut(..t);
+    device.mark("router");
     matmul(device, &w.router.view(), h, &mut router)?;
     matmul(device, &w.shared_gate_inp.view(), h, &mut shared_logit)?;
     let mut ids = s.ids.slice_mut(..t * used);
@@ -47,6 +48,8 @@ pub fn forward(
     )?;
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     if fold_shared(w) {
+        // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
+        device.mark("routed + shared experts (folded)");
         let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
         let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
         moe_gate_up(
@@ -73,6 +76,7 @@ pub fn forward(
         )?;
         return Ok(());
     }
+    device.mark("routed experts");
     moe_gate_up(
         device,
         &w.gate_exps.view(),
@@ -94,6 +98,7 @@ pub fn forward(
         false,
         None,
     )?;
+    device.mark("shared expert");
     let zero_ids = s.zero_ids.slice(..t);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
     moe_gate_up(
