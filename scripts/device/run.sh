@@ -61,7 +61,7 @@ fi
 if stage sanitize; then
   # compute-sanitizer's memcheck over the parity tests that cover every op (slow: a subset).
   stamp "compute-sanitizer"
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/cuda_parity" \
+  timeout "${SANITIZE_S:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 "$D/cuda_parity" \
     --test-threads=1 decode_and_chunked_prefill_match_the_cpu a_multi_sequence_batch \
     > "$OUT/sanitizer.log" 2>&1
   note "memcheck (exit $?): $(grep -E 'ERROR SUMMARY|^test result' "$OUT/sanitizer.log" | tr '\n' ' ')"
