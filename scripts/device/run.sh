@@ -11,11 +11,11 @@
 #   5. a short table last. Full logs in $OUT/logs.tgz, the table in $OUT/summary.txt.
 #
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
-#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity serve ab mtp
-#                                         # demo profile sanitize compare (default: all but
-#                                         # sanitize; compare needs QUICK unset)
+#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity grouped serve
+#                                         # ab mtp demo profile sanitize compare (default: all
+#                                         # but sanitize; compare needs QUICK unset)
 set -u
-STAGES=" ${STAGES:-kernels parity serve ab mtp demo profile compare} "
+STAGES=" ${STAGES:-kernels parity grouped serve ab mtp demo profile compare} "
 [ "${SKIP_KERNELS:-0}" = 1 ] && STAGES="${STAGES/ kernels / }"
 [ "${QUICK:-0}" = 1 ] && STAGES="${STAGES/ compare / }"
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -56,6 +56,25 @@ if stage parity; then
   note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
   REDLITE_PREFILL_TILES=0 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-tiles.log" 2>&1
   note "cuda_parity, no token tiles: $(grep -E '^test result' "$OUT/parity-tiles.log" | tail -1)"
+fi
+
+if stage grouped; then
+  # The grouped expert gate/up of prompts: bit for bit the per-pair launch (kernel test, and
+  # the full model's logits after a 96-token prompt), and its speed (pp512, A/B).
+  stamp "grouped experts"
+  "$D/kernels" --test-threads=1 grouped > "$OUT/grouped-kernels.log" 2>&1
+  note "grouped gate/up kernel test: $(grep -E '^test result' "$OUT/grouped-kernels.log" | tail -1)"
+  ids=$(seq -s, 11 37 3563)
+  for g in 1 0; do
+    REDLITE_MOE_GROUPED=$g "$R" logits -m "$F" --device cuda --tokens "$ids" \
+      --out "$W/logits-grouped$g.bin" > "$OUT/logits-grouped$g.log" 2>&1
+  done
+  cmp -s "$W/logits-grouped1.bin" "$W/logits-grouped0.bin" && same=identical || same=DIFFERENT
+  note "full-model logits, grouped vs per-pair gate/up: $same"
+  for g in 1 0; do
+    note "REDLITE_MOE_GROUPED=$g: $(REDLITE_MOE_GROUPED=$g "$R" bench -m "$F" --device cuda -p 512,2048 \
+      -n 0 -r 2 2>&1 | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' ')"
+  done
 fi
 
 if stage sanitize; then

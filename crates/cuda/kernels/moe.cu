@@ -487,6 +487,84 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
     }
 }
 
+// Grouped gate/up for prompts (several tokens per call): the (token, slot) pairs routed to
+// one expert gathered into tiles of up to NT pairs on the host, from the router's ids.
+// `tile_expert[y]` is tile y's expert, or -1 for the shared expert; `tile_pairs[y * NT + j]`
+// its pairs t * used + k (for the shared expert: tokens t), packed first, -1 after. Grid
+// (row groups, tiles): each CTA quantizes its pairs' x into shared memory (all their blocks
+// spread over the warps at once) and each lane group takes one row of the expert for all the
+// pairs, so a weight item is loaded and decoded once for up to NT products instead of once
+// per pair. Per (pair, row) the terms, the lanes and their order are moe_gate_up_q8_kernel's
+// with ROWS = 1 (the default): the same bits.
+template <class B, int WARPS, int LANES, int NT>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_q8_grouped_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                              const int* __restrict__ tile_expert,
+                              const int* __restrict__ tile_pairs, const float* __restrict__ x,
+                              float* __restrict__ act, int ff, int cols, int used,
+                              const u8* __restrict__ shared_gate,
+                              const u8* __restrict__ shared_up, float* __restrict__ act_shared,
+                              int shared_ff) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int expert = tile_expert[blockIdx.y];
+    const int* pairs = tile_pairs + i64(blockIdx.y) * NT;
+    const bool shared_tile = expert < 0;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const int n_rows = shared_tile ? shared_ff : ff;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* g_row = (shared_tile ? shared_gate : gate + i64(expert) * ff * row_bytes) +
+                      i64(row) * row_bytes;
+    const u8* u_row = (shared_tile ? shared_up : up + i64(expert) * ff * row_bytes) +
+                      i64(row) * row_bytes;
+    if (row < n_rows) {
+        prefetch_l2(g_row, row_bytes, member, LANES);
+        prefetch_l2(u_row, row_bytes, member, LANES);
+    }
+    int nt = 0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) nt += pairs[j] >= 0 ? 1 : 0;
+    const int nb = cols / Q8K_VALUES;
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(NT * cols);
+    quantize_q8k_blocks(
+        [=](int b) {
+            const int pair = pairs[b / nb];
+            const int token = shared_tile ? pair : pair / used;
+            return x + i64(token) * cols + i64(b % nb) * Q8K_VALUES;
+        },
+        nt * nb, xd, xq);
+    if (row >= n_rows) return;
+    const int items = cols / B::VALUES * B::ITEMS;
+    float g[NT], u[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) g[j] = u[j] = 0.0f;
+    for (int i = member; i < items; i += LANES) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const i64 offset = i64(block) * B::BYTES;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (j < nt) {
+                const i8* qb = xq + j * cols + block * B::VALUES;
+                const float db = xd[j * nb + block];
+                g[j] += Q8Dot<B>::dot(g_row + offset, item, qb, db);
+                u[j] += Q8Dot<B>::dot(u_row + offset, item, qb, db);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const float gs = group_reduce_sum<LANES>(g[j]), us = group_reduce_sum<LANES>(u[j]);
+        if (member == 0 && j < nt) {
+            float* out = shared_tile ? act_shared + i64(pairs[j]) * shared_ff
+                                     : act + i64(pairs[j]) * ff;
+            out[row] = siluf(gs) * us;
+        }
+    }
+}
+
 template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,

@@ -46,22 +46,18 @@ static __device__ __forceinline__ int q8_scales_bytes(int values) {
 // every weight load of the kernel waits behind). Ends with a CTA barrier.
 #define Q8_UNROLL 4
 
-// The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
-// null when `values2` is 0), staged back to back.
-static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
-                                                           int values,
-                                                           const float* __restrict__ x2,
-                                                           int values2, float* d, i8* q) {
+// `blocks` blocks of 256 values, block b read from `source(b)`, staged back to back.
+template <class Source>
+static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int blocks, float* d,
+                                                           i8* q) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    const int blocks1 = values / Q8K_VALUES, blocks = blocks1 + values2 / Q8K_VALUES;
     for (int first = warp; first < blocks; first += Q8_UNROLL * warps) {
         float v[Q8_UNROLL][8];
 #pragma unroll
         for (int u = 0; u < Q8_UNROLL; ++u) {
             const int b = first + u * warps;
-            const float* xb = b < blocks1 ? x + i64(b) * Q8K_VALUES + 8 * lane
-                                          : x2 + i64(b - blocks1) * Q8K_VALUES + 8 * lane;
+            const float* xb = source(b < blocks ? b : 0) + 8 * lane;
             const bool wide = (reinterpret_cast<u64>(xb) & 15) == 0;
             if (b < blocks && wide) {
                 const float4 lo = *reinterpret_cast<const float4*>(xb);
@@ -115,6 +111,20 @@ static __device__ __forceinline__ void quantize_q8k_shared(const float* __restri
         }
     }
     __syncthreads();
+}
+
+// The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
+// null when `values2` is 0), staged back to back.
+static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
+                                                           int values,
+                                                           const float* __restrict__ x2,
+                                                           int values2, float* d, i8* q) {
+    const int blocks1 = values / Q8K_VALUES;
+    quantize_q8k_blocks(
+        [=](int b) {
+            return b < blocks1 ? x + i64(b) * Q8K_VALUES : x2 + i64(b - blocks1) * Q8K_VALUES;
+        },
+        blocks1 + values2 / Q8K_VALUES, d, q);
 }
 
 // Asks L2 for `bytes` bytes from `p` (one 128-byte line per lane and step), so the weight

@@ -29,6 +29,7 @@ mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
+mod moe_groups;
 mod moe_launch;
 mod ops;
 mod profile;
@@ -50,6 +51,7 @@ pub use layer_ops::{
     embed, gated_norm, matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, rms_norm,
     DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
+pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};

@@ -165,6 +165,15 @@ pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize)
     )
 }
 
+/// The grouped gate/up (prompts): one row per lane group, `GROUP_TILE` pairs per CTA.
+pub(crate) fn moe_gate_up_q8_grouped_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_gate_up_q8_grouped_kernel<{}, {LAYER_WARPS}, {lanes}, {}>",
+        kind.cuda_name,
+        crate::moe_groups::GROUP_TILE
+    )
+}
+
 pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
@@ -358,6 +367,11 @@ pub fn modules() -> Vec<ModuleSource> {
                             ]
                         })
                     })
+                }))
+                .chain(q8_kinds().flat_map(|k| {
+                    MOE_LANES
+                        .iter()
+                        .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
                 }))
                 .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
                 .collect(),

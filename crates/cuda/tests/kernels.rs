@@ -4,8 +4,8 @@
 
 use half::f16;
 use redlite_cuda::{
-    compile_all, dequantize, matmul, matvec, CudaError, Device, Dots, WeightMatrix, Q8_DOT_TYPES,
-    WEIGHT_KINDS,
+    compile_all, dequantize, matmul, matvec, moe_gate_up, moe_gate_up_grouped, CudaError, Device,
+    Dots, ExpertTiles, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::{dequantize_row, dot_row, scale_fields, set_iq1m_scale, ScaleKind};
@@ -244,6 +244,115 @@ fn matmul_matches_cpu_in_both_precisions() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The grouped gate/up (prompts) against the per-pair launch, with and without the shared
+/// expert, bit for bit: the same terms in the same order per (pair, row). 17 tokens x 3 slots
+/// over 5 experts: every expert takes more than one tile of pairs.
+#[test]
+fn grouped_gate_up_equals_the_per_pair_launch() {
+    let Some(device) = device("grouped_gate_up_equals_the_per_pair_launch") else {
+        return;
+    };
+    let mut rng = Rng(11);
+    let (n_expert, ff, cols, tokens, used) = (5, 96, 512, 17, 3);
+    assert!(tokens * used > n_expert * GROUP_TILE);
+    for kind in WEIGHT_KINDS.iter().filter(|k| Q8_DOT_TYPES.contains(&k.ty)) {
+        let ty = kind.ty;
+        let upload = |bytes: &[u8]| device.upload(bytes).unwrap();
+        let (gate, up) = (
+            upload(&random_matrix(ty, n_expert * ff, cols, &mut rng)),
+            upload(&random_matrix(ty, n_expert * ff, cols, &mut rng)),
+        );
+        let (s_gate, s_up) = (
+            upload(&random_matrix(ty, ff, cols, &mut rng)),
+            upload(&random_matrix(ty, ff, cols, &mut rng)),
+        );
+        fn matrix(
+            bytes: &redlite_cuda::CudaSlice<u8>,
+            ty: GgmlType,
+            (rows, cols): (usize, usize),
+        ) -> WeightMatrix<'_> {
+            WeightMatrix {
+                ty,
+                rows,
+                cols,
+                bytes: bytes.as_view(),
+                dots: Dots::Q8K,
+            }
+        }
+        let stack = (n_expert * ff, cols);
+        let (gate, up) = (matrix(&gate, ty, stack), matrix(&up, ty, stack));
+        let (s_gate, s_up) = (
+            matrix(&s_gate, ty, (ff, cols)),
+            matrix(&s_up, ty, (ff, cols)),
+        );
+        // Distinct experts per token, as the router picks them.
+        let ids: Vec<i32> = (0..tokens)
+            .flat_map(|t| (0..used).map(move |k| ((t + 2 * k) % n_expert) as i32))
+            .collect();
+        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+        let (ids_device, x_device) = (device.upload(&ids).unwrap(), device.upload(&x).unwrap());
+        for with_shared in [false, true] {
+            let run = |grouped: bool| {
+                let mut act = device.alloc_zeros::<f32>(tokens * used * ff).unwrap();
+                let mut act_shared = device.alloc_zeros::<f32>(tokens * ff).unwrap();
+                let mut act_shared_view = act_shared.as_view_mut();
+                let shared = with_shared.then_some((&s_gate, &s_up, &mut act_shared_view));
+                if grouped {
+                    let tiles = ExpertTiles::new(&ids, used, n_expert, with_shared).unwrap();
+                    moe_gate_up_grouped(
+                        &device,
+                        &gate,
+                        &up,
+                        ff,
+                        &tiles,
+                        &x_device.as_view(),
+                        &mut act.as_view_mut(),
+                        shared,
+                    )
+                    .unwrap();
+                } else {
+                    moe_gate_up(
+                        &device,
+                        &gate,
+                        &up,
+                        ff,
+                        &ids_device.as_view(),
+                        &x_device.as_view(),
+                        &mut act.as_view_mut(),
+                        shared,
+                    )
+                    .unwrap();
+                }
+                (
+                    device.download(&act).unwrap(),
+                    device.download(&act_shared).unwrap(),
+                )
+            };
+            let (plain, grouped) = (run(false), run(true));
+            for (name, a, b) in [
+                ("routed", &plain.0, &grouped.0),
+                ("shared", &plain.1, &grouped.1),
+            ] {
+                let differ = a
+                    .iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{ty:?} shared={with_shared}: {name} act differs in {differ} of {} values",
+                    a.len()
+                );
+            }
+            assert!(
+                plain.0.iter().any(|&v| v != 0.0),
+                "{ty:?}: nothing computed"
+            );
         }
     }
 }

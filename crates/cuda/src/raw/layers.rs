@@ -316,6 +316,55 @@ pub(crate) fn launch_moe_gate_up_v3(
     })
 }
 
+/// `moe_gate_up_q8_grouped_kernel<B, WARPS, LANES, NT>(gate, up, tile_expert, tile_pairs, x,
+/// act, ff, cols, used, shared_gate, shared_up, act_shared, shared_ff)`; null shared pointers
+/// without `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_gate_up_grouped(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (gate, up, experts, pairs, x): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+    ),
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used): (i32, i32, i32),
+    shared: Option<SharedUpArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(gate)
+        .arg(up)
+        .arg(experts)
+        .arg(pairs)
+        .arg(x)
+        .arg(act);
+    launch.arg(&ff).arg(&cols).arg(&used);
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_gate, s_up, s_act, _)) => {
+            launch.arg(s_gate).arg(s_up).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature. The tiles come from `ExpertTiles::new`: every
+    // expert is below the stack's count (gate and up hold n_expert x ff rows of `cols`) or
+    // -1 with `shared` (shared_ff rows, act_shared tokens x shared_ff), every pair below
+    // tokens x used (act holds tokens x used x ff, x tokens x cols), GROUP_TILE per tile
+    // (grid.y = tiles); the op entry checked the lengths. Without `shared` no tile is -1,
+    // so the null pointers are never read.
+    launched(stream, "cuLaunchKernel(moe_gate_up_grouped)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `moe_down_v3_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert,
 /// accumulate, shared_down, shared_weight, act_shared, shared_ff)`, and
 /// `moe_down_q8_kernel<B, WARPS, LANES>` of the same signature; null shared pointers without

@@ -6,11 +6,16 @@
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
+//! `REDLITE_MOE_GROUPED=1`: prompts (several tokens) with q8 dots take the grouped gate/up:
+//! the router's ids come to the host, the pairs are grouped by expert, and each expert's rows
+//! are read once per tile of pairs (same logits, bit for bit). Off: on the H200 it measured 3 %
+//! slower at pp512 (docs/PERF.md), the per-pair launch already reads repeated rows from L2.
 
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, CudaView, CudaViewMut, Device,
+    matmul, moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_grouped, moe_route, CudaView,
+    CudaViewMut, Device, ExpertTiles,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -47,21 +52,44 @@ pub fn forward(
         &mut shared_weight,
     )?;
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
-    if fold_shared(w) {
+    let fold = fold_shared(w);
+    let tiles = match t > 1 && grouped(w) {
+        true => {
+            let mut host = vec![0i32; t * used];
+            device.copy_to_host(&ids.as_view(), &mut host)?;
+            ExpertTiles::new(&host, used, c.n_expert, fold)
+        }
+        false => None,
+    };
+    let (gate_exps, up_exps) = (w.gate_exps.view(), w.up_exps.view());
+    if fold {
         // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
         device.mark("routed + shared experts (folded)");
         let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
         let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
-        moe_gate_up(
-            device,
-            &w.gate_exps.view(),
-            &w.up_exps.view(),
-            c.expert_ff,
-            &ids.as_view(),
-            h,
-            &mut act,
-            Some((&gate, &up, &mut act_shared)),
-        )?;
+        let shared = Some((&gate, &up, &mut act_shared));
+        match &tiles {
+            Some(tiles) => moe_gate_up_grouped(
+                device,
+                &gate_exps,
+                &up_exps,
+                c.expert_ff,
+                tiles,
+                h,
+                &mut act,
+                shared,
+            )?,
+            None => moe_gate_up(
+                device,
+                &gate_exps,
+                &up_exps,
+                c.expert_ff,
+                &ids.as_view(),
+                h,
+                &mut act,
+                shared,
+            )?,
+        }
         let down = w.shared_down.view();
         moe_down(
             device,
@@ -77,16 +105,28 @@ pub fn forward(
         return Ok(());
     }
     device.mark("routed experts");
-    moe_gate_up(
-        device,
-        &w.gate_exps.view(),
-        &w.up_exps.view(),
-        c.expert_ff,
-        &ids.as_view(),
-        h,
-        &mut act,
-        None,
-    )?;
+    match &tiles {
+        Some(tiles) => moe_gate_up_grouped(
+            device,
+            &gate_exps,
+            &up_exps,
+            c.expert_ff,
+            tiles,
+            h,
+            &mut act,
+            None,
+        )?,
+        None => moe_gate_up(
+            device,
+            &gate_exps,
+            &up_exps,
+            c.expert_ff,
+            &ids.as_view(),
+            h,
+            &mut act,
+            None,
+        )?,
+    }
     moe_down(
         device,
         &w.down_exps.view(),
@@ -123,6 +163,15 @@ pub fn forward(
         None,
     )?;
     Ok(())
+}
+
+/// Whether a prompt's gate/up takes the grouped launch: `REDLITE_MOE_GROUPED=1` and q8 dots
+/// (the only kernel it has).
+fn grouped(w: &MoeWeights) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let gate = w.gate_exps.view();
+    *ON.get_or_init(|| std::env::var("REDLITE_MOE_GROUPED").as_deref() == Ok("1"))
+        && gate.dots.quantizes(gate.ty)
 }
 
 /// Whether the shared expert rides along in the routed launches.
