@@ -275,6 +275,21 @@ pub(crate) type SharedDownArgs<'a, 'b> = (
     usize,
 );
 
+/// Pushes the gate/up kernels' `shared_gate, shared_up, act_shared` (the shared expert's, or
+/// null pointers) and returns their `shared_ff` (0 without), for the caller to push last.
+fn push_shared_up<'a>(launch: &mut LaunchArgs<'a>, shared: Option<SharedUpArgs<'a, '_>>) -> i32 {
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_gate, s_up, s_act, _)) => {
+            launch.arg(s_gate).arg(s_up).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    shared_ff
+}
+
 /// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
 /// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES>`
 /// of the same signature; null shared pointers without `shared`.
@@ -296,15 +311,7 @@ pub(crate) fn launch_moe_gate_up_v3(
     let mut launch = builder(stream, kernel);
     launch.arg(gate).arg(up).arg(ids).arg(x).arg(act);
     launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
-    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
-    match shared {
-        Some((s_gate, s_up, s_act, _)) => {
-            launch.arg(s_gate).arg(s_up).arg(s_act);
-        }
-        None => {
-            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
-        }
-    }
+    let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);
     // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
     // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
@@ -344,15 +351,7 @@ pub(crate) fn launch_moe_gate_up_grouped(
         .arg(x)
         .arg(act);
     launch.arg(&ff).arg(&cols).arg(&used);
-    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
-    match shared {
-        Some((s_gate, s_up, s_act, _)) => {
-            launch.arg(s_gate).arg(s_up).arg(s_act);
-        }
-        None => {
-            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
-        }
-    }
+    let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);
     // SAFETY: arguments match the signature. The tiles come from `ExpertTiles::new`: every
     // expert is below the stack's count (gate and up hold n_expert x ff rows of `cols`) or

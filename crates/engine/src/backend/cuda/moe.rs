@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_grouped, moe_route, CudaView,
-    CudaViewMut, Device, ExpertTiles,
+    CudaViewMut, Device, ExpertTiles, SharedGateUp,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -61,35 +61,20 @@ pub fn forward(
         }
         false => None,
     };
-    let (gate_exps, up_exps) = (w.gate_exps.view(), w.up_exps.view());
+    let routed = RoutedGateUp {
+        device,
+        w,
+        ff: c.expert_ff,
+        tiles: tiles.as_ref(),
+        ids: &ids.as_view(),
+        h,
+    };
     if fold {
         // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
         device.mark("routed + shared experts (folded)");
         let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
         let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
-        let shared = Some((&gate, &up, &mut act_shared));
-        match &tiles {
-            Some(tiles) => moe_gate_up_grouped(
-                device,
-                &gate_exps,
-                &up_exps,
-                c.expert_ff,
-                tiles,
-                h,
-                &mut act,
-                shared,
-            )?,
-            None => moe_gate_up(
-                device,
-                &gate_exps,
-                &up_exps,
-                c.expert_ff,
-                &ids.as_view(),
-                h,
-                &mut act,
-                shared,
-            )?,
-        }
+        routed.run(&mut act, Some((&gate, &up, &mut act_shared)))?;
         let down = w.shared_down.view();
         moe_down(
             device,
@@ -105,28 +90,7 @@ pub fn forward(
         return Ok(());
     }
     device.mark("routed experts");
-    match &tiles {
-        Some(tiles) => moe_gate_up_grouped(
-            device,
-            &gate_exps,
-            &up_exps,
-            c.expert_ff,
-            tiles,
-            h,
-            &mut act,
-            None,
-        )?,
-        None => moe_gate_up(
-            device,
-            &gate_exps,
-            &up_exps,
-            c.expert_ff,
-            &ids.as_view(),
-            h,
-            &mut act,
-            None,
-        )?,
-    }
+    routed.run(&mut act, None)?;
     moe_down(
         device,
         &w.down_exps.view(),
@@ -163,6 +127,43 @@ pub fn forward(
         None,
     )?;
     Ok(())
+}
+
+/// The routed experts' gate/up of one call: grouped by expert when `tiles` are given, else
+/// per (token, slot) pair.
+struct RoutedGateUp<'a, 'b> {
+    device: &'a Device,
+    w: &'a MoeWeights,
+    ff: usize,
+    tiles: Option<&'a ExpertTiles>,
+    ids: &'a CudaView<'b, i32>,
+    h: &'a CudaView<'b, f32>,
+}
+
+impl RoutedGateUp<'_, '_> {
+    fn run(
+        &self,
+        act: &mut CudaViewMut<'_, f32>,
+        shared: Option<SharedGateUp<'_, '_>>,
+    ) -> Result<()> {
+        let (gate, up) = (self.w.gate_exps.view(), self.w.up_exps.view());
+        match self.tiles {
+            Some(tiles) => {
+                moe_gate_up_grouped(self.device, &gate, &up, self.ff, tiles, self.h, act, shared)?
+            }
+            None => moe_gate_up(
+                self.device,
+                &gate,
+                &up,
+                self.ff,
+                self.ids,
+                self.h,
+                act,
+                shared,
+            )?,
+        }
+        Ok(())
+    }
 }
 
 /// Whether a prompt's gate/up takes the grouped launch: `REDLITE_MOE_GROUPED=1` and q8 dots
