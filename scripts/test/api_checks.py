@@ -427,11 +427,18 @@ def check_prompt_reuse(ctx):
 
 
 def check_context_boundary(ctx):
-    text = "pear" + " pear" * 1989
-    messages = [{"role": "user", "content": text}]
-    r = ctx.client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=1, temperature=0)
-    prompt = r.usage.prompt_tokens
     ctx_len = 2048
+
+    def prompt_tokens(words):
+        messages = [{"role": "user", "content": "pear" + " pear" * (words - 1)}]
+        r = ctx.client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=1, temperature=0)
+        return messages, r.usage.prompt_tokens
+
+    # A prompt ~60 tokens short of the context, whatever the model's vocabulary makes of "pear".
+    _, one = prompt_tokens(1)
+    _, hundred = prompt_tokens(100)
+    per_word = (hundred - one) / 99
+    messages, prompt = prompt_tokens(1 + int((ctx_len - 60 - one) / per_word))
     room = ctx_len - prompt
     show("prompt", f"{prompt} tokens; room {room}")
     assert room > 0

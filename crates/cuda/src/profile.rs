@@ -1,7 +1,8 @@
-//! Two profiles. `REDLITE_CUDA_PROFILE=1`: every layer-kernel launch waits for the stream before and
-//! after it, and the wall time in between is added up per kernel (matmuls per shape); the
-//! table goes to stderr when the device is dropped. For finding where decode time goes on
-//! a machine without a profiler; it serializes everything, so CUDA graphs are off with it.
+//! Two profiles. `REDLITE_CUDA_PROFILE=1`: every layer-kernel launch waits for the stream
+//! before and after it, and the wall time in between is added up per kernel (matmuls per
+//! shape); the table goes to stderr when the device is dropped. For finding where decode time
+//! goes on a machine without a profiler; it serializes everything, so CUDA graphs are off
+//! with it. `--profile` (below): the stream's time per model component, from CUDA events.
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
