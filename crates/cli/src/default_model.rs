@@ -23,12 +23,13 @@ fn cache_dir() -> PathBuf {
     base.join("redlite")
 }
 
-/// The default model's path, writing it first if it is missing or incomplete.
+/// The default model's path, writing it first if it is missing or not the embedded bytes.
 pub fn path_or_create() -> Result<PathBuf> {
     let dir = cache_dir();
     let path = dir.join(NAME);
-    let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == BYTES.len() as u64);
-    if !complete {
+    // A full comparison (14 MB, milliseconds): a truncated or edited copy is rewritten.
+    let current = std::fs::read(&path).is_ok_and(|bytes| bytes == BYTES);
+    if !current {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!(
             "no model given: using redlite's demo model (31 M parameters, trained on the King James Bible), written to {}",
