@@ -156,6 +156,67 @@ fn sub_scaled(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// `y[r][j] ±= Σ_i a[r][i] · m[i][j]` (minus with `SUB`) for `y`: rows x `w`, `a`: rows x `k`,
+/// `m`: `k` x `w`, each element's terms taken in `i` order: the same operations, in the same
+/// order, as [`add_scaled`] / [`sub_scaled`] of each `y` row with the rows of `m` one after the
+/// other — the same bits. Tiles of 4 rows x 16 columns stay in registers while `i` runs, so a
+/// row of `m` is loaded once per 4 rows of `y` and `y` once per tile instead of once per `i`
+/// (the row-by-row loops were bound by those loads and stores).
+#[inline(always)]
+fn products<const SUB: bool>(y: &mut [f32], a: &[f32], m: &[f32], k: usize, w: usize) {
+    const R: usize = 4;
+    const J: usize = 16;
+    let rows = y.len() / w.max(1);
+    let term = |acc: &mut f32, a: f32, x: f32| {
+        if SUB {
+            *acc -= a * x;
+        } else {
+            *acc += a * x;
+        }
+    };
+    let mut r0 = 0;
+    while r0 + R <= rows {
+        let mut j0 = 0;
+        while j0 + J <= w {
+            let mut acc = [[0f32; J]; R];
+            for (rr, tile) in acc.iter_mut().enumerate() {
+                tile.copy_from_slice(&y[(r0 + rr) * w + j0..][..J]);
+            }
+            for i in 0..k {
+                let mi = &m[i * w + j0..][..J];
+                for (rr, tile) in acc.iter_mut().enumerate() {
+                    let ar = a[(r0 + rr) * k + i];
+                    for (t, &x) in tile.iter_mut().zip(mi) {
+                        term(t, ar, x);
+                    }
+                }
+            }
+            for (rr, tile) in acc.iter().enumerate() {
+                y[(r0 + rr) * w + j0..][..J].copy_from_slice(tile);
+            }
+            j0 += J;
+        }
+        for r in r0..r0 + R {
+            for i in 0..k {
+                let ar = a[r * k + i];
+                for j in j0..w {
+                    term(&mut y[r * w + j], ar, m[i * w + j]);
+                }
+            }
+        }
+        r0 += R;
+    }
+    for r in r0..rows {
+        let yr = &mut y[r * w..][..w];
+        for (i, mi) in m.chunks_exact(w).take(k).enumerate() {
+            let ar = a[r * k + i];
+            for (t, &x) in yr.iter_mut().zip(mi) {
+                term(t, ar, x);
+            }
+        }
+    }
+}
+
 /// `y += a x`, as [`sub_scaled`].
 #[inline(always)]
 fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
@@ -190,6 +251,8 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
     let mut u = vec![0f32; CHUNK * dv];
     let mut w = vec![0f32; CHUNK * dk];
     let mut new_v = vec![0f32; CHUNK * dv];
+    let mut q_scaled = vec![0f32; CHUNK * dk];
+    let mut k_scaled = vec![0f32; dk * CHUNK];
     let kh = h / group;
     let q_of = |t: usize| &x.q[(t * d.k_heads + kh) * dk..][..dk];
     let k_of = |t: usize| &x.k[(t * d.k_heads + kh) * dk..][..dk];
@@ -231,26 +294,21 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
             }
         }
         // 5. V' = U − W S.
-        for ((nv, u_r), w_r) in new_v
-            .chunks_exact_mut(dv)
-            .zip(u.chunks_exact(dv))
-            .zip(w.chunks_exact(dk))
-            .take(n)
-        {
-            nv.copy_from_slice(u_r);
-            for (&wi, row) in w_r.iter().zip(s.chunks_exact(dv)) {
-                sub_scaled(nv, wi, row);
-            }
-        }
+        new_v[..n * dv].copy_from_slice(&u[..n * dv]);
+        products::<true>(&mut new_v[..n * dv], &w[..n * dk], s, dk, dv);
         // Outputs: O_r = e^{G_r} q_r S + Σ_{s≤r} (q_r·k_s) e^{G_r−G_s} v'_s.
+        for (r, qs) in q_scaled.chunks_exact_mut(dk).take(n).enumerate() {
+            let eg = cum[r].exp();
+            qs.iter_mut()
+                .zip(q_of(start + r))
+                .for_each(|(e, &qi)| *e = qi * eg);
+        }
+        let o_chunk = &mut out[start * dv..][..n * dv];
+        o_chunk.iter_mut().for_each(|e| *e = 0.0);
+        products::<false>(o_chunk, &q_scaled[..n * dk], s, dk, dv);
         for r in 0..n {
             let q = q_of(start + r);
             let o = &mut out[(start + r) * dv..][..dv];
-            o.iter_mut().for_each(|e| *e = 0.0);
-            let eg = cum[r].exp();
-            for (&qi, row) in q.iter().zip(s.chunks_exact(dv)) {
-                add_scaled(o, qi * eg, row);
-            }
             for (s_, nv) in new_v.chunks_exact(dv).take(r + 1).enumerate() {
                 let m = dot(q, k_of(start + s_)) * (cum[r] - cum[s_]).exp();
                 add_scaled(o, m, nv);
@@ -260,12 +318,13 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
         let last = cum[n - 1];
         let decay = last.exp();
         s.iter_mut().for_each(|e| *e *= decay);
-        for (r, nv) in new_v.chunks_exact(dv).take(n).enumerate() {
+        for r in 0..n {
             let f = (last - cum[r]).exp();
-            for (&ki, row) in k_of(start + r).iter().zip(s.chunks_exact_mut(dv)) {
-                add_scaled(row, ki * f, nv);
+            for (i, &ki) in k_of(start + r).iter().enumerate() {
+                k_scaled[i * n + r] = ki * f;
             }
         }
+        products::<false>(s, &k_scaled[..dk * n], &new_v[..n * dv], n, dv);
         start += n;
     }
 }
