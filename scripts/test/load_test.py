@@ -180,6 +180,21 @@ def read_metrics(http, key):
     return parse_prometheus(r.text)
 
 
+def settled_metrics(http, key, limit_s=5.0):
+    """The metrics once the server is idle: the scheduler counts a step's tokens after it has
+    sent them, so a read right after the last response can miss the final step."""
+    deadline = time.perf_counter() + limit_s
+    last = read_metrics(http, key)
+    while time.perf_counter() < deadline:
+        time.sleep(0.1)
+        now = read_metrics(http, key)
+        idle = value(now, "redlite_slots_busy") == 0 and value(now, "redlite_queue_depth") == 0
+        if idle and value(now, "redlite_completion_tokens_total") == value(last, "redlite_completion_tokens_total"):
+            return now
+        last = now
+    return last
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-url", required=True, help="http://127.0.0.1:PORT (no /v1)")
@@ -237,7 +252,7 @@ def main():
     alone_s = time.perf_counter() - t0
     alone_tokens = sum(u.completion_tokens for row in refs for _, _, u in row)
     prompt_tokens = [u.prompt_tokens for row in refs for _, _, u in row]
-    before = read_metrics(http, args.api_key)
+    before = settled_metrics(http, args.api_key)
     alone = lambda name: value(before, name) - value(start_metrics, name)  # noqa: E731
     print(
         f"-- alone: {total} requests in {alone_s:.1f} s, {alone_tokens} completion tokens ({alone_tokens / alone_s:.1f} tok/s), "
@@ -274,8 +289,7 @@ def main():
         return wall, timed_out, sampler
 
     wall, timed_out, sampler = asyncio.run(concurrent())
-    time.sleep(0.3)  # the scheduler publishes busy slots at its next step
-    after = read_metrics(http, args.api_key)
+    after = settled_metrics(http, args.api_key)
 
     # Compare.
     flat = [(c, i, results[c][i], refs[c][i]) for c in range(args.clients) for i in range(args.requests)]
