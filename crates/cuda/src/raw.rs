@@ -245,4 +245,6 @@ pub(crate) fn launch_matvec(
 }
 
 mod layers;
+mod moe;
 pub(crate) use layers::*;
+pub(crate) use moe::*;

@@ -1,0 +1,258 @@
+//! Launches of the MoE kernels (`moe.cu`): routing, and the expert gate/up and down in their
+//! versions (with the shared expert folded in, and grouped by expert). Split from `layers.rs`;
+//! the same helpers and contracts.
+
+use super::layers::{builder, launched, NO_POS};
+use crate::error::CudaError;
+use cudarc::driver::{
+    CudaFunction, CudaStream, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg,
+};
+
+/// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_route(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    logits: &CudaView<'_, f32>,
+    shared_logit: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+    (n_expert, used): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(logits)
+        .arg(shared_logit)
+        .arg(ids)
+        .arg(weights)
+        .arg(shared_weight)
+        .arg(&n_expert)
+        .arg(&used);
+    // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
+    // ids/weights `used` (≤ n_expert) and shared_logit/shared_weight one; version 1 gets
+    // n_expert * 4 bytes of dynamic shared memory, version 2 (registers) runs only when
+    // n_expert ≤ 32 x its PER (the launcher).
+    launched(stream, "cuLaunchKernel(moe_route)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_gate_up_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_gate_up(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    gate: &CudaView<'_, u8>,
+    up: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    x: &CudaView<'_, f32>,
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used, n_expert): (i32, i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(gate)
+        .arg(up)
+        .arg(ids)
+        .arg(x)
+        .arg(act)
+        .arg(&ff)
+        .arg(&cols)
+        .arg(&used)
+        .arg(&n_expert);
+    // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
+    // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
+    // tokens x used x ff; versions 1 and 2 get cols * 4 bytes of dynamic shared memory
+    // (version 3 stages nothing).
+    launched(stream, "cuLaunchKernel(moe_gate_up)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_down_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert, accumulate)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_down(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    down: &CudaView<'_, u8>,
+    ids: &CudaView<'_, i32>,
+    weights: &CudaView<'_, f32>,
+    act: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, used, n_expert, accumulate): (i32, i32, i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(down)
+        .arg(ids)
+        .arg(weights)
+        .arg(act)
+        .arg(out)
+        .arg(&rows)
+        .arg(&ff)
+        .arg(&used)
+        .arg(&n_expert)
+        .arg(&accumulate);
+    // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
+    // weights tokens x used, act tokens x used x ff, out tokens x rows; versions 1 and 2
+    // get used * ff * 4 bytes of dynamic shared memory (version 3 stages nothing).
+    launched(stream, "cuLaunchKernel(moe_down)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// The shared expert's gate, up, SwiGLU output and ff, for the version-3 gate/up launch.
+pub(crate) type SharedUpArgs<'a, 'b> = (
+    &'a CudaView<'b, u8>,
+    &'a CudaView<'b, u8>,
+    &'a mut CudaViewMut<'b, f32>,
+    usize,
+);
+
+/// The shared expert's down, weight per token, SwiGLU output and ff, for version-3 down.
+pub(crate) type SharedDownArgs<'a, 'b> = (
+    &'a CudaView<'b, u8>,
+    &'a CudaView<'b, f32>,
+    &'a CudaView<'b, f32>,
+    usize,
+);
+
+/// Pushes the gate/up kernels' `shared_gate, shared_up, act_shared` (the shared expert's, or
+/// null pointers) and returns their `shared_ff` (0 without), for the caller to push last.
+fn push_shared_up<'a>(launch: &mut LaunchArgs<'a>, shared: Option<SharedUpArgs<'a, '_>>) -> i32 {
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_gate, s_up, s_act, _)) => {
+            launch.arg(s_gate).arg(s_up).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    shared_ff
+}
+
+/// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
+/// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES>`
+/// of the same signature; null shared pointers without `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_gate_up_v3(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (gate, up, ids, x): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+    ),
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used, n_expert): (i32, i32, i32, i32),
+    shared: Option<SharedUpArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(gate).arg(up).arg(ids).arg(x).arg(act);
+    launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
+    let shared_ff = push_shared_up(&mut launch, shared);
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
+    // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
+    // tokens x used x ff (op entry). Grid.y is used + 1 only with `shared`, whose gate and
+    // up hold shared_ff rows of `cols` in the same block type and act_shared tokens x
+    // shared_ff (op entry); without it grid.y = used and the null pointers are never read.
+    launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_gate_up_q8_grouped_kernel<B, WARPS, LANES, NT>(gate, up, tile_expert, tile_pairs, x,
+/// act, ff, cols, used, shared_gate, shared_up, act_shared, shared_ff)`; null shared pointers
+/// without `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_gate_up_grouped(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (gate, up, experts, pairs, x): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+    ),
+    act: &mut CudaViewMut<'_, f32>,
+    (ff, cols, used): (i32, i32, i32),
+    shared: Option<SharedUpArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(gate)
+        .arg(up)
+        .arg(experts)
+        .arg(pairs)
+        .arg(x)
+        .arg(act);
+    launch.arg(&ff).arg(&cols).arg(&used);
+    let shared_ff = push_shared_up(&mut launch, shared);
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature. The tiles come from `ExpertTiles::new`: every
+    // expert is below the stack's count (gate and up hold n_expert x ff rows of `cols`) or
+    // -1 with `shared` (shared_ff rows, act_shared tokens x shared_ff), every pair below
+    // tokens x used (act holds tokens x used x ff, x tokens x cols), GROUP_TILE per tile
+    // (grid.y = tiles); the op entry checked the lengths. Without `shared` no tile is -1,
+    // so the null pointers are never read.
+    launched(stream, "cuLaunchKernel(moe_gate_up_grouped)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `moe_down_v3_kernel<B, WARPS>(down, ids, weights, act, out, rows, ff, used, n_expert,
+/// accumulate, shared_down, shared_weight, act_shared, shared_ff)`, and
+/// `moe_down_q8_kernel<B, WARPS, LANES>` of the same signature; null shared pointers without
+/// `shared`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn launch_moe_down_v3(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (down, ids, weights, act): (
+        &CudaView<'_, u8>,
+        &CudaView<'_, i32>,
+        &CudaView<'_, f32>,
+        &CudaView<'_, f32>,
+    ),
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, ff, used, n_expert, accumulate): (i32, i32, i32, i32, i32),
+    shared: Option<SharedDownArgs<'_, '_>>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(down).arg(ids).arg(weights).arg(act).arg(out);
+    launch
+        .arg(&rows)
+        .arg(&ff)
+        .arg(&used)
+        .arg(&n_expert)
+        .arg(&accumulate);
+    let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
+    match shared {
+        Some((s_down, s_weight, s_act, _)) => {
+            launch.arg(s_down).arg(s_weight).arg(s_act);
+        }
+        None => {
+            launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS);
+        }
+    }
+    launch.arg(&shared_ff);
+    // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
+    // weights tokens x used, act tokens x used x ff, out tokens x rows (op entry); with
+    // `shared`, its down holds rows rows of shared_ff in the same block type, its weight
+    // tokens values and act_shared tokens x shared_ff (op entry); without it the kernel
+    // never reads the null pointers (shared_down == null adds no items).
+    launched(stream, "cuLaunchKernel(moe_down_v3)", unsafe {
+        launch.launch(config)
+    })
+}
