@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Here (no GPU needed): builds what scripts/device/run.sh runs on the GPU machine and copies it
 # into .cache/device/ (ignored by git; name it in the device call's `carry`):
-#   redlite          cargo build --release --features cuda
+#   redlite          cargo build --release --features cuda (and redlite.xz: stripped, xz)
 #   cuda_parity      the engine's CUDA parity tests (test binary)
+#   cuda_expert_cache  the expert cache's GPU tests (test binary)
 #   kernels          the cuda crate's kernel tests (test binary)
 #   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
 #
@@ -15,12 +16,16 @@ cd "$ROOT"
 
 cargo build --release --locked --features cuda -p redlite-cli
 cp target/release/redlite "$D/redlite"
+# Stripped and compressed, so that it and the llama.cpp sources fit one call's carry (64 MiB).
+strip -o "$D/redlite.stripped" target/release/redlite
+xz -T2 -6 -c "$D/redlite.stripped" > "$D/redlite.xz" && rm "$D/redlite.stripped"
 
 test_binary() {
   # The path cargo prints for a test target built with --no-run.
   cargo test --release --locked "$@" --no-run 2>&1 | sed -n 's/.*(\(target\/release\/deps\/[^)]*\)).*/\1/p' | tail -1
 }
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_parity)" "$D/cuda_parity"
+cp "$(test_binary --features cuda -p redlite-engine --test cuda_expert_cache)" "$D/cuda_expert_cache"
 cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 
 if [ ! -f "$D/llama-src.tgz" ]; then
@@ -28,7 +33,13 @@ if [ ! -f "$D/llama-src.tgz" ]; then
   [ -f "$sdist" ] || REF_WITH_TORCH=0 bash "$ROOT/scripts/reference/setup.sh"
   tmp="$(mktemp -d)"
   tar xzf "$sdist" -C "$tmp"
-  tar czf "$D/llama-src.tgz" -C "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp .
+  # Only what llama-bench's CUDA build reads (4.5 MB instead of 38: no docs, vocab files,
+  # tests, web UI or other GPU backends), so it fits a call's carry with redlite.
+  skip=(docs models tools/ui tools/server tools/mtmd tests benches examples conversion scripts)
+  for b in et metal hexagon sycl vulkan opencl cann webgpu zdnn openvino virtgpu zendnn musa; do
+    skip+=("ggml/src/ggml-$b")
+  done
+  tar czf "$D/llama-src.tgz" "${skip[@]/#/--exclude=./}" -C "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp .
   rm -rf "$tmp"
 fi
 du -sh "$D"/*

@@ -11,19 +11,28 @@
 #   5. a short table last. Full logs in $OUT/logs.tgz, the table in $OUT/summary.txt.
 #
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
-#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity grouped serve
-#                                         # ab mtp demo profile sanitize compare (default: all
-#                                         # but sanitize; compare needs QUICK unset)
+#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache grouped
+#                                         # serve ab mtp demo profile sanitize compare offload
+#                                         # (default: all but sanitize and offload; compare and
+#                                         # offload need QUICK unset)
+# The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
+# --gpu-limit 24GiB) writes the 42 GiB Q4_K_M file: run it without the stages that need the
+# IQ2_XXS files (the disk holds 64 GiB).
 set -u
-STAGES=" ${STAGES:-kernels parity grouped serve ab mtp demo profile compare} "
+STAGES=" ${STAGES:-kernels parity cache grouped serve ab mtp demo profile compare} "
 [ "${SKIP_KERNELS:-0}" = 1 ] && STAGES="${STAGES/ kernels / }"
-[ "${QUICK:-0}" = 1 ] && STAGES="${STAGES/ compare / }"
+[ "${QUICK:-0}" = 1 ] && STAGES="${STAGES/ compare / }" && STAGES="${STAGES/ offload / }"
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; QUICK="${QUICK:-0}"
 RESULTS="${OUT:-$W/results}"; OUT="$W/logs"  # the bench script writes its logs to $OUT too
 mkdir -p "$W" "$OUT" "$RESULTS" "$ROOT/target/release"
-cp "$D/redlite" "$ROOT/target/release/redlite"
+if [ -f "$D/redlite.xz" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$D/redlite.xz" "$ROOT/target/release/redlite" && chmod +x "$ROOT/target/release/redlite"
+else
+  cp "$D/redlite" "$ROOT/target/release/redlite"
+fi
 R="$ROOT/target/release/redlite"; S="$ROOT/scripts/bench/vs-llamacpp-cuda.sh"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 SUMMARY="$RESULTS/summary.txt"; : > "$SUMMARY"  # comes back even if the call runs out of time
@@ -31,12 +40,19 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 stamp() { echo "[$SECONDS s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
-stage compare && bash "$S" build
+{ stage compare || stage offload; } && bash "$S" build
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
-[ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
+for s in grouped serve ab mtp profile compare; do
+  if stage "$s"; then
+    [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
+    break
+  fi
+done
 F="$M"
+O="$ROOT/scripts/bench/vs-llamacpp-offload.sh"
+stage offload && RECIPE=Q4_K_M bash "$O" synth
 stage compare && RECIPE=IQ2_XXS bash "$S" synth
 stage compare && RECIPE=IQ1_M bash "$S" synth
 
@@ -56,6 +72,25 @@ if stage parity; then
   note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
   REDLITE_PREFILL_TILES=0 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-tiles.log" 2>&1
   note "cuda_parity, no token tiles: $(grep -E '^test result' "$OUT/parity-tiles.log" | tail -1)"
+fi
+
+if stage cache; then
+  # The expert cache: bit for bit residency on tiny models (prefill, chunks, decode, graph),
+  # LRU order and copies, the allocator's limit; then the full Q4_K_M file's logits with a
+  # 16 GiB cache against residency.
+  stamp "expert cache"
+  "$D/cuda_expert_cache" --test-threads=1 --nocapture > "$OUT/cache-tests.log" 2>&1
+  note "cuda_expert_cache: $(grep -E '^test result' "$OUT/cache-tests.log" | tail -1)"
+  Q="$W/full-Q4_K_M.gguf"
+  if [ -f "$Q" ]; then
+    ids=$(seq -s, 11 37 2379)
+    for e in resident cache=16GiB; do
+      "$R" logits -m "$Q" --device cuda --experts "$e" --tokens "$ids" \
+        --out "$W/logits-$e.bin" > "$OUT/logits-$e.log" 2>&1
+    done
+    cmp -s "$W/logits-resident.bin" "$W/logits-cache=16GiB.bin" && same=identical || same=DIFFERENT
+    note "full Q4_K_M logits (64 tokens), 16 GiB expert cache vs resident: $same"
+  fi
 fi
 
 if stage grouped; then
@@ -156,6 +191,11 @@ if stage compare; then
   RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1
   note ""; note "IQ2_XXS, llama.cpp and redlite in the same run:"; grep -E '^\|' "$OUT/vs-IQ2_XXS.txt" | tee -a "$SUMMARY"
   note ""; note "IQ1_M:"; grep -E '^\|' "$OUT/vs-IQ1_M.txt" | tee -a "$SUMMARY"
+fi
+if stage offload; then
+  stamp "offload: llama.cpp --n-cpu-moe vs the expert cache"
+  RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" bash "$O" bench > "$OUT/offload-Q4_K_M.txt" 2>&1
+  note ""; grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M.txt" | tee -a "$SUMMARY"
 fi
 stamp "done"
 tar czf "$RESULTS/logs.tgz" -C "$OUT" .

@@ -10,7 +10,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::model::HybridConfig;
-use redlite_engine::plan::{human, parse_bytes, plan_file, ExpertPolicy, PlanSettings, Residency};
+use redlite_engine::plan::{
+    human, parse_bytes, plan_file, ExpertPolicy, PlanSettings, Residency, CUDA_CONTEXT_BYTES,
+};
 use redlite_engine::session::{Runner, Session, DEFAULT_CHUNK, MAX_DRAFT};
 use redlite_engine::state::KvType;
 use redlite_engine::tokenizer::Tokenizer;
@@ -38,11 +40,16 @@ pub struct ModelArgs {
     /// with a message when no GPU, driver or NVRTC is found).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// With --device cuda: the GPU memory the run may use (24GiB, 16000MiB, ...). The plan
-    /// (`redlite plan`) is checked before anything is loaded; one that does not fit, or that
-    /// needs an expert cache (not built yet), is refused with what would make it fit.
+    /// With --device cuda: the GPU memory the run may use (24GiB, 16000MiB, ...), enforced
+    /// on every allocation. The plan (`redlite plan`) is checked before anything is loaded;
+    /// one that does not fit is refused with what would make it fit.
     #[arg(long, value_name = "SIZE")]
     pub gpu_limit: Option<String>,
+    /// With --device cuda: where the routed experts live: auto (what the plan says: all
+    /// resident when they fit), resident, cache=SIZE (a GPU cache of SIZE over all layers,
+    /// the experts in page-locked host memory) or cpu (not built yet).
+    #[arg(long, default_value = "auto", value_name = "WHERE")]
+    pub experts: String,
     /// Speculative decoding with the model's own MTP block (the file must carry it:
     /// `qwen3next.nextn_predict_layers` = 1).
     #[arg(long)]
@@ -63,42 +70,107 @@ impl ModelArgs {
     }
 }
 
-/// Refuses, before any weight is read, a GPU run whose plan does not fit `--gpu-limit`.
-pub fn check_plan(args: &ModelArgs, gguf: &GgufModel, kv_type: KvType, slots: usize) -> Result<()> {
-    let Some(limit) = &args.gpu_limit else {
-        return Ok(());
-    };
+/// What a GPU run may use and where its routed experts live, settled by the plan before any
+/// weight is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuChoice {
+    /// Bytes the run may allocate past the CUDA context (`--gpu-limit` less the context the
+    /// plan counts).
+    pub limit: Option<u64>,
+    /// Experts per layer in the GPU cache; `None`: every expert resident.
+    pub cache_slots: Option<usize>,
+}
+
+/// The plan's GPU memory when no `--gpu-limit` is given: more than any device has.
+const NO_LIMIT: u64 = 1 << 50;
+
+/// Settles a GPU run with the plan: refuses one that does not fit `--gpu-limit`, and says
+/// where the experts go (`--experts`).
+pub fn check_plan(
+    args: &ModelArgs,
+    gguf: &GgufModel,
+    kv_type: KvType,
+    slots: usize,
+) -> Result<GpuChoice> {
+    let policy = ExpertPolicy::parse(&args.experts)?;
     if args.device != "cuda" {
-        eprintln!(
-            "note: --gpu-limit applies to --device cuda; this run is on the {}",
-            args.device
-        );
-        return Ok(());
+        if args.gpu_limit.is_some() || policy != ExpertPolicy::Auto {
+            eprintln!(
+                "note: --gpu-limit and --experts apply to --device cuda; this run is on the {}",
+                args.device
+            );
+        }
+        return Ok(GpuChoice::default());
+    }
+    let limit = args.gpu_limit.as_deref().map(parse_bytes).transpose()?;
+    if limit.is_none() && matches!(policy, ExpertPolicy::Auto | ExpertPolicy::Resident) {
+        return Ok(GpuChoice::default());
     }
     let settings = PlanSettings {
-        gpu_limit: parse_bytes(limit)?,
+        gpu_limit: limit.unwrap_or(NO_LIMIT),
         ctx: args.ctx,
         chunk: args.chunk,
         kv: kv_type,
         slots,
         mtp: args.mtp,
         draft: args.draft,
-        experts: ExpertPolicy::Auto,
+        experts: policy,
     };
     let plan = plan_file(gguf, &settings).context("planning the run")?;
+    let within = match &args.gpu_limit {
+        Some(l) => format!("in {l}"),
+        None => "on the GPU".to_string(),
+    };
     if !plan.fits {
-        bail!("the run does not fit in {limit}:\n{plan}");
+        bail!("the run does not fit {within}:\n{plan}");
     }
-    if plan.experts.residency != Residency::Resident {
-        bail!(
-            "the run fits in {limit} only with the routed experts in a cache or on the CPU, which the CUDA backend does not do yet (it keeps every expert resident):\n{plan}"
-        );
+    let cache_slots = match plan.experts.residency {
+        Residency::Resident => {
+            eprintln!(
+                "plan: fits {within} with every expert resident ({} used)",
+                human(plan.used)
+            );
+            None
+        }
+        Residency::Cache { slots_per_layer } => {
+            eprintln!(
+                "plan: fits {within} with a cache of {slots_per_layer} experts per layer ({}; {} used), the experts in host memory",
+                human(plan.experts.gpu_bytes),
+                human(plan.used)
+            );
+            Some(usize::try_from(slots_per_layer)?)
+        }
+        Residency::Cpu => bail!(
+            "the run fits {within} only with the routed experts on the CPU, which the CUDA backend does not do yet:\n{plan}"
+        ),
+    };
+    Ok(GpuChoice {
+        limit: limit.map(|l| l.saturating_sub(CUDA_CONTEXT_BYTES)),
+        cache_slots,
+    })
+}
+
+/// The CUDA backend as `gpu` says (limit, expert cache), with the MTP block when asked.
+#[cfg(feature = "cuda")]
+pub fn cuda_backend(
+    gguf: &Arc<GgufModel>,
+    config: HybridConfig,
+    gpu: GpuChoice,
+    mtp: bool,
+) -> Result<redlite_engine::backend::cuda::CudaBackend> {
+    use redlite_engine::backend::cuda::{CudaBackend, ExpertResidency};
+    let device = Arc::new(redlite_cuda::Device::open(0)?);
+    device.set_limit(gpu.limit);
+    let residency = match gpu.cache_slots {
+        Some(slots) => ExpertResidency::Cache { slots },
+        None => ExpertResidency::Resident,
+    };
+    let precision = CudaBackend::precision_from_env();
+    let mut backend = CudaBackend::with_options(device, gguf, config, precision, residency)?;
+    if mtp {
+        backend.load_mtp(gguf)?;
     }
-    eprintln!(
-        "plan: fits in {limit} with every expert resident ({} used)",
-        human(plan.used)
-    );
-    Ok(())
+    Ok(backend)
 }
 
 pub struct Loaded {
@@ -132,11 +204,9 @@ fn cuda_session(
     config: HybridConfig,
     args: &ModelArgs,
     kv: KvType,
+    gpu: GpuChoice,
 ) -> Result<Box<dyn Runner>> {
-    let mut backend = redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), config)?;
-    if args.mtp {
-        backend.load_mtp(gguf)?;
-    }
+    let backend = cuda_backend(gguf, config, gpu, args.mtp)?;
     let mut session = Session::new(backend, args.ctx, kv, args.chunk)?;
     if args.mtp {
         session.enable_mtp()?;
@@ -145,16 +215,12 @@ fn cuda_session(
 }
 
 /// The session on the device asked for, or on the CPU when the GPU cannot be used.
-fn session(
-    gguf: &Arc<GgufModel>,
-    config: HybridConfig,
-    args: &ModelArgs,
-    kv: KvType,
-) -> Result<(Box<dyn Runner>, &'static str)> {
+fn session(opened: &Opened, args: &ModelArgs) -> Result<(Box<dyn Runner>, &'static str)> {
+    let (gguf, config, kv) = (&opened.gguf, opened.config.clone(), opened.kv_type);
     match args.device.as_str() {
         "cpu" => Ok((cpu_session(gguf, config, args, kv)?, "cpu")),
         #[cfg(feature = "cuda")]
-        "cuda" => match cuda_session(gguf, config.clone(), args, kv) {
+        "cuda" => match cuda_session(gguf, config.clone(), args, kv, opened.gpu) {
             Ok(s) => Ok((s, "cuda")),
             Err(e) => {
                 eprintln!("CUDA unavailable ({e}); running on the CPU");
@@ -175,6 +241,9 @@ pub struct Opened {
     /// Shared: the server's scheduler thread and its handlers hold it too.
     pub tokenizer: Arc<Tokenizer>,
     pub kv_type: KvType,
+    /// The GPU's limit and expert residency (defaults for a CPU run).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub gpu: GpuChoice,
 }
 
 /// Opens the file (or the default model), reads its config and tokenizer.
@@ -199,7 +268,7 @@ pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
     }
     let gguf =
         Arc::new(GgufModel::open(&path).with_context(|| format!("opening {}", path.display()))?);
-    check_plan(args, &gguf, kv_type, slots)?;
+    let gpu = check_plan(args, &gguf, kv_type, slots)?;
     let config = config_from_gguf(&gguf).with_context(|| format!("reading {}", path.display()))?;
     if args.mtp && config.n_mtp == 0 {
         bail!("{}: {}", path.display(), EngineError::NoMtpBlock);
@@ -218,6 +287,7 @@ pub fn open(args: &ModelArgs, slots: usize) -> Result<Opened> {
         config,
         tokenizer,
         kv_type,
+        gpu,
     })
 }
 
@@ -245,7 +315,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     bar.enable_steady_tick(Duration::from_millis(100));
     let opened = open(args, 1)?;
     bar.set_message(format!("loading {}", opened.path.display()));
-    let (session, device) = session(&opened.gguf, opened.config.clone(), args, opened.kv_type)?;
+    let (session, device) = session(&opened, args)?;
     bar.finish_and_clear();
     report_loaded(&opened, device, start);
     Ok(Loaded {

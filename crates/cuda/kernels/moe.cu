@@ -3,6 +3,21 @@
 // selected experts fused. Expert ids are read from device memory: no host round trip.
 // Needs the prelude and reduce.cuh.
 
+// A (token, slot) pair that the caller leaves out of a launch (an expert cache's other
+// waves): nothing is computed or written for it. Distinct from an id out of range (-1 and
+// others), whose products are written as zeros.
+#define SKIP_PAIR (-2)
+
+// Gate/up launches: pair (t, k) is skipped (k == used is the shared expert: never).
+static __device__ __forceinline__ bool skipped_pair(const int* ids, int t, int k, int used) {
+    return k < used && ids[i64(t) * used + k] == SKIP_PAIR;
+}
+
+// Down launches: token t is skipped when its first pair is (a launch per pair has used = 1).
+static __device__ __forceinline__ bool skipped_token(const int* ids, int t, int used) {
+    return ids[i64(t) * used] == SKIP_PAIR;
+}
+
 // One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
 // index) in descending order; weights = p / Σ_top p; shared_weight = sigmoid(shared_logit).
 // Dynamic shared memory: n_expert floats.
@@ -163,6 +178,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                    const int* __restrict__ ids, const float* __restrict__ x,
                    float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float xs[];
     const int k = blockIdx.y, t = blockIdx.z;
@@ -192,6 +208,7 @@ moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                 const float* __restrict__ weights, const float* __restrict__ act,
                 float* __restrict__ out, int rows, int ff, int used, int n_expert,
                 int accumulate) {
+    if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float as[];
     const int t = blockIdx.y;
@@ -226,6 +243,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_v2_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float xs[];
     const int k = blockIdx.y, t = blockIdx.z;
@@ -267,6 +285,7 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
                    float* __restrict__ out, int rows, int ff, int used, int n_expert,
                    int accumulate) {
+    if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float as[];
     const int t = blockIdx.y;
@@ -311,6 +330,7 @@ moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     const int k = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -363,6 +383,7 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
+    if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     const int t = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -423,6 +444,7 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int k = blockIdx.y, t = blockIdx.z;
@@ -573,6 +595,7 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
+    if (skipped_token(ids, blockIdx.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
@@ -639,4 +662,20 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
             *o = (accumulate ? *o : 0.0f) + total;
         }
     }
+}
+
+// out[t] = sum over k of weights[t][k] * y[t][k] (k in order, from 0): the routed experts'
+// down products of a prompt, computed per pair (`y`: [tokens][used][rows]) by launches that
+// may each cover some of the pairs, summed in one fixed order, so the result does not depend
+// on how the pairs were split. Grid (ceil(rows / blockDim), tokens).
+__global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ weights,
+                                   float* __restrict__ out, int rows, int used) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows) return;
+    float total = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        total += weights[i64(t) * used + k] * y[(i64(t) * used + k) * rows + i];
+    }
+    out[i64(t) * rows + i] = total;
 }

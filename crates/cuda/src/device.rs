@@ -12,6 +12,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Device {
@@ -21,6 +22,11 @@ pub struct Device {
     multiprocessors: u32,
     /// Kernel name expression (e.g. `matvec_kernel<Q4K, 4, true>`) to its function.
     kernels: HashMap<String, CudaFunction>,
+    /// Device memory in use when the kernels were loaded: the run's own use is counted
+    /// from here.
+    baseline: u64,
+    /// Bytes the run may allocate (`--gpu-limit`); 0: no limit.
+    limit: AtomicU64,
 }
 
 impl Drop for Device {
@@ -70,13 +76,56 @@ impl Device {
                 kernels.insert(expression, function);
             }
         }
+        let (free, total) = context
+            .mem_get_info()
+            .map_err(CudaError::driver("cuMemGetInfo"))?;
         Ok(Device {
             stream,
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
             kernels,
+            baseline: total.saturating_sub(free) as u64,
+            limit: AtomicU64::new(0),
         })
+    }
+
+    /// Caps what this run allocates on the device at `bytes` (`--gpu-limit`: a 24 GiB card
+    /// emulated on a larger one); `None` lifts the cap. Allocations past it fail with
+    /// [`CudaError::OverLimit`] before they are made.
+    pub fn set_limit(&self, bytes: Option<u64>) {
+        self.limit.store(bytes.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Device memory this run uses now (what the driver reports in use, less what was in
+    /// use when the device was opened).
+    pub fn used(&self) -> Result<u64, CudaError> {
+        let (free, total) = self
+            .context
+            .mem_get_info()
+            .map_err(CudaError::driver("cuMemGetInfo"))?;
+        Ok((total.saturating_sub(free) as u64).saturating_sub(self.baseline))
+    }
+
+    /// Refuses an allocation of `bytes` that would pass the limit.
+    fn check_room(&self, bytes: u64) -> Result<(), CudaError> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit == 0 {
+            return Ok(());
+        }
+        let would_use = self.used()?.saturating_add(bytes);
+        if would_use > limit {
+            return Err(CudaError::OverLimit {
+                requested: bytes,
+                would_use,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.context
     }
 
     /// The architecture the kernels were built for, e.g. `sm_90`.
@@ -115,6 +164,7 @@ impl Device {
 
     /// Copies `data` to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.check_room(std::mem::size_of_val(data) as u64)?;
         self.stream
             .clone_htod(data)
             .map_err(CudaError::driver("cuMemcpyHtoD"))
@@ -131,6 +181,7 @@ impl Device {
         &self,
         len: usize,
     ) -> Result<CudaSlice<T>, CudaError> {
+        self.check_room((len * size_of::<T>()) as u64)?;
         self.stream
             .alloc_zeros(len)
             .map_err(CudaError::driver("cuMemAlloc"))

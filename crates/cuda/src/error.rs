@@ -21,6 +21,7 @@ pub enum CudaOp {
     DeltaRule,
     AttentionPrep,
     Attention,
+    ExpertCache,
 }
 
 impl fmt::Display for CudaOp {
@@ -39,6 +40,7 @@ impl fmt::Display for CudaOp {
             CudaOp::DeltaRule => "cuda delta_rule",
             CudaOp::AttentionPrep => "cuda attention_prep",
             CudaOp::Attention => "cuda attention",
+            CudaOp::ExpertCache => "cuda expert cache",
         })
     }
 }
@@ -115,6 +117,16 @@ pub enum CudaError {
         what: &'static str,
         found: usize,
         supported: &'static str,
+    },
+    /// An allocation would take the device past the run's `--gpu-limit`.
+    #[error(
+        "GPU memory limit: allocating {requested} bytes would take the run to {would_use} bytes, \
+         past its limit of {limit} bytes (--gpu-limit)"
+    )]
+    OverLimit {
+        requested: u64,
+        would_use: u64,
+        limit: u64,
     },
     #[error("{op}: {what} device address {address:#x} is not {alignment}-byte aligned")]
     Misaligned {

@@ -25,12 +25,14 @@ mod cache;
 mod compile;
 mod device;
 mod error;
+mod expert_cache;
 mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
 mod moe_groups;
 mod moe_launch;
+mod moe_pairs;
 mod ops;
 mod profile;
 mod raw;
@@ -45,6 +47,10 @@ pub use compile::{check_arch, compile_all, nvrtc_version};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
+pub use expert_cache::{
+    expert_cache_fill, expert_cache_lookup, CacheCounts, CacheTables, FillTarget, MappedHost,
+    CACHE_MAX_EXPERTS,
+};
 pub use graph::Graph;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
@@ -52,6 +58,7 @@ pub use layer_ops::{
     DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
+pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
 pub use source::{modules, weight_kind, ModuleSource, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};

@@ -244,7 +244,9 @@ pub(crate) fn launch_matvec(
         .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
 
+mod expert_cache;
 mod layers;
 mod moe;
+pub(crate) use expert_cache::*;
 pub(crate) use layers::*;
 pub(crate) use moe::*;

@@ -15,6 +15,13 @@ const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
 const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
+const EXPERT_CACHE: &str = include_str!("../kernels/expert_cache.cu");
+
+/// The weighted sum of per-pair expert outputs (`moe.cu`).
+pub(crate) const MOE_COMBINE_KERNEL: &str = "moe_combine_kernel";
+/// The GPU expert cache's kernels (`expert_cache.cu`).
+pub(crate) const EXPERT_CACHE_LOOKUP: &str = "expert_cache_lookup_kernel";
+pub(crate) const EXPERT_CACHE_FILL: &str = "expert_cache_fill_kernel";
 
 /// A weight type the kernels decode: its GGUF type, the struct in `blocks.cuh`, and the
 /// number of thread items per block (`ITEMS` there).
@@ -373,7 +380,11 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
                 }))
-                .chain(["moe_route_kernel".to_string(), route_v2_kernel()])
+                .chain([
+                    "moe_route_kernel".to_string(),
+                    route_v2_kernel(),
+                    MOE_COMBINE_KERNEL.to_string(),
+                ])
                 .collect(),
         },
         ModuleSource {
@@ -409,6 +420,11 @@ pub fn modules() -> Vec<ModuleSource> {
                 })
                 .chain([ATTENTION_COMBINE_KERNEL.to_string()])
                 .collect(),
+        },
+        ModuleSource {
+            name: "expert_cache",
+            source: [COMMON, EXPERT_CACHE].join("\n"),
+            kernels: vec![EXPERT_CACHE_LOOKUP.into(), EXPERT_CACHE_FILL.into()],
         },
     ]
 }

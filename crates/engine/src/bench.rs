@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::backend::ExpertCacheCounts;
 use crate::error::Result;
 use crate::generate::StopReason;
 use crate::sampling::{Sampler, SamplingParams};
@@ -29,6 +30,70 @@ pub struct BenchResult {
     /// counts over the timed repetitions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtp: Option<BenchMtp>,
+    /// With a GPU expert cache: its traffic over the timed repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_cache: Option<BenchCache>,
+}
+
+/// The expert cache's traffic over a test's timed repetitions.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BenchCache {
+    /// Of the chosen experts (distinct per MoE call), the share found on the GPU.
+    pub hit_rate: f64,
+    /// Experts copied in, and their bytes, per token.
+    pub misses_per_token: f64,
+    pub bytes_per_token: f64,
+    /// Hit rate of each cached block.
+    pub layer_hit_rates: Vec<f64>,
+}
+
+/// Sums the cache's counters over timed stretches: `start` before, `stop` after each.
+#[derive(Default)]
+struct CacheTally {
+    before: Vec<ExpertCacheCounts>,
+    hits: Vec<u64>,
+    misses: Vec<u64>,
+    bytes: u64,
+}
+
+impl CacheTally {
+    fn start(&mut self, session: &dyn Runner) -> Result<()> {
+        self.before = session.expert_cache_counts()?;
+        Ok(())
+    }
+
+    fn stop(&mut self, session: &dyn Runner) -> Result<()> {
+        let after = session.expert_cache_counts()?;
+        self.hits.resize(after.len(), 0);
+        self.misses.resize(after.len(), 0);
+        for (i, (a, b)) in after.iter().zip(&self.before).enumerate() {
+            self.hits[i] += a.hits - b.hits;
+            self.misses[i] += a.misses - b.misses;
+            self.bytes += (a.misses - b.misses) * a.bytes_per_miss;
+        }
+        Ok(())
+    }
+
+    /// The summary over `tokens` timed tokens; `None` without a cache.
+    fn summary(&self, tokens: usize) -> Option<BenchCache> {
+        if self.hits.is_empty() {
+            return None;
+        }
+        let rate = |h: u64, m: u64| h as f64 / (h + m).max(1) as f64;
+        let (hits, misses) = (self.hits.iter().sum(), self.misses.iter().sum::<u64>());
+        let tokens = tokens.max(1) as f64;
+        Some(BenchCache {
+            hit_rate: rate(hits, misses),
+            misses_per_token: misses as f64 / tokens,
+            bytes_per_token: self.bytes as f64 / tokens,
+            layer_hit_rates: self
+                .hits
+                .iter()
+                .zip(&self.misses)
+                .map(|(&h, &m)| rate(h, m))
+                .collect(),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -77,6 +142,7 @@ fn summarize(
         avg_ts: avg,
         stddev_ts: var.sqrt(),
         mtp: None,
+        expert_cache: None,
     }
 }
 
@@ -84,16 +150,21 @@ fn summarize(
 pub fn bench_prompt(session: &mut dyn Runner, n_prompt: usize, reps: usize) -> Result<BenchResult> {
     let tokens = bench_tokens(n_prompt, session.n_vocab(), 1);
     let mut samples = Vec::with_capacity(reps);
+    let mut cache = CacheTally::default();
     for rep in 0..=reps {
         session.reset();
+        cache.start(session)?;
         let start = Instant::now();
         session.feed(&tokens, false, false)?;
         let seconds = start.elapsed().as_secs_f64();
         if rep > 0 {
             samples.push(n_prompt as f64 / seconds);
+            cache.stop(session)?;
         }
     }
-    Ok(summarize(format!("pp{n_prompt}"), n_prompt, 0, 0, samples))
+    let mut result = summarize(format!("pp{n_prompt}"), n_prompt, 0, 0, samples);
+    result.expert_cache = cache.summary(n_prompt * reps);
+    Ok(result)
 }
 
 /// Generation of `n_gen` tokens after `depth` tokens of context.
@@ -106,11 +177,13 @@ pub fn bench_gen(
     let context = bench_tokens(depth, session.n_vocab(), 2);
     let gen = bench_tokens(n_gen, session.n_vocab(), 3);
     let mut samples = Vec::with_capacity(reps);
+    let mut cache = CacheTally::default();
     for rep in 0..=reps {
         session.reset();
         if depth > 0 {
             session.feed(&context, false, false)?;
         }
+        cache.start(session)?;
         let start = Instant::now();
         for &t in &gen {
             session.step(t)?;
@@ -118,6 +191,7 @@ pub fn bench_gen(
         let seconds = start.elapsed().as_secs_f64();
         if rep > 0 {
             samples.push(n_gen as f64 / seconds);
+            cache.stop(session)?;
         }
         debug_assert_eq!(session.pos(), depth + n_gen);
     }
@@ -126,7 +200,9 @@ pub fn bench_gen(
     } else {
         format!("tg{n_gen}")
     };
-    Ok(summarize(name, 0, n_gen, depth, samples))
+    let mut result = summarize(name, 0, n_gen, depth, samples);
+    result.expert_cache = cache.summary(n_gen * reps);
+    Ok(result)
 }
 
 /// Generation of `n_gen` tokens with speculative decoding (greedy, `draft` drafts per step,

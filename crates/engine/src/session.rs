@@ -391,6 +391,8 @@ pub trait Runner {
     fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
     /// See [`Session::take_mtp_timings`].
     fn take_mtp_timings(&mut self) -> MtpTimings;
+    /// See [`Backend::expert_cache_counts`].
+    fn expert_cache_counts(&self) -> Result<Vec<crate::backend::ExpertCacheCounts>>;
 }
 
 impl<B: Backend> Runner for Session<B> {
@@ -437,5 +439,8 @@ impl<B: Backend> Runner for Session<B> {
     }
     fn take_mtp_timings(&mut self) -> MtpTimings {
         Session::take_mtp_timings(self)
+    }
+    fn expert_cache_counts(&self) -> Result<Vec<crate::backend::ExpertCacheCounts>> {
+        self.backend.expert_cache_counts()
     }
 }

@@ -139,8 +139,16 @@ fn report(result: Option<&BenchResult>, json: bool) {
                 m.rollback_ms
             )
         });
+        let cache = r.expert_cache.as_ref().map_or(String::new(), |c| {
+            format!(
+                " expert cache: hit rate {:.1} %, {:.1} experts ({:.1} MiB) copied per token",
+                100.0 * c.hit_rate,
+                c.misses_per_token,
+                c.bytes_per_token / (1u64 << 20) as f64
+            )
+        });
         println!(
-            "| {:<22} | {:>10.2} ± {:<8.2} t/s |{mtp}",
+            "| {:<22} | {:>10.2} ± {:<8.2} t/s |{mtp}{cache}",
             r.test, r.avg_ts, r.stddev_ts
         );
     }

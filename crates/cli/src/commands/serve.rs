@@ -68,15 +68,11 @@ fn start_scheduler(
         "cpu" => Ok((cpu()?, "cpu")),
         #[cfg(feature = "cuda")]
         "cuda" => {
-            let (gguf, model) = (opened.gguf.clone(), opened.config.clone());
+            let (gguf, model, choice) = (opened.gguf.clone(), opened.config.clone(), opened.gpu);
             let gpu = serve::spawn(
                 move || {
-                    let mut backend =
-                        redlite_engine::backend::cuda::CudaBackend::new(gguf.clone(), model)?;
-                    if mtp {
-                        backend.load_mtp(&gguf)?;
-                    }
-                    Ok(backend)
+                    crate::loader::cuda_backend(&gguf, model, choice, mtp)
+                        .map_err(|e| redlite_engine::EngineError::Cuda(format!("{e:#}")))
                 },
                 tokenizer.clone(),
                 config.clone(),

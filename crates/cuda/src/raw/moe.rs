@@ -256,3 +256,23 @@ pub(crate) fn launch_moe_down_v3(
         launch.launch(config)
     })
 }
+
+/// `moe_combine_kernel(y, weights, out, rows, used)`.
+pub(crate) fn launch_moe_combine(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    y: &CudaView<'_, f32>,
+    weights: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (rows, used): (i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(y).arg(weights).arg(out).arg(&rows).arg(&used);
+    // SAFETY: arguments match the signature; for grid.y tokens, y holds tokens x used x rows
+    // values, weights tokens x used and out tokens x rows (the op entry); threads past `rows`
+    // return.
+    launched(stream, "cuLaunchKernel(moe_combine)", unsafe {
+        launch.launch(config)
+    })
+}

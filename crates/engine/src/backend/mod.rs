@@ -82,12 +82,32 @@ pub trait SeqState {
     fn rollback_to(&mut self, kept: usize) -> Result<()>;
 }
 
+/// Counters of one MoE block's expert cache since the backend was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExpertCacheCounts {
+    pub layer: usize,
+    /// Chosen experts (distinct per MoE call) found on the GPU.
+    pub hits: u64,
+    /// Chosen experts copied in from host memory.
+    pub misses: u64,
+    /// MoE calls that looked experts up.
+    pub lookups: u64,
+    /// Bytes one miss copies.
+    pub bytes_per_miss: u64,
+}
+
 pub trait Backend {
     /// Activations `[tokens][width]`, allocated once per workspace for the largest batch.
     type Act;
     type State: SeqState;
 
     fn config(&self) -> &HybridConfig;
+
+    /// The expert cache's counters per cached block (waits for queued work); empty when
+    /// every expert is resident (the default).
+    fn expert_cache_counts(&self) -> Result<Vec<ExpertCacheCounts>> {
+        Ok(Vec::new())
+    }
     fn new_act(&self, max_tokens: usize, width: usize) -> Self::Act;
     fn new_state(&self, capacity: usize, kv_type: KvType) -> Self::State;
 

@@ -65,6 +65,11 @@ fn scratch_values_per_row(c: &HybridConfig) -> u64 {
         c.n_expert_used * c.expert_ff,    // act
         c.shared_ff,                      // act_shared
         1,                                // zero_ids
+        c.n_expert_used,                  // slot_ids
+        2 * c.n_expert_used,              // fills
+        c.n_expert_used,                  // wave_ids
+        c.n_expert_used * c.n_embd,       // pair_out (per-pair down products of a prompt)
+        c.n_expert_used,                  // ones
     ];
     widths.iter().map(|&w| w.max(1) as u64).sum()
 }
@@ -98,10 +103,11 @@ mod tests {
     #[test]
     fn full_model_row_is_pinned() {
         let c = Preset::Full.config();
-        // 3 x 2048 workspace values + 40,088 scratch values, 4 bytes each.
-        assert_eq!(scratch_values_per_row(&c), 40_088);
+        // 3 x 2048 workspace values + 60,618 scratch values (20,480 of them the per-pair
+        // down products), 4 bytes each.
+        assert_eq!(scratch_values_per_row(&c), 60_618);
         let a = activations(&c, 513, 1, false);
-        assert_eq!(a.bytes_per_row, 184_928);
+        assert_eq!(a.bytes_per_row, 267_048);
         assert_eq!(a.fixed, 16 * 64 * 258 * 4);
         assert_eq!(a.logits, 151_936 * 4);
     }

@@ -13,8 +13,10 @@
 
 mod attention;
 mod deltanet;
+mod experts;
 mod graph;
 mod moe;
+mod moe_pairs;
 mod mtp;
 mod scratch;
 mod state;
@@ -26,10 +28,12 @@ use redlite_cuda::{Device, Dots, Position};
 use redlite_gguf::GgufModel;
 
 pub use crate::backend::cpu::linear::Precision;
-use crate::backend::{Backend, Batch, Norm, Segment};
+use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
+pub use experts::ExpertResidency;
+use experts::LayerCache;
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
 use scratch::Scratch;
 pub use state::{CudaAct, CudaState};
@@ -46,6 +50,11 @@ pub struct CudaBackend {
     graphs: SharedGraphs,
     /// How every matrix's products are computed (the MTP block, loaded later, matches).
     dots: Dots,
+    /// Where the routed experts live (the MTP block, loaded later, matches).
+    residency: ExpertResidency,
+    /// With an expert cache: each block's (index `n_layer`: the MTP block's). Behind a lock
+    /// for the same reason as `scratch`.
+    caches: Mutex<Vec<Option<LayerCache>>>,
 }
 
 impl CudaBackend {
@@ -62,16 +71,20 @@ impl CudaBackend {
         gguf: &GgufModel,
         config: HybridConfig,
     ) -> Result<CudaBackend> {
+        CudaBackend::with_precision(device, gguf, config, CudaBackend::precision_from_env())
+    }
+
+    /// The precision `REDLITE_CUDA_EXACT` selects (`Ggml` unless it is 1 or true).
+    pub fn precision_from_env() -> Precision {
         let exact = matches!(
             std::env::var("REDLITE_CUDA_EXACT").as_deref(),
             Ok("1") | Ok("true")
         );
-        let precision = if exact {
+        if exact {
             Precision::Exact
         } else {
             Precision::Ggml
-        };
-        CudaBackend::with_precision(device, gguf, config, precision)
+        }
     }
 
     /// Uploads every tensor to an already opened device; products in `precision`.
@@ -81,11 +94,36 @@ impl CudaBackend {
         config: HybridConfig,
         precision: Precision,
     ) -> Result<CudaBackend> {
+        CudaBackend::with_options(device, gguf, config, precision, ExpertResidency::Resident)
+    }
+
+    /// Uploads every tensor to an already opened device, the routed experts as `residency`
+    /// says; products in `precision`.
+    pub fn with_options(
+        device: Arc<Device>,
+        gguf: &GgufModel,
+        config: HybridConfig,
+        precision: Precision,
+        residency: ExpertResidency,
+    ) -> Result<CudaBackend> {
         let dots = match precision {
             Precision::Exact => Dots::F32,
             Precision::Ggml => Dots::Q8K,
         };
-        let weights = weights::upload(&device, gguf, &config, dots)?;
+        if let ExpertResidency::Cache { slots } = residency {
+            if slots < config.n_expert_used.max(1) || slots >= config.n_expert {
+                return Err(EngineError::BadConfig(format!(
+                    "an expert cache of {slots} slots per layer: expected {} (the router's top-k) to {} (one short of every expert)",
+                    config.n_expert_used,
+                    config.n_expert.saturating_sub(1)
+                )));
+            }
+        }
+        let (weights, cached) = weights::upload(&device, gguf, &config, dots, residency)?;
+        let mut caches: Vec<Option<LayerCache>> = (0..=config.n_layer).map(|_| None).collect();
+        for (layer, cache) in cached {
+            caches[layer] = Some(cache);
+        }
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
@@ -95,19 +133,45 @@ impl CudaBackend {
             scratch,
             graphs,
             dots,
+            residency,
+            caches: Mutex::new(caches),
         })
+    }
+
+    /// Where the routed experts live.
+    pub fn residency(&self) -> ExpertResidency {
+        self.residency
+    }
+
+    /// Which slot holds each expert of block `layer` (-1: none); `None` without a cache
+    /// there. For tests.
+    pub fn cache_slots(&self, layer: usize) -> Result<Option<Vec<i32>>> {
+        let caches = self.caches()?;
+        match caches.get(layer).and_then(|c| c.as_ref()) {
+            Some(cache) => Ok(Some(cache.slot_of(&self.device)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn caches(&self) -> Result<MutexGuard<'_, Vec<Option<LayerCache>>>> {
+        self.caches
+            .lock()
+            .map_err(|_| EngineError::Cuda("expert cache lock poisoned by a panic".into()))
     }
 
     /// Uploads the MTP block (spec §4) next to the main stack; refused when the file has
     /// none. A no-op when already loaded.
     pub fn load_mtp(&mut self, gguf: &GgufModel) -> Result<()> {
         if self.weights.mtp.is_none() {
-            self.weights.mtp = Some(weights::upload_mtp(
-                &self.device,
-                gguf,
-                &self.config,
-                self.dots,
-            )?);
+            let (mtp, cached) =
+                weights::upload_mtp(&self.device, gguf, &self.config, self.dots, self.residency)?;
+            self.weights.mtp = Some(mtp);
+            let mut caches = self.caches()?;
+            for (layer, cache) in cached {
+                if let Some(place) = caches.get_mut(layer) {
+                    *place = Some(cache);
+                }
+            }
         }
         Ok(())
     }
@@ -180,6 +244,30 @@ impl Backend for CudaBackend {
 
     fn config(&self) -> &HybridConfig {
         &self.config
+    }
+
+    fn expert_cache_counts(&self) -> Result<Vec<ExpertCacheCounts>> {
+        let caches = self.caches()?;
+        let mut all = Vec::new();
+        for (layer, cache) in caches.iter().enumerate() {
+            if let Some(cache) = cache {
+                let c = cache.counts(&self.device)?;
+                if c.overflows > 0 {
+                    return Err(EngineError::Cuda(format!(
+                        "the expert cache of block {layer} overflowed {} times (a batch's experts did not fit its slots)",
+                        c.overflows
+                    )));
+                }
+                all.push(ExpertCacheCounts {
+                    layer,
+                    hits: c.hits,
+                    misses: c.misses,
+                    lookups: c.lookups,
+                    bytes_per_miss: cache.expert_bytes(),
+                });
+            }
+        }
+        Ok(all)
     }
 
     /// Also sizes the scratch buffers for `max_tokens` (a failure there is reported by the
@@ -325,10 +413,13 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let mut scratch = self.scratch(b.tokens)?;
+        let mut caches = self.caches()?;
+        let cache = caches.get_mut(layer).and_then(|c| c.as_mut());
         moe::forward(
             &self.device,
             &self.config,
             &self.weights.layer(layer)?.moe,
+            cache,
             &mut scratch,
             &h.rows(b.tokens)?,
             &mut out.rows_mut(b.tokens)?,

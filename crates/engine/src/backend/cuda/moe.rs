@@ -6,10 +6,14 @@
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
-//! `REDLITE_MOE_GROUPED=1`: prompts (several tokens) with q8 dots take the grouped gate/up:
-//! the router's ids come to the host, the pairs are grouped by expert, and each expert's rows
-//! are read once per tile of pairs (same logits, bit for bit). Off: on the H200 it measured 3 %
-//! slower at pp512 (docs/PERF.md), the per-pair launch already reads repeated rows from L2.
+//! Prompts (several tokens) take the per-pair path of `moe_pairs` (down products per pair,
+//! then their weighted sum) unless `REDLITE_MOE_PAIR_DOWN=0`; then, with
+//! `REDLITE_MOE_GROUPED=1` and q8 dots, the grouped gate/up: the router's ids come to the
+//! host, the pairs are grouped by expert, and each expert's rows are read once per tile of
+//! pairs (same logits, bit for bit). Off: on the H200 it measured 3 % slower at pp512
+//! (docs/PERF.md), the per-pair launch already reads repeated rows from L2.
+//! With an expert cache (`experts`), the products run on the layer's slot stacks with slot
+//! ids, after a lookup that copies the misses in.
 
 use std::sync::OnceLock;
 
@@ -18,16 +22,22 @@ use redlite_cuda::{
     CudaViewMut, Device, ExpertTiles, SharedGateUp,
 };
 
+use crate::backend::cuda::experts::LayerCache;
+use crate::backend::cuda::moe_pairs::{self, pair_down, PairBuffers};
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::weights::MoeWeights;
 use crate::error::Result;
 use crate::model::config::HybridConfig;
 
-/// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`.
+/// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`. With `cache`, the layer's
+/// expert stacks in `w` are its slot stacks: the chosen experts are looked up (and copied
+/// in) first and the products read slots; a prompt's experts come through in waves
+/// (`moe_pairs`).
 pub fn forward(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
+    cache: Option<&mut LayerCache>,
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
@@ -51,75 +61,107 @@ pub fn forward(
         &mut weights,
         &mut shared_weight,
     )?;
-    let mut act = s.act.slice_mut(..t * used * c.expert_ff);
-    let fold = fold_shared(w);
-    let tiles = match t > 1 && grouped(w) {
-        true => {
-            let mut host = vec![0i32; t * used];
-            device.copy_to_host(&ids.as_view(), &mut host)?;
-            ExpertTiles::new(&host, used, c.n_expert, fold)
-        }
-        false => None,
-    };
-    let routed = RoutedGateUp {
-        device,
-        w,
-        ff: c.expert_ff,
-        tiles: tiles.as_ref(),
-        ids: &ids.as_view(),
-        h,
-    };
-    if fold {
-        // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
-        device.mark("routed + shared experts (folded)");
+    if t > 1 && (cache.is_some() || pair_down()) {
+        let buffers = PairBuffers {
+            act: &mut s.act,
+            wave_ids: &mut s.wave_ids,
+            slot_ids: &mut s.slot_ids,
+            fills: &mut s.fills,
+            fill_count: &mut s.fill_count,
+            pair_out: &mut s.pair_out,
+            ones: &s.ones,
+        };
+        let chosen = (&ids.as_view(), &weights.as_view());
+        moe_pairs::routed(device, c, w, cache, buffers, chosen, h, out)?;
         let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
-        let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
-        routed.run(&mut act, Some((&gate, &up, &mut act_shared)))?;
-        let down = w.shared_down.view();
-        moe_down(
+        let zero_ids = s.zero_ids.slice(..t);
+        return shared_expert(
             device,
-            &w.down_exps.view(),
-            e,
-            &ids.as_view(),
-            &weights.as_view(),
-            &act.as_view(),
+            c,
+            w,
+            (&zero_ids, &mut act_shared),
+            &shared_weight,
+            h,
             out,
-            false,
-            Some((&down, &shared_weight.as_view(), &act_shared.as_view())),
-        )?;
+        );
+    }
+    // One token (a cache's slots hold its experts), or the fused down for a resident prompt.
+    let chosen = match cache {
+        Some(cache) => {
+            let mut slot_ids = s.slot_ids.slice_mut(..t * used);
+            let stacks = [w.gate_exps.bytes(), w.up_exps.bytes(), w.down_exps.bytes()];
+            let all = ids.as_view();
+            cache.bring_in(
+                device,
+                &all,
+                &mut slot_ids,
+                &mut s.fills,
+                &mut s.fill_count,
+                stacks,
+            )?;
+            s.slot_ids.slice(..t * used)
+        }
+        None => ids.slice(..),
+    };
+    let fold = fold_shared(w);
+    let part = Part {
+        device,
+        c,
+        w,
+        grouped: t > 1 && grouped(w),
+        fold,
+    };
+    let mut act = s.act.slice_mut(..t * used * c.expert_ff);
+    let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
+    part.run(
+        &chosen,
+        &weights.as_view(),
+        &shared_weight.as_view(),
+        h,
+        (&mut act, &mut act_shared),
+        out,
+    )?;
+    if fold {
         return Ok(());
     }
-    device.mark("routed experts");
-    routed.run(&mut act, None)?;
-    moe_down(
-        device,
-        &w.down_exps.view(),
-        e,
-        &ids.as_view(),
-        &weights.as_view(),
-        &act.as_view(),
-        out,
-        false,
-        None,
-    )?;
-    device.mark("shared expert");
     let zero_ids = s.zero_ids.slice(..t);
-    let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
+    shared_expert(
+        device,
+        c,
+        w,
+        (&zero_ids, &mut act_shared),
+        &shared_weight,
+        h,
+        out,
+    )
+}
+
+/// The shared expert accumulated into `out`, weighted by its sigmoid gate.
+fn shared_expert(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    (zero_ids, act_shared): (&CudaView<'_, i32>, &mut CudaViewMut<'_, f32>),
+    shared_weight: &CudaViewMut<'_, f32>,
+    h: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    device.mark("shared expert");
     moe_gate_up(
         device,
         &w.shared_gate.view(),
         &w.shared_up.view(),
         c.shared_ff,
-        &zero_ids,
+        zero_ids,
         h,
-        &mut act_shared,
+        act_shared,
         None,
     )?;
     moe_down(
         device,
         &w.shared_down.view(),
-        e,
-        &zero_ids,
+        c.n_embd,
+        zero_ids,
         &shared_weight.as_view(),
         &act_shared.as_view(),
         out,
@@ -127,6 +169,86 @@ pub fn forward(
         None,
     )?;
     Ok(())
+}
+
+/// The routed experts of a batch (and the shared expert when it rides along), the down
+/// products summed inside their launch.
+struct Part<'a> {
+    device: &'a Device,
+    c: &'a HybridConfig,
+    w: &'a MoeWeights,
+    /// Gate/up grouped by expert (the router's ids come to the host).
+    grouped: bool,
+    /// The shared expert in the routed launches.
+    fold: bool,
+}
+
+impl<'a> Part<'a> {
+    /// `ids`: the pairs' experts (or slots); `act`: the routed and shared activations.
+    fn run<'v>(
+        &self,
+        ids: &CudaView<'_, i32>,
+        weights: &CudaView<'_, f32>,
+        shared_weight: &CudaView<'_, f32>,
+        h: &CudaView<'_, f32>,
+        (act, act_shared): (&mut CudaViewMut<'v, f32>, &mut CudaViewMut<'v, f32>),
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()>
+    where
+        'a: 'v,
+    {
+        let (device, c, w) = (self.device, self.c, self.w);
+        let used = c.n_expert_used;
+        let tiles = match self.grouped {
+            true => {
+                let mut host = vec![0i32; ids.len()];
+                device.copy_to_host(ids, &mut host)?;
+                ExpertTiles::new(&host, used, c.n_expert, self.fold)
+            }
+            false => None,
+        };
+        let routed = RoutedGateUp {
+            device,
+            w,
+            ff: c.expert_ff,
+            tiles: tiles.as_ref(),
+            ids,
+            h,
+        };
+        if self.fold {
+            // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
+            device.mark("routed + shared experts (folded)");
+            let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
+            routed.run(act, Some((&gate, &up, act_shared)))?;
+            let down = w.shared_down.view();
+            moe_down(
+                device,
+                &w.down_exps.view(),
+                c.n_embd,
+                ids,
+                weights,
+                &act.as_view(),
+                out,
+                false,
+                Some((&down, shared_weight, &act_shared.as_view())),
+            )?;
+            return Ok(());
+        }
+        device.mark("routed experts");
+        routed.run(act, None)?;
+        moe_down(
+            device,
+            &w.down_exps.view(),
+            c.n_embd,
+            ids,
+            weights,
+            &act.as_view(),
+            out,
+            false,
+            None,
+        )?;
+        Ok(())
+    }
 }
 
 /// The routed experts' gate/up of one call: grouped by expert when `tiles` are given, else

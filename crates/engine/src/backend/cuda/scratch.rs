@@ -48,6 +48,16 @@ pub struct Scratch {
     pub act_shared: CudaSlice<f32>,
     /// `[T]` zeros: the shared expert is expert 0 of a stack of one.
     pub zero_ids: CudaSlice<i32>,
+    /// With an expert cache: each pair's slot `[T][used]`, the experts to copy in
+    /// (expert, slot) `[T x used][2]` and their count.
+    pub slot_ids: CudaSlice<i32>,
+    pub fills: CudaSlice<i32>,
+    pub fill_count: CudaSlice<i32>,
+    /// Prompts: one wave's ids `[T][used]`, each pair's down product `[T][used][n_embd]`, and
+    /// `[T][used]` ones (the weight of a per-pair down launch).
+    pub wave_ids: CudaSlice<i32>,
+    pub pair_out: CudaSlice<f32>,
+    pub ones: CudaSlice<f32>,
     /// LM-head output `[logit_rows][vocab]`, grown on demand (decode needs one row).
     pub logits: CudaSlice<f32>,
     pub logit_rows: usize,
@@ -84,6 +94,17 @@ impl Scratch {
             act: f(c.n_expert_used * c.expert_ff)?,
             act_shared: f(c.shared_ff)?,
             zero_ids: device.alloc_zeros(t)?,
+            slot_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
+            fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
+            fill_count: device.alloc_zeros(1)?,
+            wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
+            // A one-token batch decodes with the fused down: no per-pair products.
+            pair_out: f(if tokens > 1 {
+                c.n_expert_used * c.n_embd
+            } else {
+                1
+            })?,
+            ones: device.upload(&vec![1.0f32; t * c.n_expert_used.max(1)])?,
             logits: device.alloc_zeros(c.n_vocab.max(1))?,
             logit_rows: 1,
         })

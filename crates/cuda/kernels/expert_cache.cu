@@ -1,0 +1,160 @@
+// The GPU expert cache of one MoE layer (issue 8): a fixed number of slots, each holding
+// one expert's gate, up and down rows, and the tables that say which expert is where.
+// Both kernels run on the device's stream between the router and the expert products, so
+// a one-token decode step (lookup, copies, products) is still one CUDA graph: the host
+// never waits for the router's choice.
+//
+// Tables (device memory, one set per layer):
+//   slot_of[n_expert]  slot holding expert e, or -1
+//   expert_of[slots]   expert in slot s, or -1 (empty)
+//   stamp[slots]       the lookup call that last used slot s (0: never)
+//   clock[1]           lookup calls so far
+//   stats[4]           experts looked up that were hits, misses, lookup calls, and
+//                      lookups that needed more slots than the cache has (must stay 0:
+//                      the host splits a batch so its experts fit)
+//
+// Replacement is least recently used: the victims are the slots with the oldest stamps
+// (ties: the lower slot), taken in that order for the missing experts in increasing id
+// order. A slot used by the current call is never a victim while the call's experts fit.
+// Needs common.cuh before it.
+
+#define CACHE_MAX_THREADS 1024
+
+// One CTA of `blockDim.x` threads (a multiple of 32, at least n_expert and slots, at most
+// 1024). `ids`: `pairs` expert ids (the router's choice; out-of-range ids are ignored and
+// get slot -1, skipped pairs (-2) slot -2). Writes `slot_ids` (the slot of each pair's expert), `fills` (pairs of
+// expert, slot to copy, in rank order) and `fill_count`.
+__global__ void expert_cache_lookup_kernel(
+    const int* __restrict__ ids, int pairs, int n_expert, int slots, int* __restrict__ slot_of,
+    int* __restrict__ expert_of, u32* __restrict__ stamp, u32* __restrict__ clock,
+    int* __restrict__ slot_ids, int* __restrict__ fills, int* __restrict__ fill_count,
+    u64* __restrict__ stats) {
+    __shared__ u8 need[CACHE_MAX_THREADS];
+    __shared__ int missing[CACHE_MAX_THREADS];
+    __shared__ u32 keys[CACHE_MAX_THREADS];
+    __shared__ int warp_misses[CACHE_MAX_THREADS / WARP_SIZE];
+    __shared__ int warp_hits[CACHE_MAX_THREADS / WARP_SIZE];
+    __shared__ u32 step;
+    __shared__ int miss_total, hit_total;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    if (tid == 0) {
+        step = clock[0] + 1;
+        clock[0] = step;
+    }
+    need[tid] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < n_expert) need[e] = 1;
+    }
+    __syncthreads();
+
+    // Thread e looks at expert e: a hit stamps its slot, a miss is ranked by expert id.
+    const bool needed = tid < n_expert && need[tid];
+    const int held = needed ? slot_of[tid] : -1;
+    const bool miss = needed && held < 0;
+    if (needed && held >= 0) stamp[held] = step;
+    const unsigned miss_bits = __ballot_sync(0xffffffffu, miss);
+    const unsigned hit_bits = __ballot_sync(0xffffffffu, needed && !miss);
+    if (lane == 0) {
+        warp_misses[warp] = __popc(miss_bits);
+        warp_hits[warp] = __popc(hit_bits);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int misses = 0, hits = 0;
+        for (int w = 0; w < warps; ++w) {
+            const int here = warp_misses[w];
+            warp_misses[w] = misses;
+            misses += here;
+            hits += warp_hits[w];
+        }
+        miss_total = misses;
+        hit_total = hits;
+    }
+    __syncthreads();
+    if (miss) {
+        missing[warp_misses[warp] + __popc(miss_bits & ((1u << lane) - 1u))] = tid;
+    }
+    // Stamps of this call's hits are written; every thread sees them after the barrier.
+    if (tid < slots) keys[tid] = stamp[tid];
+    __syncthreads();
+
+    const int misses = miss_total;
+    const int free_slots = slots - hit_total;
+    int rank = CACHE_MAX_THREADS;
+    if (misses > 0 && tid < slots) {
+        const u32 key = keys[tid];
+        rank = 0;
+        for (int s = 0; s < slots; ++s) {
+            const u32 other = keys[s];
+            rank += (other < key || (other == key && s < tid)) ? 1 : 0;
+        }
+    }
+    // The oldest slots go to the missing experts; an old expert leaves its slot first (it is
+    // not needed by this call: needed ones were stamped with `step`, the newest).
+    const bool victim = rank < misses && rank < free_slots;
+    if (victim) {
+        const int old = expert_of[tid];
+        if (old >= 0) slot_of[old] = -1;
+    }
+    __syncthreads();
+    if (victim) {
+        const int e = missing[rank];
+        slot_of[e] = tid;
+        expert_of[tid] = e;
+        stamp[tid] = step;
+        fills[2 * rank] = e;
+        fills[2 * rank + 1] = tid;
+    }
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        const int e = ids[p];
+        // A skipped pair (-2, moe.cu's SKIP_PAIR) stays skipped; other ids out of range get -1.
+        slot_ids[p] = (e >= 0 && e < n_expert) ? slot_of[e] : (e == -2 ? -2 : -1);
+    }
+    if (tid == 0) {
+        const int filled = min(misses, free_slots);
+        *fill_count = filled;
+        stats[0] += u64(hit_total);
+        stats[1] += u64(filled);
+        stats[2] += 1;
+        if (misses > free_slots) stats[3] += 1;
+    }
+}
+
+// Copies the experts of `fills` (expert, slot pairs; `*fill_count` of them) from host
+// memory mapped into the device's address space into their slots: grid.y is the fill, grid.z
+// the tensor (gate, up, down), grid.x the chunk of `chunk` bytes. An expert's bytes are a
+// multiple of 16 and both bases 16-byte aligned when `wide` (then 16-byte loads: PCIe reads
+// of whole 128-byte lines, four in flight per thread), else bytes one at a time.
+__global__ void expert_cache_fill_kernel(
+    const int* __restrict__ fills, const int* __restrict__ fill_count, const u8* __restrict__ host_gate,
+    const u8* __restrict__ host_up, const u8* __restrict__ host_down, u8* __restrict__ gate,
+    u8* __restrict__ up, u8* __restrict__ down, i64 gate_bytes, i64 down_bytes, i64 chunk, int wide) {
+    const int fill = blockIdx.y;
+    if (fill >= *fill_count) return;
+    const i64 expert = fills[2 * fill], slot = fills[2 * fill + 1];
+    const int tensor = blockIdx.z;
+    const i64 bytes = tensor == 2 ? down_bytes : gate_bytes;
+    const u8* src = (tensor == 0 ? host_gate : tensor == 1 ? host_up : host_down) + expert * bytes;
+    u8* dst = (tensor == 0 ? gate : tensor == 1 ? up : down) + slot * bytes;
+    const i64 begin = i64(blockIdx.x) * chunk;
+    if (begin >= bytes) return;
+    const i64 end = min(begin + chunk, bytes);
+    if (wide) {
+        const uint4* s = reinterpret_cast<const uint4*>(src + begin);
+        uint4* d = reinterpret_cast<uint4*>(dst + begin);
+        const i64 n = (end - begin) / 16;
+        i64 i = threadIdx.x;
+        for (; i + 3 * blockDim.x < n; i += 4 * blockDim.x) {
+            const uint4 a = s[i], b = s[i + blockDim.x], c = s[i + 2 * blockDim.x],
+                        e = s[i + 3 * blockDim.x];
+            d[i] = a, d[i + blockDim.x] = b, d[i + 2 * blockDim.x] = c, d[i + 3 * blockDim.x] = e;
+        }
+        for (; i < n; i += blockDim.x) d[i] = s[i];
+    } else {
+        for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
+    }
+}

@@ -1,0 +1,224 @@
+//! The expert store of the CUDA backend (issue 8): where each MoE layer's routed experts
+//! live. Resident: the three expert stacks uploaded whole. Cached: the layer's stacks on the
+//! GPU hold `slots` experts (the slot stacks, which the expert products read exactly as they
+//! read a resident stack, with slot ids in place of expert ids), the whole stacks stay in
+//! page-locked host memory, and every MoE call looks its experts up first (misses copied
+//! in by a kernel reading host memory over PCIe; least recently used slots give way).
+//! Same kernels, same order of every sum: logits are bit for bit those of residency.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::error::{EngineError, Result};
+use redlite_cuda::{
+    expert_cache_fill, expert_cache_lookup, CacheCounts, CacheTables, CudaSlice, CudaView,
+    CudaViewMut, Device, FillTarget, MappedHost, SKIP_PAIR,
+};
+
+/// Where the routed experts of every MoE layer live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertResidency {
+    /// Every expert on the GPU.
+    #[default]
+    Resident,
+    /// `slots` experts of every MoE layer on the GPU (at least the router's top-k, fewer than
+    /// the layer's experts), the rest copied in on demand.
+    Cache { slots: usize },
+}
+
+/// The suffixes of a layer's expert stacks, in the order the fill kernel takes them.
+pub const EXPERT_STACKS: [&str; 3] = [
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+];
+
+/// The host copies made while the weights load (by tensor name), turned into per-layer
+/// caches once every stack is in.
+#[derive(Default)]
+pub struct HostStacks {
+    stacks: RefCell<HashMap<String, MappedHost>>,
+}
+
+impl HostStacks {
+    /// Copies a whole stack into page-locked host memory and keeps it under `name`.
+    pub fn keep(&self, device: &Device, name: &str, bytes: &[u8]) -> Result<()> {
+        let mut host = MappedHost::new(device, bytes.len())?;
+        host.bytes_mut()?.copy_from_slice(bytes);
+        self.stacks.borrow_mut().insert(name.to_string(), host);
+        Ok(())
+    }
+
+    fn take(&self, name: &str) -> Result<MappedHost> {
+        self.stacks
+            .borrow_mut()
+            .remove(name)
+            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })
+    }
+}
+
+/// Whether `name` is a routed-expert stack (which a cache keeps on the host).
+pub fn is_expert_stack(name: &str) -> bool {
+    EXPERT_STACKS.iter().any(|s| name.ends_with(s))
+}
+
+/// One MoE layer's cache: its tables on the device and the host copies of its stacks.
+pub struct LayerCache {
+    tables: CacheTables,
+    host: [MappedHost; 3],
+    gate_bytes: usize,
+    down_bytes: usize,
+}
+
+impl LayerCache {
+    /// The cache of block `layer` (`n_expert` experts), from the host copies `stacks` made
+    /// while loading.
+    pub fn new(
+        device: &Device,
+        n_expert: usize,
+        layer: usize,
+        slots: usize,
+        stacks: &HostStacks,
+    ) -> Result<LayerCache> {
+        let name = |s: &str| format!("blk.{layer}.{s}");
+        let host = [
+            stacks.take(&name(EXPERT_STACKS[0]))?,
+            stacks.take(&name(EXPERT_STACKS[1]))?,
+            stacks.take(&name(EXPERT_STACKS[2]))?,
+        ];
+        let per_expert = |h: &MappedHost| h.len() / n_expert.max(1);
+        Ok(LayerCache {
+            tables: CacheTables::new(device, n_expert, slots)?,
+            gate_bytes: per_expert(&host[0]),
+            down_bytes: per_expert(&host[2]),
+            host,
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.tables.slots()
+    }
+
+    pub fn counts(&self, device: &Device) -> Result<CacheCounts> {
+        Ok(self.tables.counts(device)?)
+    }
+
+    /// Bytes one miss copies (gate, up and down of one expert).
+    pub fn expert_bytes(&self) -> u64 {
+        (2 * self.gate_bytes + self.down_bytes) as u64
+    }
+
+    /// Which slot holds each expert (-1: none); for tests.
+    pub fn slot_of(&self, device: &Device) -> Result<Vec<i32>> {
+        Ok(self.tables.slot_of(device)?)
+    }
+
+    /// Looks `ids` up, copies the misses into `stacks` (gate, up, down slot stacks) and
+    /// leaves each pair's slot in `slot_ids`. `fills` holds at least 2 x min(pairs, slots).
+    pub fn bring_in(
+        &mut self,
+        device: &Device,
+        ids: &CudaView<'_, i32>,
+        slot_ids: &mut CudaViewMut<'_, i32>,
+        fills: &mut CudaSlice<i32>,
+        fill_count: &mut CudaSlice<i32>,
+        stacks: [&CudaSlice<u8>; 3],
+    ) -> Result<()> {
+        let pairs = ids.len();
+        let mut fills = fills.slice_mut(..2 * pairs.min(self.slots()));
+        let mut count = fill_count.slice_mut(..1);
+        device.mark("expert cache lookup");
+        expert_cache_lookup(
+            device,
+            &mut self.tables,
+            ids,
+            slot_ids,
+            &mut fills,
+            &mut count,
+        )?;
+        device.mark("expert cache copies");
+        let target = FillTarget {
+            host: [&self.host[0], &self.host[1], &self.host[2]],
+            slots: stacks,
+            gate_bytes: self.gate_bytes,
+            down_bytes: self.down_bytes,
+        };
+        expert_cache_fill(
+            device,
+            &fills.as_view(),
+            &count.as_view(),
+            target,
+            self.tables.n_expert(),
+        )?;
+        Ok(())
+    }
+}
+
+/// The waves that bring a prompt's experts through a cache of `slots`: each wave's ids
+/// (`ids`, `[tokens][used]`, with the pairs of other waves' experts marked [`SKIP_PAIR`]),
+/// every chosen expert in exactly one wave, at most `slots` experts per wave. The experts
+/// already cached (`slot_of[e] >= 0`) go first, so they are used before anything evicts
+/// them; ids out of range stay as they are in every wave (their products are zeros).
+pub fn plan_waves(ids: &[i32], slot_of: &[i32], slots: usize) -> Vec<Vec<i32>> {
+    let n_expert = slot_of.len();
+    let valid = |e: i32| usize::try_from(e).is_ok_and(|e| e < n_expert);
+    let mut needed: Vec<i32> = ids.iter().copied().filter(|&e| valid(e)).collect();
+    needed.sort_unstable();
+    needed.dedup();
+    let cached = |e: &i32| slot_of[*e as usize] >= 0;
+    let order: Vec<i32> = needed
+        .iter()
+        .copied()
+        .filter(cached)
+        .chain(needed.iter().copied().filter(|e| !cached(e)))
+        .collect();
+    let mut wave_of = vec![usize::MAX; n_expert];
+    for (i, &e) in order.iter().enumerate() {
+        wave_of[e as usize] = i / slots.max(1);
+    }
+    let waves = order.len().div_ceil(slots.max(1)).max(1);
+    (0..waves)
+        .map(|w| {
+            ids.iter()
+                .map(|&e| match valid(e) && wave_of[e as usize] != w {
+                    true => SKIP_PAIR,
+                    false => e,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_cover_each_pair_once_with_cached_experts_first() {
+        // 2 experts per token, 8 experts, 3 slots; experts 5 and 1 are cached.
+        let ids = [0, 1, 1, 2, 3, 5, 5, 0, 9, 6];
+        let mut slot_of = vec![-1; 8];
+        slot_of[5] = 0;
+        slot_of[1] = 2;
+        let waves = plan_waves(&ids, &slot_of, 3);
+        // Order: 1, 5 (cached), then 0, 2, 3, 6: waves {1, 5, 0}, {2, 3, 6}.
+        assert_eq!(waves.len(), 2);
+        let s = SKIP_PAIR;
+        assert_eq!(waves[0], vec![0, 1, 1, s, s, 5, 5, 0, 9, s]);
+        assert_eq!(waves[1], vec![s, s, s, 2, 3, s, s, s, 9, 6]);
+        for (p, &e) in ids.iter().enumerate() {
+            let kept = waves.iter().filter(|w| w[p] == e).count();
+            assert!(
+                kept == 1 || e == 9,
+                "pair {p} (expert {e}) kept in {kept} waves"
+            );
+        }
+    }
+
+    #[test]
+    fn one_wave_when_everything_fits() {
+        let waves = plan_waves(&[2, 3, 3, 2], &[-1; 4], 2);
+        assert_eq!(waves, vec![vec![2, 3, 3, 2]]);
+        assert_eq!(plan_waves(&[], &[-1; 4], 2), vec![Vec::<i32>::new()]);
+    }
+}

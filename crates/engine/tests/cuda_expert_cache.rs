@@ -1,0 +1,264 @@
+//! The GPU expert cache (issue 8): with fewer slots than experts, every logit is bit for bit
+//! the one of full residency (prefill in one call and in chunks, decode with and without the
+//! decode graph), in both precisions; the lookup replaces the least recently used slot and
+//! the copies bring the right bytes; `--gpu-limit` refuses an allocation past it. Without a
+//! CUDA driver, NVRTC or GPU the tests print why and pass.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use redlite_cuda::{
+    expert_cache_fill, expert_cache_lookup, CacheTables, CudaError, Device, FillTarget, MappedHost,
+};
+use redlite_engine::backend::cpu::linear::Precision;
+use redlite_engine::backend::cuda::{CudaBackend, ExpertResidency};
+use redlite_engine::backend::Backend;
+use redlite_engine::model::load::config_from_gguf;
+use redlite_engine::session::Session;
+use redlite_engine::state::KvType;
+use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
+use redlite_gguf::GgufModel;
+
+/// The device, or `None` after printing why the test is skipped.
+fn device(test: &str) -> Option<Arc<Device>> {
+    match Device::open(0) {
+        Ok(device) => Some(Arc::new(device)),
+        Err(error @ (CudaError::NoDriver | CudaError::NoNvrtc | CudaError::NoDevice { .. })) => {
+            eprintln!("skipping {test}: {error}");
+            None
+        }
+        Err(error) => panic!("{test}: CUDA device failed to open: {error}"),
+    }
+}
+
+/// The tiny preset (16 experts, top-4) in `recipe`.
+fn tiny(dir: &std::path::Path, recipe: Recipe) -> Arc<GgufModel> {
+    let opts = SynthOptions {
+        config: Preset::Tiny.config(),
+        recipe,
+        vocab: VocabChoice::Tiny,
+        seed: 5,
+    };
+    let path = dir.join(format!("{}.gguf", recipe.name()));
+    write_synth(&path, &opts, &mut |_, _| {}).unwrap();
+    Arc::new(GgufModel::open(&path).unwrap())
+}
+
+fn session(
+    device: &Arc<Device>,
+    gguf: &GgufModel,
+    p: Precision,
+    residency: ExpertResidency,
+    chunk: usize,
+) -> Session<CudaBackend> {
+    let config = config_from_gguf(gguf).unwrap();
+    let backend = CudaBackend::with_options(device.clone(), gguf, config, p, residency).unwrap();
+    Session::new(backend, 256, KvType::F32, chunk).unwrap()
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 53 + 7) % 900).collect()
+}
+
+/// The first position whose logits differ in any bit, or `None`.
+fn first_difference(a: &[f32], b: &[f32], vocab: usize) -> Option<usize> {
+    let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .position(|(x, y)| !same(x, y))
+}
+
+/// Logits of a 48-token prompt (in chunks of `chunk`) at every position, then of 12 decode
+/// steps.
+fn run(s: &mut Session<CudaBackend>, chunk_prompt: &[u32], steps: &[u32]) -> Vec<f32> {
+    let mut all = s.feed(chunk_prompt, true, false).unwrap().logits;
+    for &t in steps {
+        all.extend(s.step(t).unwrap());
+    }
+    all
+}
+
+#[test]
+fn an_expert_cache_gives_the_logits_of_residency() {
+    let Some(device) = device("an_expert_cache_gives_the_logits_of_residency") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt(60);
+    let (prompt_part, steps) = tokens.split_at(48);
+    let mut failures = Vec::new();
+    for recipe in [Recipe::IQ2XXS, Recipe::Q4KM, Recipe::F32] {
+        let gguf = tiny(dir.path(), recipe);
+        let vocab = config_from_gguf(&gguf).unwrap().n_vocab;
+        for p in [Precision::Ggml, Precision::Exact] {
+            for chunk in [512, 7] {
+                let mut resident = session(&device, &gguf, p, ExpertResidency::Resident, chunk);
+                let want = run(&mut resident, prompt_part, steps);
+                // 4 slots: the top-k, every token's experts swapped in; 9: some stay.
+                for slots in [4, 9] {
+                    let cache = ExpertResidency::Cache { slots };
+                    let mut cached = session(&device, &gguf, p, cache, chunk);
+                    let got = run(&mut cached, prompt_part, steps);
+                    let case = format!("{} {p:?} chunk {chunk} slots {slots}", recipe.name());
+                    if let Some(at) = first_difference(&want, &got, vocab) {
+                        failures.push(format!("{case}: logits differ first at row {at}"));
+                    }
+                    let counts = cached.backend.expert_cache_counts().unwrap();
+                    let hits: u64 = counts.iter().map(|c| c.hits).sum();
+                    let misses: u64 = counts.iter().map(|c| c.misses).sum();
+                    println!("{case:<32} hits {hits} misses {misses}");
+                    assert_eq!(counts.len(), 4, "{case}: a cache per layer");
+                    assert!(misses >= 16, "{case}: {misses} misses");
+                    if slots == 9 {
+                        assert!(hits > 0, "{case}: no hits");
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_decode_graph_with_a_cache_equals_eager_launches() {
+    let Some(device) = device("the_decode_graph_with_a_cache_equals_eager_launches") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = tiny(dir.path(), Recipe::IQ2XXS);
+    let vocab = config_from_gguf(&gguf).unwrap().n_vocab;
+    let tokens = prompt(40);
+    let cache = ExpertResidency::Cache { slots: 5 };
+    let mut graphed = session(&device, &gguf, Precision::Ggml, cache, 512);
+    let mut eager = session(&device, &gguf, Precision::Ggml, cache, 512);
+    eager.backend.disable_graphs().unwrap();
+    let want = run(&mut eager, &tokens[..8], &tokens[8..]);
+    let got = run(&mut graphed, &tokens[..8], &tokens[8..]);
+    assert_eq!(first_difference(&want, &got, vocab), None);
+    assert_eq!(
+        graphed.backend.expert_cache_counts().unwrap(),
+        eager.backend.expert_cache_counts().unwrap(),
+        "same lookups, hits and misses"
+    );
+}
+
+#[test]
+fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
+    let Some(device) = device("lookups_replace_the_least_recently_used_slot") else {
+        return;
+    };
+    let (n_expert, slots) = (8, 3);
+    // Expert e's bytes: e in every byte of gate, 100 + e of up, 200 + e of down; down rows
+    // 48 bytes, gate/up 32 (multiples of 16: the wide copy), and a narrow variant.
+    for (gate_bytes, down_bytes) in [(32usize, 48usize), (6, 10)] {
+        let mut hosts = Vec::new();
+        for (base, bytes) in [(0u8, gate_bytes), (100, gate_bytes), (200, down_bytes)] {
+            let mut host = MappedHost::new(&device, n_expert * bytes).unwrap();
+            for (e, chunk) in host.bytes_mut().unwrap().chunks_mut(bytes).enumerate() {
+                chunk.fill(base + e as u8);
+            }
+            hosts.push(host);
+        }
+        let stacks = [
+            device.alloc_zeros::<u8>(slots * gate_bytes).unwrap(),
+            device.alloc_zeros::<u8>(slots * gate_bytes).unwrap(),
+            device.alloc_zeros::<u8>(slots * down_bytes).unwrap(),
+        ];
+        let mut tables = CacheTables::new(&device, n_expert, slots).unwrap();
+        let mut fills = device.alloc_zeros::<i32>(2 * slots).unwrap();
+        let mut count = device.alloc_zeros::<i32>(1).unwrap();
+        // Each call: the chosen experts, then each slot's expert after it.
+        let calls: [(&[i32], [i32; 3]); 5] = [
+            (&[0, 1], [0, 1, -1]),
+            (&[2, 0], [0, 1, 2]),
+            // Expert 1 is the least recently used: slot 1 goes to 3.
+            (&[3], [0, 3, 2]),
+            // 0 and 2 both last used by call 2; ties go to the lower slot.
+            (&[4, 3], [4, 3, 2]),
+            // Out-of-range ids are ignored.
+            (&[-1, 9, 2], [4, 3, 2]),
+        ];
+        for (i, (ids, want_slots)) in calls.iter().enumerate() {
+            let ids_dev = device.upload(ids).unwrap();
+            let mut slot_ids = device.alloc_zeros::<i32>(ids.len()).unwrap();
+            let pairs = ids.len().min(slots);
+            let mut fills_here = fills.slice_mut(..2 * pairs);
+            let mut count_view = count.slice_mut(..);
+            expert_cache_lookup(
+                &device,
+                &mut tables,
+                &ids_dev.slice(..),
+                &mut slot_ids.slice_mut(..),
+                &mut fills_here,
+                &mut count_view,
+            )
+            .unwrap();
+            let target = FillTarget {
+                host: [&hosts[0], &hosts[1], &hosts[2]],
+                slots: [&stacks[0], &stacks[1], &stacks[2]],
+                gate_bytes,
+                down_bytes,
+            };
+            expert_cache_fill(
+                &device,
+                &fills.slice(..2 * pairs),
+                &count.slice(..),
+                target,
+                n_expert,
+            )
+            .unwrap();
+            let slot_of = tables.slot_of(&device).unwrap();
+            let mut held = [-1i32; 3];
+            for (e, &s) in slot_of.iter().enumerate() {
+                if s >= 0 {
+                    held[s as usize] = e as i32;
+                }
+            }
+            assert_eq!(&held, want_slots, "call {i}: experts per slot");
+            let got_slots = device.download(&slot_ids).unwrap();
+            for (id, s) in ids.iter().zip(&got_slots) {
+                let want = if (0..n_expert as i32).contains(id) {
+                    slot_of[*id as usize]
+                } else {
+                    -1
+                };
+                assert_eq!(*s, want, "call {i}: slot of expert {id}");
+            }
+            for (t, (stack, (base, bytes))) in stacks
+                .iter()
+                .zip([(0u8, gate_bytes), (100, gate_bytes), (200, down_bytes)])
+                .enumerate()
+            {
+                let bytes_now = device.download(stack).unwrap();
+                for (s, &e) in held.iter().enumerate() {
+                    if e >= 0 {
+                        let slot = &bytes_now[s * bytes..(s + 1) * bytes];
+                        assert!(
+                            slot.iter().all(|&b| b == base + e as u8),
+                            "call {i}: tensor {t} slot {s} does not hold expert {e}"
+                        );
+                    }
+                }
+            }
+        }
+        let counts = tables.counts(&device).unwrap();
+        assert_eq!(counts.lookups, 5);
+        assert_eq!((counts.hits, counts.misses, counts.overflows), (3, 5, 0));
+    }
+}
+
+#[test]
+fn the_gpu_limit_refuses_an_allocation_past_it() {
+    let Some(device) = device("the_gpu_limit_refuses_an_allocation_past_it") else {
+        return;
+    };
+    let used = device.used().unwrap();
+    device.set_limit(Some(used + (64 << 20)));
+    assert!(device.alloc_zeros::<u8>(16 << 20).is_ok());
+    match device.alloc_zeros::<u8>(256 << 20) {
+        Err(CudaError::OverLimit { limit, .. }) => assert_eq!(limit, used + (64 << 20)),
+        other => panic!("expected OverLimit, got {:?}", other.map(|_| ())),
+    }
+    device.set_limit(None);
+    assert!(device.alloc_zeros::<u8>(256 << 20).is_ok());
+}
