@@ -30,7 +30,7 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
             (r#"{outcome="failed"}"#, m.requests_failed as f64),
         ],
     );
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 16] = [
         (
             "prompt_tokens_total",
             "Prompt tokens of admitted requests.",
@@ -91,6 +91,21 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
             "mtp_accepted_tokens_total",
             "Drafted tokens the model kept.",
             m.mtp_accepted,
+        ),
+        (
+            "expert_cache_hits_total",
+            "Chosen experts found in the GPU expert cache (--experts cache=SIZE).",
+            m.expert_cache_hits,
+        ),
+        (
+            "expert_cache_misses_total",
+            "Chosen experts copied into the GPU expert cache from host memory.",
+            m.expert_cache_misses,
+        ),
+        (
+            "expert_cache_copied_bytes_total",
+            "Bytes copied into the GPU expert cache.",
+            m.expert_cache_bytes,
         ),
     ];
     for (name, help, value) in counters {

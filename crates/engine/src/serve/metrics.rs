@@ -32,6 +32,9 @@ struct Counters {
     mtp_steps: AtomicU64,
     mtp_drafted: AtomicU64,
     mtp_accepted: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    cache_bytes: AtomicU64,
 }
 
 pub(super) struct Metrics {
@@ -74,6 +77,11 @@ pub struct MetricsSnapshot {
     pub mtp_steps: u64,
     pub mtp_drafted: u64,
     pub mtp_accepted: u64,
+    /// The GPU expert cache (with `--experts cache=...`): experts found on the GPU, copied
+    /// in, and the bytes copied, as of the last finished request.
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    pub expert_cache_bytes: u64,
 }
 
 impl Metrics {
@@ -158,6 +166,18 @@ impl Metrics {
             .fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
+    /// The expert cache's totals (read from the backend when a request ends).
+    pub fn set_expert_cache(&self, counts: &[crate::backend::ExpertCacheCounts]) {
+        let sum =
+            |f: &dyn Fn(&crate::backend::ExpertCacheCounts) -> u64| counts.iter().map(f).sum();
+        self.c.cache_hits.store(sum(&|c| c.hits), Ordering::Relaxed);
+        self.c
+            .cache_misses
+            .store(sum(&|c| c.misses), Ordering::Relaxed);
+        let bytes = sum(&|c| c.misses * c.bytes_per_miss);
+        self.c.cache_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     pub fn set_busy(&self, busy: usize) {
         self.c.busy_slots.store(busy as u64, Ordering::Relaxed);
     }
@@ -199,6 +219,9 @@ impl Metrics {
             mtp_steps: get(&self.c.mtp_steps),
             mtp_drafted: get(&self.c.mtp_drafted),
             mtp_accepted: get(&self.c.mtp_accepted),
+            expert_cache_hits: get(&self.c.cache_hits),
+            expert_cache_misses: get(&self.c.cache_misses),
+            expert_cache_bytes: get(&self.c.cache_bytes),
         }
     }
 }

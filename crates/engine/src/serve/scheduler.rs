@@ -464,6 +464,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             self.shared.metrics.ended(&reason);
             active.finish(reason);
         }
+        // Read once per request, not per step: it waits for the device.
+        if let Ok(counts) = self.backend.expert_cache_counts() {
+            self.shared.metrics.set_expert_cache(&counts);
+        }
     }
 
     /// A slot's job failed (an MTP step): it reports the error, the slot starts empty.
