@@ -11,15 +11,15 @@
 #   5. a short table last. Full logs in $OUT/logs.tgz, the table in $OUT/summary.txt.
 #
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
-#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache grouped
-#                                         # serve ab mtp demo profile sanitize compare offload
+#   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
+#                                         # grouped serve ab mtp demo profile sanitize compare offload
 #                                         # (default: all but sanitize and offload; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
 # --gpu-limit 24GiB) writes the 42 GiB Q4_K_M file: run it without the stages that need the
 # IQ2_XXS files (the disk holds 64 GiB).
 set -u
-STAGES=" ${STAGES:-kernels parity cache grouped serve ab mtp demo profile compare} "
+STAGES=" ${STAGES:-kernels parity cache pairdrift grouped serve ab mtp demo profile compare} "
 [ "${SKIP_KERNELS:-0}" = 1 ] && STAGES="${STAGES/ kernels / }"
 [ "${QUICK:-0}" = 1 ] && STAGES="${STAGES/ compare / }" && STAGES="${STAGES/ offload / }"
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -44,7 +44,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMM
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
-for s in grouped serve ab mtp profile compare; do
+for s in grouped serve ab mtp profile compare pairdrift; do
+  [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
     break
@@ -138,6 +139,29 @@ if stage serve; then
   serve_check no-graph REDLITE_CUDA_GRAPH=0
 fi
 
+if stage pairdrift; then
+  # The per-pair prompt down reorders the routed sum: its drift on a full model's logits (the
+  # Q4_K_M file when the offload stage wrote it, else the IQ2_XXS one).
+  DRIFT_FILE="$W/full-Q4_K_M.gguf"; [ -f "$DRIFT_FILE" ] || DRIFT_FILE="$F"
+  # The per-pair prompt down reorders the routed sum: its drift on the full model's logits.
+  ids=$(seq -s, 11 37 3563)
+  for pd in 1 0; do
+    REDLITE_MOE_PAIR_DOWN=$pd "$R" logits -m "$DRIFT_FILE" --device cuda --tokens "$ids" \
+      --out "$W/logits-pairdown$pd.bin" > "$OUT/logits-pairdown$pd.log" 2>&1
+  done
+  note "prompt logits, per-pair vs fused down: $(python3 -c '
+import sys, array, math
+a, b = (array.array("f", open(f, "rb").read()) for f in sys.argv[1:3])
+v = 151936; rows = len(a) // v; worst = 0.0; same = 0
+for r in range(rows):
+    x, y = a[r*v:(r+1)*v], b[r*v:(r+1)*v]
+    num = sum((p - q) ** 2 for p, q in zip(x, y)); den = sum(p * p for p in x)
+    worst = max(worst, math.sqrt(num / max(den, 1e-30)))
+    same += max(range(v), key=x.__getitem__) == max(range(v), key=y.__getitem__)
+print(f"max rel L2 {worst:.2e} over {rows} positions, same argmax {same}/{rows}")
+' "$W/logits-pairdown1.bin" "$W/logits-pairdown0.bin")"
+fi
+
 stage ab && stamp "redlite A/B"
 tg() {
   env "$@" "$R" bench -m "$F" --device cuda -p 512 -n 128 -d 0 -r 2 2>&1 | grep -E '^\| (pp|tg)' \
@@ -146,6 +170,7 @@ tg() {
 if stage ab; then
   note "defaults:               $(tg REDLITE_UNUSED=0)"
   note "no token tiles:         $(tg REDLITE_PREFILL_TILES=0)"
+  note "fused prompt down:      $(tg REDLITE_MOE_PAIR_DOWN=0)"
   note "exact (f32 activations): $(tg REDLITE_CUDA_EXACT=1)"
 fi
 

@@ -1,7 +1,8 @@
 //! `redlite bench`: llama-bench's measurements on one session. Prompt processing (`pp`):
 //! `n_prompt` tokens in one prefill from an empty state. Token generation (`tg`): `n_gen`
 //! tokens decoded one at a time after a context of `depth` tokens (not timed). One warm-up
-//! run of each test is excluded; repetitions give a mean and a standard deviation.
+//! run of each test is excluded; repetitions give a mean and a standard deviation. Each
+//! repetition feeds other tokens, so a GPU expert cache is not measured on a replay.
 
 use std::time::Instant;
 
@@ -148,10 +149,11 @@ fn summarize(
 
 /// Prompt processing of `n_prompt` tokens.
 pub fn bench_prompt(session: &mut dyn Runner, n_prompt: usize, reps: usize) -> Result<BenchResult> {
-    let tokens = bench_tokens(n_prompt, session.n_vocab(), 1);
     let mut samples = Vec::with_capacity(reps);
     let mut cache = CacheTally::default();
     for rep in 0..=reps {
+        // Other tokens each repetition: an expert cache must not find the last one's experts.
+        let tokens = bench_tokens(n_prompt, session.n_vocab(), 1 + 10 * rep);
         session.reset();
         cache.start(session)?;
         let start = Instant::now();
@@ -174,11 +176,11 @@ pub fn bench_gen(
     depth: usize,
     reps: usize,
 ) -> Result<BenchResult> {
-    let context = bench_tokens(depth, session.n_vocab(), 2);
-    let gen = bench_tokens(n_gen, session.n_vocab(), 3);
     let mut samples = Vec::with_capacity(reps);
     let mut cache = CacheTally::default();
     for rep in 0..=reps {
+        let context = bench_tokens(depth, session.n_vocab(), 2 + 10 * rep);
+        let gen = bench_tokens(n_gen, session.n_vocab(), 3 + 10 * rep);
         session.reset();
         if depth > 0 {
             session.feed(&context, false, false)?;
