@@ -29,6 +29,7 @@ mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
+mod mma;
 mod moe_groups;
 mod moe_launch;
 mod ops;
@@ -48,13 +49,18 @@ pub use error::{CudaError, CudaOp};
 pub use graph::Graph;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, moe_down, moe_folds_shared, moe_gate_up, moe_route, rms_norm,
-    DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
+    embed, gated_norm, matmul, matmul_with, moe_down, moe_folds_shared, moe_gate_up, moe_route,
+    rms_norm, DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
+};
+pub use mma::{
+    matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, MmaTiles, PrefillKernels, MMA_TILE,
 };
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
-pub use source::{modules, weight_kind, ModuleSource, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};
+pub use source::{
+    modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES, WEIGHT_KINDS,
+};
 
 /// Whether this build carries the CUDA backend at all.
 pub const BUILT_WITH_CUDA: bool = true;

@@ -245,6 +245,8 @@ pub(crate) fn launch_matvec(
 }
 
 mod layers;
+mod mma;
 mod moe;
 pub(crate) use layers::*;
+pub(crate) use mma::*;
 pub(crate) use moe::*;

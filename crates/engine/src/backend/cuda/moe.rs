@@ -6,6 +6,10 @@
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
+//! Prompts (several tokens) take the int8 tensor-core products where they cover the experts'
+//! types (`REDLITE_PREFILL_MMA=0` keeps the kernels below): the router's ids come to the host,
+//! the pairs are grouped by expert, gate/up (SwiGLU fused) and down run once per projection
+//! over all experts' tiles, the down outputs are summed back in token order by a second pass.
 //! `REDLITE_MOE_GROUPED=1`: prompts (several tokens) with q8 dots take the grouped gate/up:
 //! the router's ids come to the host, the pairs are grouped by expert, and each expert's rows
 //! are read once per tile of pairs (same logits, bit for bit). Off: on the H200 it measured 3 %
@@ -14,8 +18,9 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_grouped, moe_route, CudaView,
-    CudaViewMut, Device, ExpertTiles, SharedGateUp,
+    matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
+    moe_gate_up_mma, moe_route, CudaView, CudaViewMut, Device, ExpertTiles, MmaTiles,
+    PrefillKernels, SharedGateUp,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -52,6 +57,59 @@ pub fn forward(
         &mut shared_weight,
     )?;
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
+    if let Some(tiles) = mma_tiles(device, c, w, &ids.as_view(), t)? {
+        device.mark("routed experts (mma)");
+        let (gate, up) = (w.gate_exps.view(), w.up_exps.view());
+        moe_gate_up_mma(device, &gate, &up, c.expert_ff, &tiles, h, &mut act)?;
+        let (weights, act) = (weights.as_view(), act.as_view());
+        moe_down_mma(
+            device,
+            &w.down_exps.view(),
+            e,
+            &tiles,
+            &weights,
+            &act,
+            out,
+            false,
+        )?;
+        device.mark("shared expert");
+        let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
+        let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
+        let down = w.shared_down.view();
+        let dense = MmaTiles::dense(t);
+        if let Some(dense) =
+            dense.filter(|_| [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t)))
+        {
+            moe_gate_up_mma(device, &gate, &up, c.shared_ff, &dense, h, &mut act_shared)?;
+            let (sw, act_shared) = (shared_weight.as_view(), act_shared.as_view());
+            moe_down_mma(device, &down, e, &dense, &sw, &act_shared, out, true)?;
+            return Ok(());
+        }
+        let zero_ids = s.zero_ids.slice(..t);
+        moe_gate_up(
+            device,
+            &gate,
+            &up,
+            c.shared_ff,
+            &zero_ids,
+            h,
+            &mut act_shared,
+            None,
+        )?;
+        let (sw, act_shared) = (shared_weight.as_view(), act_shared.as_view());
+        moe_down(
+            device,
+            &down,
+            e,
+            &zero_ids,
+            &sw,
+            &act_shared,
+            out,
+            true,
+            None,
+        )?;
+        return Ok(());
+    }
     let fold = fold_shared(w);
     let tiles = match t > 1 && grouped(w) {
         true => {
@@ -164,6 +222,26 @@ impl RoutedGateUp<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// The routed pairs of a prompt grouped for the tensor-core expert products, when they cover
+/// the experts' types (`REDLITE_PREFILL_MMA=0`: never): the router's ids come to the host
+/// once per layer. `None` (the per-pair kernels) for one token or an out-of-range id.
+fn mma_tiles(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    ids: &CudaView<'_, i32>,
+    t: usize,
+) -> Result<Option<MmaTiles>> {
+    let (gate, up, down) = (w.gate_exps.view(), w.up_exps.view(), w.down_exps.view());
+    let covered = [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t));
+    if PrefillKernels::from_env() != PrefillKernels::Mma || !covered || gate.ty != up.ty {
+        return Ok(None);
+    }
+    let mut host = vec![0i32; ids.len()];
+    device.copy_to_host(ids, &mut host)?;
+    Ok(MmaTiles::new(&host, c.n_expert_used, c.n_expert))
 }
 
 /// Whether a prompt's gate/up takes the grouped launch: `REDLITE_MOE_GROUPED=1` and q8 dots
