@@ -70,7 +70,9 @@ static __host__ __device__ constexpr int mma_shared_bytes(int mats, int mt, int 
 // in_div (the token for gate/up, the pair itself for down), out = pair; the expert's rows
 // start expert_bytes into w0 / w1.
 template <class B, int WM, int WN, int FM, int FN, int MATS>
-__global__ void __launch_bounds__(WM * WN * WARP_SIZE)
+// Two CTAs per multiprocessor at least: 128 registers per thread for the 8-warp dense shape
+// (Q2_K took 173 without the bound, one CTA of 8 warps per multiprocessor).
+__global__ void __launch_bounds__(WM * WN * WARP_SIZE, 2)
 mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expert_bytes,
                   const int* __restrict__ tile_info, const int* __restrict__ pairs, int in_div,
                   const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -87,7 +89,9 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     int* row_in = reinterpret_cast<int*>(d8 + NT);
     int* row_out = row_in + NT;
 
-    const u8* w_base[2] = {w0, w1};
+    // Not an array: indexed by a runtime matrix number it would live in local memory.
+    const u8* w_gate = w0;
+    const u8* w_up = w1;
     int count;
     if (tile_info == nullptr) {
         const int t0 = blockIdx.y * NT;
@@ -102,8 +106,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
             row_in[j] = pair / in_div;
             row_out[j] = pair;
         }
-        w_base[0] += i64(expert) * expert_bytes;
-        if (MATS == 2) w_base[1] += i64(expert) * expert_bytes;
+        w_gate += i64(expert) * expert_bytes;
+        if (MATS == 2) w_up += i64(expert) * expert_bytes;
     }
     __syncthreads();
 
@@ -147,7 +151,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
             float* row_ds = ds + (mat * MT + r) * 16;
             float* row_dm = dm + (mat * MT + r) * 16;
             if (row < rows) {
-                D::decode(w_base[mat] + i64(row) * row_bytes + i64(kb) * B::BYTES, item, codes,
+                D::decode((mat == 0 ? w_gate : w_up) + i64(row) * row_bytes + i64(kb) * B::BYTES, item, codes,
                           row_ds, row_dm);
             } else {
 #pragma unroll
