@@ -51,6 +51,13 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], u32 a0, u32 a1, u32 
 #endif
 }
 
+// The products start from the bits of 1.5 x 2^23: an int32 sum s with |s| < 2^22 (a sub-block
+// sum is at most 32 x 63 x 127) then reads as the float 1.5 x 2^23 + s exactly (floats in
+// [2^23, 2^24) step by 1), and one subtraction gives s as a float: no int-to-float
+// conversion, a quarter-rate instruction that would cost more than the mma.
+#define MMA_BIAS_BITS 0x4b400000
+#define MMA_BIAS 12582912.0f
+
 static __device__ __forceinline__ u32 smem_u32(const i8* p) {
     return *reinterpret_cast<const u32*>(p);
 }
@@ -84,7 +91,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     i8* xs = ws + MATS * MT * MMA_ROW_BYTES;
     float* ds = reinterpret_cast<float*>(xs + NT * MMA_ROW_BYTES);
     float* dm = ds + MATS * MT * 16;
-    int* xsum = reinterpret_cast<int*>(dm + MATS * MT * 16);
+    float* xsum = dm + MATS * MT * 16;
     float* d8 = reinterpret_cast<float*>(xsum + NT * 16);
     int* row_in = reinterpret_cast<int*>(d8 + NT);
     int* row_out = row_in + NT;
@@ -138,7 +145,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                                                    kb * Q8K_VALUES + 16 * c);
             }
             *reinterpret_cast<int4*>(xs + j * MMA_ROW_BYTES + 16 * c) = v;
-            if (D::HAS_MIN) xsum[u] = q8_sum16(v);
+            if (D::HAS_MIN) xsum[u] = float(q8_sum16(v));  // exact: |sum| ≤ 16 x 127
         }
         for (int j = threadIdx.x; j < NT; j += THREADS) {
             d8[j] = j < count ? xd[i64(row_in[j]) * blocks + kb] : 0.0f;
@@ -173,10 +180,12 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
 #pragma unroll
                     for (int i = 0; i < 4; ++i) part[m][f][n][i] = 0.0f;
 
-#pragma unroll 2
+// Not unrolled: one step already issues FM x FN (x2 for k16) independent products, and
+        // unrolling by 2 spilled IQ2_XXS's and Q2_K's dense shapes at the 128-register bound.
+#pragma unroll 1
         for (int s32 = 0; s32 < 8; ++s32) {
             u32 b[FN][2];
-            int tok_sum[FN][2][2];  // [n][token of the pair][half]
+            float tok_sum[FN][2][2];  // [n][token of the pair][half]
 #pragma unroll
             for (int n = 0; n < FN; ++n) {
                 const i8* bp = xs + (wn * FN * 8 + n * 8 + g) * MMA_ROW_BYTES + 32 * s32 + 4 * tig;
@@ -208,7 +217,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                         if (D::HAS_MIN) mn[0] = dm[r_lo * 16 + s], mn[1] = dm[(r_lo + 8) * 16 + s];
 #pragma unroll
                         for (int n = 0; n < FN; ++n) {
-                            int c[4] = {0, 0, 0, 0};
+                            int c[4] = {MMA_BIAS_BITS, MMA_BIAS_BITS, MMA_BIAS_BITS,
+                                        MMA_BIAS_BITS};
                             if (D::SUB == 16) {
                                 mma_k16(c, a[2 * h], a[2 * h + 1], b[n][h]);
                             } else {
@@ -216,12 +226,13 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                             }
 #pragma unroll
                             for (int i = 0; i < 4; ++i) {
-                                float v = fmaf(sc[i >> 1], float(c[i]), part[m][f][n][i]);
+                                const float sum = __int_as_float(c[i]) - MMA_BIAS;
+                                float v = fmaf(sc[i >> 1], sum, part[m][f][n][i]);
                                 if (D::HAS_MIN) {
-                                    const int xs_sum = D::SUB == 16
+                                    const float xs_sum = D::SUB == 16
                                                            ? tok_sum[n][i & 1][h]
                                                            : tok_sum[n][i & 1][0] + tok_sum[n][i & 1][1];
-                                    v = fmaf(mn[i >> 1], float(xs_sum), v);
+                                    v = fmaf(mn[i >> 1], xs_sum, v);
                                 }
                                 part[m][f][n][i] = v;
                             }
