@@ -86,6 +86,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                   float* __restrict__ y, int rows, int cols, int tokens) {
     typedef MmaDecode<B> D;
     constexpr int MT = WM * FM * 16, NT = WN * FN * 8, THREADS = WM * WN * WARP_SIZE;
+    // The IQ2 codebooks in shared memory under REDLITE_Q8_SHARED_TABLES=1, as the q8 kernels.
+    q8_prepare<B>();
     extern __shared__ float4 mma_shared[];
     i8* ws = reinterpret_cast<i8*>(mma_shared);
     i8* xs = ws + MATS * MT * MMA_ROW_BYTES;
@@ -124,6 +126,11 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     const int m0 = blockIdx.x * MT;
     const int blocks = cols / Q8K_VALUES;
     const i64 row_bytes = i64(blocks) * B::BYTES;
+    // The CTA's rows are contiguous: ask L2 for all of them now, so the decode of every block
+    // after the first reads L2 instead of waiting on DRAM.
+    const i64 slab = i64(min(MT, rows - m0)) * row_bytes;
+    prefetch_l2(w_gate + i64(m0) * row_bytes, slab, threadIdx.x, THREADS);
+    if (MATS == 2) prefetch_l2(w_up + i64(m0) * row_bytes, slab, threadIdx.x, THREADS);
 
     float acc[MATS][FM][FN][4];
 #pragma unroll
