@@ -18,7 +18,10 @@
 //! layer ops (`layer_ops`): embedding gather, RMSNorm, add, batched matmul, the DeltaNet
 //! steps (conv, q/k norm and gates, the recurrent delta rule, gated norm), attention
 //! (q/k norm + RoPE + KV write, attention over the cache with the output gate) and the
-//! MoE (routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum).
+//! MoE (routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum). Products of
+//! several tokens take int8 tensor-core kernels where they cover the matrix (`mma`:
+//! [`matmul_mma`], and the routed experts grouped by expert, [`moe_gate_up_mma`] and
+//! [`moe_down_mma`] over [`MmaTiles`]).
 
 mod attention_ops;
 mod cache;
@@ -53,7 +56,8 @@ pub use layer_ops::{
     rms_norm, DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
 pub use mma::{
-    matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, MmaTiles, PrefillKernels, MMA_TILE,
+    matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, MmaTiles, PrefillKernels, MMA_MIN_ROWS,
+    MMA_TILE,
 };
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};

@@ -48,13 +48,19 @@ pub const MMA_TILE: usize = MMA_GATE_UP.tokens();
 const _: () = assert!(MMA_GATE_UP.tokens() == MMA_DOWN.tokens());
 
 /// Whether `matrix` has a tensor-core product on `device` for `tokens` tokens: several
-/// tokens, q8 dots on a covered type, sm_80 or newer.
+/// tokens, q8 dots on a covered type, at least [`MMA_MIN_ROWS`] rows, sm_80 or newer.
 pub fn mma_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> bool {
     tokens > 1
+        && matrix.rows >= MMA_MIN_ROWS
         && matrix.dots.quantizes(matrix.ty)
         && MMA_TYPES.contains(&matrix.ty)
         && arch_has_mma(device.arch())
 }
+
+/// Fewer rows (the shared-expert gate's one, DeltaNet's beta / alpha) keep the q8 token
+/// tiles: a CTA of the dense shape decodes 128 rows, and such a matrix would run on
+/// tokens / 64 CTAs only. A guess, to measure.
+pub const MMA_MIN_ROWS: usize = 64;
 
 /// sm_80 and newer (`sm_XY` or `sm_XYZ`, an optional letter after).
 fn arch_has_mma(arch: &str) -> bool {
