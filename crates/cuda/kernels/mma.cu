@@ -110,6 +110,9 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
         const int expert = tile_info[3 * blockIdx.y];
         const int first = tile_info[3 * blockIdx.y + 1];
         count = tile_info[3 * blockIdx.y + 2];
+        // A device grouping sizes the grid for the most tiles the pairs can need; the tiles
+        // past its last one are empty (the whole CTA leaves, before any barrier).
+        if (count == 0) return;
         for (int j = threadIdx.x; j < NT; j += THREADS) {
             const int pair = j < count ? pairs[first + j] : 0;
             row_in[j] = pair / in_div;
@@ -281,16 +284,78 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
 
 // The routed experts' weighted sum back in token order (the second pass of the grouped
 // down product): out[t][r] = (accumulate ? out[t][r] : 0) + Σ_k weights[t][k] y[t used + k][r],
-// k in slot order. One thread per (t, r); grid (ceil(rows / 256), tokens).
+// k in slot order, skipping slots whose id is out of range (no tile computed them; the q8
+// down kernel skips them too). `ids` null: every slot counts. One thread per (t, r); grid
+// (ceil(rows / 256), tokens).
 __global__ void __launch_bounds__(256)
 mma_combine_kernel(const float* __restrict__ y, const float* __restrict__ weights,
-                   float* __restrict__ out, int rows, int used, int accumulate) {
+                   const int* __restrict__ ids, float* __restrict__ out, int rows, int used,
+                   int n_expert, int accumulate) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (r >= rows) return;
     float sum = 0.0f;
     for (int k = 0; k < used; ++k) {
-        sum = fmaf(weights[t * used + k], y[(i64(t) * used + k) * rows + r], sum);
+        const int pair = t * used + k;
+        if (ids != nullptr && (ids[pair] < 0 || ids[pair] >= n_expert)) continue;
+        sum = fmaf(weights[pair], y[i64(pair) * rows + r], sum);
     }
     float* o = out + i64(t) * rows + r;
     *o = (accumulate ? *o : 0.0f) + sum;
+}
+
+// Pairs per expert tile of the grouped products (MMA_TILE on the host).
+#define MMA_GROUP_TILE 16
+
+// The routed (token, slot) pairs grouped by expert on the device, with no host round trip: one
+// CTA counts the pairs of each expert, scans the counts (one thread: n_expert is a few
+// hundred), writes every tile's (expert, first, count) into tile_info -- count 0 for the tiles
+// past the last, up to `tile_bound`, the grid the launches size from the pair count -- then
+// scatters the pairs into `pairs`, each expert's from its `first`. Within an expert the order
+// follows the atomics, which changes no value: a pair's sums do not depend on the other pairs
+// of its tile. Ids out of range join no tile. Dynamic shared memory: 3 x n_expert ints.
+__global__ void __launch_bounds__(1024)
+mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
+                 int* __restrict__ tile_info, int tile_bound, int* __restrict__ pairs) {
+    extern __shared__ int group_shared[];
+    __shared__ int total_tiles;
+    int* count = group_shared;
+    int* first = count + n_expert;
+    int* tile_first = first + n_expert;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, tiles = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            first[e] = at;
+            tile_first[e] = tiles;
+            at += count[e];
+            tiles += (count[e] + MMA_GROUP_TILE - 1) / MMA_GROUP_TILE;
+        }
+        total_tiles = tiles;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        for (int k = 0; k * MMA_GROUP_TILE < count[e]; ++k) {
+            int* info = tile_info + 3 * (tile_first[e] + k);
+            info[0] = e;
+            info[1] = first[e] + k * MMA_GROUP_TILE;
+            info[2] = min(MMA_GROUP_TILE, count[e] - k * MMA_GROUP_TILE);
+        }
+    }
+    for (int t = total_tiles + threadIdx.x; t < tile_bound; t += blockDim.x) {
+        tile_info[3 * t] = tile_info[3 * t + 1] = tile_info[3 * t + 2] = 0;
+    }
+    __syncthreads();
+    // count[] becomes each expert's scatter cursor.
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < n_expert) pairs[first[e] + atomicAdd(&count[e], 1)] = p;
+    }
 }

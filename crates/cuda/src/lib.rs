@@ -33,6 +33,7 @@ mod launch;
 mod layer_launch;
 mod layer_ops;
 mod mma;
+mod mma_groups;
 mod moe_groups;
 mod moe_launch;
 mod ops;
@@ -55,10 +56,8 @@ pub use layer_ops::{
     embed, gated_norm, matmul, matmul_with, moe_down, moe_folds_shared, moe_gate_up, moe_route,
     rms_norm, DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
-pub use mma::{
-    matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, MmaTiles, PrefillKernels, MMA_MIN_ROWS,
-    MMA_TILE,
-};
+pub use mma::{matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, PrefillKernels, MMA_MIN_ROWS};
+pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};

@@ -15,6 +15,7 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
+use crate::mma_groups::MmaGroups;
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
@@ -43,8 +44,6 @@ impl PrefillKernels {
     }
 }
 
-/// Pairs (tokens) per expert tile: the gate/up and down shapes share the tiles.
-pub const MMA_TILE: usize = MMA_GATE_UP.tokens();
 const _: () = assert!(MMA_GATE_UP.tokens() == MMA_DOWN.tokens());
 
 /// Whether `matrix` has a tensor-core product on `device` for `tokens` tokens: several
@@ -151,72 +150,6 @@ pub fn matmul_mma(
     )
 }
 
-/// The (token, slot) pairs of one call grouped by expert, in tiles of [`MMA_TILE`]: built on
-/// the host from the router's ids, so every expert and pair in them is in range.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MmaTiles {
-    /// (expert, first, count) per tile; `first` indexes `pairs`.
-    info: Vec<i32>,
-    /// The pairs `t * used + k` ordered by expert (stable: by pair within an expert).
-    pairs: Vec<i32>,
-    tokens: usize,
-    used: usize,
-    n_expert: usize,
-}
-
-impl MmaTiles {
-    /// Tiles for `ids` (tokens x used). `None` when an id is out of range (callers take the
-    /// per-pair kernels, which give such pairs zeros) or the tiles exceed a launch's grid.
-    pub fn new(ids: &[i32], used: usize, n_expert: usize) -> Option<MmaTiles> {
-        let used = used.max(1);
-        let mut by_expert: Vec<Vec<i32>> = vec![Vec::new(); n_expert];
-        for (pair, &e) in ids.iter().enumerate() {
-            let list = usize::try_from(e).ok().and_then(|e| by_expert.get_mut(e))?;
-            list.push(i32::try_from(pair).ok()?);
-        }
-        let mut tiles = MmaTiles {
-            info: Vec::new(),
-            pairs: Vec::with_capacity(ids.len()),
-            tokens: ids.len() / used,
-            used,
-            n_expert,
-        };
-        for (expert, list) in by_expert.iter().enumerate() {
-            for chunk in list.chunks(MMA_TILE) {
-                let first = i32::try_from(tiles.pairs.len()).ok()?;
-                let count = i32::try_from(chunk.len()).ok()?;
-                tiles
-                    .info
-                    .extend([i32::try_from(expert).ok()?, first, count]);
-                tiles.pairs.extend_from_slice(chunk);
-            }
-        }
-        (tiles.len() as u64 <= MAX_GRID_YZ).then_some(tiles)
-    }
-
-    /// Every token as one pair of a one-expert stack (the shared expert).
-    pub fn dense(tokens: usize) -> Option<MmaTiles> {
-        MmaTiles::new(&vec![0; tokens], 1, 1)
-    }
-
-    /// Number of tiles.
-    pub fn len(&self) -> usize {
-        self.info.len() / 3
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.info.is_empty()
-    }
-
-    pub fn tokens(&self) -> usize {
-        self.tokens
-    }
-
-    pub fn used(&self) -> usize {
-        self.used
-    }
-}
-
 /// `act[t * used + k] = silu(gate_e x[t]) * up_e x[t]` for the pairs of `tiles` (e the pair's
 /// expert): `gate` / `up` are stacks of n_expert x ff rows, act tokens x used x ff.
 pub fn moe_gate_up_mma(
@@ -224,7 +157,7 @@ pub fn moe_gate_up_mma(
     gate: &WeightMatrix<'_>,
     up: &WeightMatrix<'_>,
     ff: usize,
-    tiles: &MmaTiles,
+    tiles: &MmaGroups,
     x: &CudaView<'_, f32>,
     act: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
@@ -252,17 +185,15 @@ pub fn moe_gate_up_mma(
         tokens * used * ff,
         act.len(),
     )?;
-    fits(op, "tiles", tiles.len() as u64, MAX_GRID_YZ)?;
-    if tiles.is_empty() || ff == 0 {
+    fits(op, "tiles", tiles.tiles as u64, MAX_GRID_YZ)?;
+    if tiles.tiles == 0 || ff == 0 {
         return Ok(());
     }
     let quantized = quantize(device, x)?;
-    let info = device.upload(&tiles.info)?;
-    let pairs = device.upload(&tiles.pairs)?;
     let s = MMA_GATE_UP;
     let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
     let cfg = config(
-        (ff.div_ceil(s.rows()), tiles.len(), 1),
+        (ff.div_ceil(s.rows()), tiles.tiles, 1),
         s.threads(),
         s.shared_bytes(),
     );
@@ -273,7 +204,7 @@ pub fn moe_gate_up_mma(
         kernel,
         cfg,
         (&gate.bytes, Some(&up.bytes), expert_bytes as i64),
-        Some((&info.as_view(), &pairs.as_view(), to_i32(used))),
+        Some((&tiles.info.as_view(), &tiles.pairs.as_view(), to_i32(used))),
         (&quantized.q, &quantized.d),
         act,
         (to_i32(ff), to_i32(cols), to_i32(tokens)),
@@ -290,7 +221,7 @@ pub fn moe_down_mma(
     device: &Device,
     down: &WeightMatrix<'_>,
     rows: usize,
-    tiles: &MmaTiles,
+    tiles: &MmaGroups,
     weights: &CudaView<'_, f32>,
     act: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
@@ -320,19 +251,17 @@ pub fn moe_down_mma(
         act.len(),
     )?;
     shape(op, "out length (tokens x rows)", tokens * rows, out.len())?;
-    fits(op, "tiles", tiles.len() as u64, MAX_GRID_YZ)?;
+    fits(op, "tiles", tiles.tiles as u64, MAX_GRID_YZ)?;
     if tokens == 0 || rows == 0 {
         return Ok(());
     }
     let quantized = quantize(device, act)?;
     let mut per_pair = raw::scratch::<f32>(device.stream(), tokens * used * rows)?;
-    if !tiles.is_empty() {
-        let info = device.upload(&tiles.info)?;
-        let pairs = device.upload(&tiles.pairs)?;
+    if tiles.tiles > 0 {
         let s = MMA_DOWN;
         let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
         let cfg = config(
-            (rows.div_ceil(s.rows()), tiles.len(), 1),
+            (rows.div_ceil(s.rows()), tiles.tiles, 1),
             s.threads(),
             s.shared_bytes(),
         );
@@ -343,7 +272,7 @@ pub fn moe_down_mma(
             kernel,
             cfg,
             (&down.bytes, None, expert_bytes as i64),
-            Some((&info.as_view(), &pairs.as_view(), 1)),
+            Some((&tiles.info.as_view(), &tiles.pairs.as_view(), 1)),
             (&quantized.q, &quantized.d),
             &mut per_pair.as_view_mut(),
             (to_i32(rows), to_i32(ff), to_i32(tokens * used)),
@@ -356,35 +285,20 @@ pub fn moe_down_mma(
         device.stream(),
         kernel,
         cfg,
-        &per_pair,
-        weights,
+        (&per_pair, weights, tiles.ids.as_ref()),
         out,
-        (to_i32(rows), to_i32(used), i32::from(accumulate)),
+        (
+            to_i32(rows),
+            to_i32(used),
+            to_i32(tiles.n_expert),
+            i32::from(accumulate),
+        ),
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pairs_are_grouped_by_expert_in_tiles() {
-        // 3 tokens, 2 slots, 4 experts: expert 1 takes pairs 0, 2, 5; expert 2 pairs 1, 4.
-        let ids = [1, 2, 1, 0, 2, 1];
-        let tiles = MmaTiles::new(&ids, 2, 4).unwrap();
-        assert_eq!(tiles.info, vec![0, 0, 1, 1, 1, 3, 2, 4, 2]);
-        assert_eq!(tiles.pairs, vec![3, 0, 2, 5, 1, 4]);
-        assert_eq!((tiles.tokens(), tiles.used()), (3, 2));
-    }
-
-    #[test]
-    fn full_experts_take_several_tiles_and_bad_ids_none() {
-        let tiles = MmaTiles::dense(MMA_TILE + 1).unwrap();
-        assert_eq!(tiles.len(), 2);
-        assert_eq!(&tiles.info[3..], &[0, MMA_TILE as i32, 1]);
-        assert!(MmaTiles::new(&[0, 5], 1, 2).is_none());
-        assert!(MmaTiles::new(&[-1], 1, 2).is_none());
-    }
 
     #[test]
     fn mma_needs_sm80() {

@@ -137,6 +137,7 @@ pub(crate) fn mma_matmul_kernel(kind: WeightKind, s: MmaShape) -> String {
 
 pub(crate) const MMA_QUANTIZE_KERNEL: &str = "mma_quantize_kernel";
 pub(crate) const MMA_COMBINE_KERNEL: &str = "mma_combine_kernel";
+pub(crate) const MMA_GROUP_KERNEL: &str = "mma_group_kernel";
 
 fn q8_kinds() -> impl Iterator<Item = WeightKind> {
     WEIGHT_KINDS
@@ -458,7 +459,9 @@ pub fn modules() -> Vec<ModuleSource> {
                 .into_iter()
                 .filter(|k| MMA_TYPES.contains(&k.ty))
                 .flat_map(|k| MMA_SHAPES.map(|s| mma_matmul_kernel(k, s)))
-                .chain([MMA_QUANTIZE_KERNEL, MMA_COMBINE_KERNEL].map(String::from))
+                .chain(
+                    [MMA_QUANTIZE_KERNEL, MMA_COMBINE_KERNEL, MMA_GROUP_KERNEL].map(String::from),
+                )
                 .collect(),
         },
         ModuleSource {

@@ -21,6 +21,7 @@ s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(p \+ at\)\);', 
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', 'emu_mma_k32(c, a, b0, b1);', s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', 'emu_mma_k16(c, a0, a1, b0);', s, flags=re.S)
 s = re.sub(r'__launch_bounds__\([^)]*\)', '', s)
+s = s.replace('extern __shared__', 'extern')
 if re.search(r'\basm\b', s):
     sys.exit("mma-emu: inline PTX left that the emulator does not know")
 open(sys.argv[2], 'w').write(s)

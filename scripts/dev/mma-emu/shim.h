@@ -16,7 +16,9 @@
 #define __forceinline__ inline
 #define __global__
 #define __host__
-#define __shared__
+// Block-scope __shared__ variables become statics: one copy for all the threads of the CTA
+// (CTAs run one at a time); run.sh turns `extern __shared__` into plain `extern`.
+#define __shared__ static
 #define __launch_bounds__(x)
 #define __restrict__
 #define __CUDA_ARCH__ 800
@@ -66,6 +68,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 inline void __trap() { abort(); }
 std::barrier<>* cta_barrier;
 std::barrier<>* warp_barriers[32];
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline void __syncthreads() { cta_barrier->arrive_and_wait(); }
 // Warp exchange buffers.
 uint64_t warp_buf[32][32][8];
@@ -116,6 +119,7 @@ inline void emu_mma_k16(int (&c)[4], unsigned a0, unsigned a1, unsigned b0) {
     emu_mma(c, a, 2, b, 1, 16);
 }
 float4 mma_shared[1 << 15];
+int group_shared[3 * 4096];
 void launch(Dim grid, int threads, const std::function<void()>& body) {
     blockDim = {(unsigned)threads, 1, 1};
     gridDim = grid;

@@ -3,7 +3,8 @@
 //! (dp4a) kernels and the int8 tensor-core (mma) kernels, as JSON: milliseconds per
 //! projection, TFLOP/s-equivalent (2 x pairs x rows x cols per matrix) and GB/s of the
 //! expert weights the routing touches. Routing is random (distinct experts per token,
-//! deterministic), inputs random: speed does not depend on the values.
+//! deterministic), inputs random: speed does not depend on the values. `group_ms` times the
+//! device grouping of the pairs by expert, `host_group_ms` the host one (ids copied back).
 
 use anyhow::Result;
 use clap::Args;
@@ -46,7 +47,7 @@ mod gpu {
     use anyhow::{bail, Context, Result};
     use redlite_cuda::{
         mma_takes, moe_down, moe_down_mma, moe_gate_up, moe_gate_up_mma, CudaSlice, Device, Dots,
-        MmaTiles, WeightMatrix,
+        MmaGroups, MmaTiles, WeightMatrix,
     };
     use redlite_engine::model::load::config_from_gguf;
     use redlite_gguf::GgufModel;
@@ -173,10 +174,16 @@ mod gpu {
         let mut act = device.alloc_zeros::<f32>(pairs * ff)?;
         let mut out = device.alloc_zeros::<f32>(tokens * embd)?;
         let tiles = MmaTiles::new(&ids, used, n_expert).context("routing out of range")?;
-        let group_ms = time(&device, args.repetitions, || {
+        let tiles = MmaGroups::upload(&device, &tiles)?;
+        let host_group_ms = time(&device, args.repetitions, || {
             let mut host = vec![0i32; pairs];
             device.copy_to_host(&ids_device.as_view(), &mut host)?;
-            MmaTiles::new(&host, used, n_expert).context("routing out of range")?;
+            let tiles = MmaTiles::new(&host, used, n_expert).context("routing out of range")?;
+            MmaGroups::upload(&device, &tiles)?;
+            Ok(())
+        })?;
+        let group_ms = time(&device, args.repetitions, || {
+            MmaGroups::on_device(&device, &ids_device.as_view(), used, n_expert)?;
             Ok(())
         })?;
 
@@ -249,6 +256,7 @@ mod gpu {
             "experts_hit": distinct,
             "repetitions": reps,
             "group_ms": group_ms,
+            "host_group_ms": host_group_ms,
             "results": results,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);

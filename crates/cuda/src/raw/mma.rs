@@ -101,28 +101,56 @@ pub(crate) fn launch_mma_matmul(
     })
 }
 
-/// `mma_combine_kernel(y, weights, out, rows, used, accumulate)`.
-#[allow(clippy::too_many_arguments)]
+/// `mma_combine_kernel(y, weights, ids, out, rows, used, n_expert, accumulate)`.
 pub(crate) fn launch_mma_combine(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
-    y: &CudaSlice<f32>,
-    weights: &CudaView<'_, f32>,
+    (y, weights, ids): (&CudaSlice<f32>, &CudaView<'_, f32>, Option<&CudaSlice<i32>>),
     out: &mut CudaViewMut<'_, f32>,
-    (rows, used, accumulate): (i32, i32, i32),
+    (rows, used, n_expert, accumulate): (i32, i32, i32, i32),
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
+    launch.arg(y).arg(weights);
+    match ids {
+        Some(ids) => launch.arg(ids),
+        None => launch.arg(&NO_POS),
+    };
     launch
-        .arg(y)
-        .arg(weights)
         .arg(out)
         .arg(&rows)
         .arg(&used)
+        .arg(&n_expert)
         .arg(&accumulate);
     // SAFETY: arguments match the signature; y holds tokens x used x rows values, weights
-    // tokens x used and out tokens x rows, tokens = grid.y (op entry and launcher).
+    // (and ids when given) tokens x used and out tokens x rows, tokens = grid.y (op entry and
+    // launcher).
     launched(stream, "cuLaunchKernel(mma_combine)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `mma_group_kernel(ids, n_pairs, n_expert, tile_info, tile_bound, pairs)`.
+pub(crate) fn launch_mma_group(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    ids: &CudaSlice<i32>,
+    (info, pairs): (&mut CudaSlice<i32>, &mut CudaSlice<i32>),
+    (n_pairs, n_expert, tile_bound): (i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(ids)
+        .arg(&n_pairs)
+        .arg(&n_expert)
+        .arg(info)
+        .arg(&tile_bound)
+        .arg(pairs);
+    // SAFETY: arguments match the signature; ids and pairs hold n_pairs values, info 3 x
+    // tile_bound, and tile_bound is at least the tiles the pairs can fill (a partial tile per
+    // expert at most: the op entry); one CTA with 3 x n_expert ints of dynamic shared memory.
+    launched(stream, "cuLaunchKernel(mma_group)", unsafe {
         launch.launch(config)
     })
 }

@@ -7,9 +7,10 @@
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
 //! Prompts (several tokens) take the int8 tensor-core products where they cover the experts'
-//! types (`REDLITE_PREFILL_MMA=0` keeps the kernels below): the router's ids come to the host,
-//! the pairs are grouped by expert, gate/up (SwiGLU fused) and down run once per projection
-//! over all experts' tiles, the down outputs are summed back in token order by a second pass.
+//! types (`REDLITE_PREFILL_MMA=0` keeps the kernels below): the pairs are grouped by expert on
+//! the device (`REDLITE_MMA_HOST_GROUPS=1`: on the host, one sync per layer), gate/up (SwiGLU
+//! fused) and down run once per projection over all experts' tiles, and the down outputs are
+//! summed back in token order by a second pass.
 //! `REDLITE_MOE_GROUPED=1`: prompts (several tokens) with q8 dots take the grouped gate/up:
 //! the router's ids come to the host, the pairs are grouped by expert, and each expert's rows
 //! are read once per tile of pairs (same logits, bit for bit). Off: on the H200 it measured 3 %
@@ -19,7 +20,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
-    moe_gate_up_mma, moe_route, CudaView, CudaViewMut, Device, ExpertTiles, MmaTiles,
+    moe_gate_up_mma, moe_route, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, MmaTiles,
     PrefillKernels, SharedGateUp,
 };
 
@@ -76,10 +77,8 @@ pub fn forward(
         let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
         let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
         let down = w.shared_down.view();
-        let dense = MmaTiles::dense(t);
-        if let Some(dense) =
-            dense.filter(|_| [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t)))
-        {
+        if [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t)) {
+            let dense = MmaGroups::dense(device, t)?;
             moe_gate_up_mma(device, &gate, &up, c.shared_ff, &dense, h, &mut act_shared)?;
             let (sw, act_shared) = (shared_weight.as_view(), act_shared.as_view());
             moe_down_mma(device, &down, e, &dense, &sw, &act_shared, out, true)?;
@@ -225,23 +224,33 @@ impl RoutedGateUp<'_, '_> {
 }
 
 /// The routed pairs of a prompt grouped for the tensor-core expert products, when they cover
-/// the experts' types (`REDLITE_PREFILL_MMA=0`: never): the router's ids come to the host
-/// once per layer. `None` (the per-pair kernels) for one token or an out-of-range id.
+/// the experts' types (`REDLITE_PREFILL_MMA=0`: never; `None` takes the per-pair kernels):
+/// on the device, no host round trip. `REDLITE_MMA_HOST_GROUPS=1` brings the router's ids to
+/// the host once per layer instead (one sync; an out-of-range id then takes the per-pair
+/// kernels), to time the difference.
 fn mma_tiles(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     ids: &CudaView<'_, i32>,
     t: usize,
-) -> Result<Option<MmaTiles>> {
+) -> Result<Option<MmaGroups>> {
+    static HOST: OnceLock<bool> = OnceLock::new();
     let (gate, up, down) = (w.gate_exps.view(), w.up_exps.view(), w.down_exps.view());
     let covered = [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t));
     if PrefillKernels::from_env() != PrefillKernels::Mma || !covered || gate.ty != up.ty {
         return Ok(None);
     }
+    let (used, n_expert) = (c.n_expert_used, c.n_expert);
+    if !*HOST.get_or_init(|| std::env::var("REDLITE_MMA_HOST_GROUPS").as_deref() == Ok("1")) {
+        return Ok(Some(MmaGroups::on_device(device, ids, used, n_expert)?));
+    }
     let mut host = vec![0i32; ids.len()];
     device.copy_to_host(ids, &mut host)?;
-    Ok(MmaTiles::new(&host, c.n_expert_used, c.n_expert))
+    match MmaTiles::new(&host, used, n_expert) {
+        Some(tiles) => Ok(Some(MmaGroups::upload(device, &tiles)?)),
+        None => Ok(None),
+    }
 }
 
 /// Whether a prompt's gate/up takes the grouped launch: `REDLITE_MOE_GROUPED=1` and q8 dots
