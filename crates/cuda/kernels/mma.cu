@@ -307,8 +307,7 @@ mma_combine_kernel(const float* __restrict__ y, const float* __restrict__ weight
 #define MMA_GROUP_TILE 16
 
 // The routed (token, slot) pairs grouped by expert on the device, with no host round trip: one
-// CTA counts the pairs of each expert, scans the counts (one thread: n_expert is a few
-// hundred), writes every tile's (expert, first, count) into tile_info -- count 0 for the tiles
+// CTA counts the pairs of each expert, scans the counts (one warp), writes every tile's (expert, first, count) into tile_info -- count 0 for the tiles
 // past the last, up to `tile_bound`, the grid the launches size from the pair count -- then
 // scatters the pairs into `pairs`, each expert's from its `first`. Within an expert the order
 // follows the atomics, which changes no value: a pair's sums do not depend on the other pairs
@@ -328,15 +327,29 @@ mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
         if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int at = 0, tiles = 0;
-        for (int e = 0; e < n_expert; ++e) {
-            first[e] = at;
-            tile_first[e] = tiles;
-            at += count[e];
-            tiles += (count[e] + MMA_GROUP_TILE - 1) / MMA_GROUP_TILE;
+    // Exclusive scans of the pair and tile counts by the first warp, 32 experts a step.
+    if (threadIdx.x < WARP_SIZE) {
+        const int lane = threadIdx.x;
+        int pairs_before = 0, tiles_before = 0;
+        for (int base = 0; base < n_expert; base += WARP_SIZE) {
+            const int e = base + lane;
+            const int c = e < n_expert ? count[e] : 0;
+            const int t = (c + MMA_GROUP_TILE - 1) / MMA_GROUP_TILE;
+            int c_incl = c, t_incl = t;
+#pragma unroll
+            for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
+                const int c_up = __shfl_up_sync(0xffffffffu, c_incl, offset);
+                const int t_up = __shfl_up_sync(0xffffffffu, t_incl, offset);
+                if (lane >= offset) c_incl += c_up, t_incl += t_up;
+            }
+            if (e < n_expert) {
+                first[e] = pairs_before + c_incl - c;
+                tile_first[e] = tiles_before + t_incl - t;
+            }
+            pairs_before += __shfl_sync(0xffffffffu, c_incl, WARP_SIZE - 1);
+            tiles_before += __shfl_sync(0xffffffffu, t_incl, WARP_SIZE - 1);
         }
-        total_tiles = tiles;
+        if (lane == 0) total_tiles = tiles_before;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {

@@ -116,6 +116,8 @@ pub enum CudaError {
         found: usize,
         supported: &'static str,
     },
+    #[error("{op}: the int8 tensor-core kernels need sm_80 or newer; this GPU is {arch}")]
+    NeedsArch { op: CudaOp, arch: String },
     #[error("{op}: {what} device address {address:#x} is not {alignment}-byte aligned")]
     Misaligned {
         op: CudaOp,

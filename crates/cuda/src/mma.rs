@@ -109,7 +109,8 @@ fn mma_kind(
         return Err(CudaError::UnsupportedType { op, ty: matrix.ty });
     }
     if !arch_has_mma(device.arch()) {
-        return Err(CudaError::UnsupportedType { op, ty: matrix.ty });
+        let arch = device.arch().to_string();
+        return Err(CudaError::NeedsArch { op, arch });
     }
     Ok(kind)
 }

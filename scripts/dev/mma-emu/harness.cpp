@@ -104,6 +104,31 @@ int group_on_device(const std::vector<int>& ids, int n_expert, std::vector<int>&
     return bound;
 }
 
+// The grouping kernel alone, over several warp steps of experts: every valid pair in exactly
+// one tile of its expert, tiles of at most 16 in expert order, the tail of the grid empty.
+void grouping(int n_pairs, int n_expert) {
+    std::vector<int> ids(n_pairs), info, pairs;
+    for (auto& e : ids) e = rng() % 4 == 0 ? (int)(rng() % 3) : (int)(rng() % (n_expert + 1));
+    const int bound = group_on_device(ids, n_expert, info, pairs);
+    std::vector<int> seen(n_pairs, 0);
+    int next_first = 0, last_expert = -1, bad = 0, t = 0;
+    for (; t < bound && info[3 * t + 2] > 0; ++t) {
+        const int e = info[3 * t], first = info[3 * t + 1], count = info[3 * t + 2];
+        bad += first != next_first || count > 16 || e < last_expert;
+        for (int j = 0; j < count; ++j) {
+            const int p = pairs[first + j];
+            bad += ids[p] != e;
+            ++seen[p];
+        }
+        next_first += count;
+        last_expert = e;
+    }
+    for (; t < bound; ++t) bad += info[3 * t + 2] != 0;
+    for (int p = 0; p < n_pairs; ++p) bad += seen[p] != (ids[p] < n_expert ? 1 : 0);
+    printf("%s grouping %d pairs over %d experts\n", bad ? "FAIL" : "ok  ", n_pairs, n_expert);
+    failures += bad != 0;
+}
+
 template <class B>
 void experts(const char* name, int tokens, bool on_device) {
     const int n_expert = 5, used = 3, ff = 96, cols = 512;
@@ -221,6 +246,8 @@ void all(const char* name) {
 }
 
 int main() {
+    grouping(300, 70);
+    grouping(1000, 33);
     all<IQ2XXS>("IQ2_XXS");
     all<Q2K>("Q2_K");
     all<Q4K>("Q4_K");

@@ -82,6 +82,26 @@ T __shfl_xor_sync(unsigned, T v, int off) {
     warp_barriers[w]->arrive_and_wait();
     return o;
 }
+template <class T>
+T __shfl_up_sync(unsigned, T v, int off) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    memcpy(&warp_buf[w][l][0], &v, sizeof(T));
+    warp_barriers[w]->arrive_and_wait();
+    T o = v;
+    if (l >= off) memcpy(&o, &warp_buf[w][l - off][0], sizeof(T));
+    warp_barriers[w]->arrive_and_wait();
+    return o;
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    memcpy(&warp_buf[w][l][0], &v, sizeof(T));
+    warp_barriers[w]->arrive_and_wait();
+    T o;
+    memcpy(&o, &warp_buf[w][src][0], sizeof(T));
+    warp_barriers[w]->arrive_and_wait();
+    return o;
+}
 inline float sigmoidf_(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void emu_mma(int (&c)[4], const unsigned* a, int na, const unsigned* b, int nb, int k) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
