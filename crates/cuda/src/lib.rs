@@ -56,7 +56,10 @@ pub use layer_ops::{
     embed, gated_norm, matmul, matmul_with, moe_down, moe_folds_shared, moe_gate_up, moe_route,
     rms_norm, DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
 };
-pub use mma::{matmul_mma, mma_takes, moe_down_mma, moe_gate_up_mma, PrefillKernels, MMA_MIN_ROWS};
+pub use mma::{
+    matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_gate_up_mma, PrefillKernels,
+    MMA_MIN_ROWS,
+};
 pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};

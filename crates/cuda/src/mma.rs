@@ -4,8 +4,9 @@
 //! and scales the q8 kernels compute per CTA), weights are decoded per CTA into shared memory.
 //! Same integer sums as the q8 (dp4a) kernels; the f32 order of the scaled sums differs.
 //!
-//! `REDLITE_PREFILL_MMA=0` keeps the q8 kernels for every product; one token (decode) never
-//! takes these. Needs sm_80 (mma.sync on int8).
+//! `REDLITE_PREFILL_MMA=0` keeps the q8 kernels for every product; fewer than
+//! [`mma_min_tokens`] tokens (decode, MTP verification) never take these. Needs sm_80
+//! (mma.sync on int8).
 
 use std::sync::OnceLock;
 
@@ -46,10 +47,11 @@ impl PrefillKernels {
 
 const _: () = assert!(MMA_GATE_UP.tokens() == MMA_DOWN.tokens());
 
-/// Whether `matrix` has a tensor-core product on `device` for `tokens` tokens: several
-/// tokens, q8 dots on a covered type, at least [`MMA_MIN_ROWS`] rows, sm_80 or newer.
+/// Whether `matrix` has a tensor-core product on `device` for `tokens` tokens: at least
+/// [`mma_min_tokens`] tokens, q8 dots on a covered type, at least [`MMA_MIN_ROWS`] rows,
+/// sm_80 or newer.
 pub fn mma_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> bool {
-    tokens > 1
+    tokens >= mma_min_tokens()
         && matrix.rows >= MMA_MIN_ROWS
         && matrix.dots.quantizes(matrix.ty)
         && MMA_TYPES.contains(&matrix.ty)
@@ -60,6 +62,20 @@ pub fn mma_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> b
 /// tiles: a CTA of the dense shape decodes 128 rows, and such a matrix would run on
 /// tokens / 64 CTAs only. A guess, to measure.
 pub const MMA_MIN_ROWS: usize = 64;
+
+/// Fewest tokens for the tensor-core products: 16 unless `REDLITE_PREFILL_MMA_MIN_TOKENS`
+/// says otherwise (at least 2; one token is decode, always the q8 kernels). A handful of
+/// tokens (MTP verification: 2 to 4) keeps the q8 token tiles, whose CTAs need no staging
+/// and no quantization launch; where the crossover lies is to measure.
+pub fn mma_min_tokens() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("REDLITE_PREFILL_MMA_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(16, |v: usize| v.max(2))
+    })
+}
 
 /// sm_80 and newer (`sm_XY` or `sm_XYZ`, an optional letter after).
 fn arch_has_mma(arch: &str) -> bool {
