@@ -12,6 +12,11 @@
 // load touches fall in 32 distinct banks (row stride 68 words = 4 mod 32).
 #define MMA_ROW_BYTES 272
 
+// Floats per staged row of scales (16 sub-blocks of 16, or 8 of 32, per block) and per token
+// of activation sums: 17, so the 8 rows (or the 4 token pairs) a warp reads at once fall in
+// distinct banks; a stride of 16 put rows g and g + 2 in one bank.
+#define MMA_SCALES 17
+
 // x (blocks of 256 values back to back) to Q8_K codes `q` and scales `d`, as the q8 kernels
 // quantize into shared memory. 4 warps per CTA, MMA_QUANT_BLOCKS blocks per CTA.
 #define MMA_QUANT_BLOCKS 16
@@ -65,8 +70,8 @@ static __device__ __forceinline__ u32 smem_u32(const i8* p) {
 // Dynamic shared memory of mma_matmul_kernel (the launcher computes the same sum).
 static __host__ __device__ constexpr int mma_shared_bytes(int mats, int mt, int nt) {
     return mats * mt * MMA_ROW_BYTES + nt * MMA_ROW_BYTES  // codes
-           + 2 * mats * mt * 16 * 4                        // ds, dm
-           + nt * 16 * 4 + nt * 4 + 2 * nt * 4;            // x sums, d8, rows in / out
+           + 2 * mats * mt * MMA_SCALES * 4                // ds, dm
+           + nt * MMA_SCALES * 4 + nt * 4 + 2 * nt * 4;    // x sums, d8, rows in / out
 }
 
 // Y[out(j)][row] for the MT rows from blockIdx.x * MT and the NT tokens (pairs) of tile
@@ -92,9 +97,9 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     i8* ws = reinterpret_cast<i8*>(mma_shared);
     i8* xs = ws + MATS * MT * MMA_ROW_BYTES;
     float* ds = reinterpret_cast<float*>(xs + NT * MMA_ROW_BYTES);
-    float* dm = ds + MATS * MT * 16;
-    float* xsum = dm + MATS * MT * 16;
-    float* d8 = reinterpret_cast<float*>(xsum + NT * 16);
+    float* dm = ds + MATS * MT * MMA_SCALES;
+    float* xsum = dm + MATS * MT * MMA_SCALES;
+    float* d8 = xsum + NT * MMA_SCALES;
     int* row_in = reinterpret_cast<int*>(d8 + NT);
     int* row_out = row_in + NT;
 
@@ -155,7 +160,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                                                    kb * Q8K_VALUES + 16 * c);
             }
             *reinterpret_cast<int4*>(xs + j * MMA_ROW_BYTES + 16 * c) = v;
-            if (D::HAS_MIN) xsum[u] = float(q8_sum16(v));  // exact: |sum| ≤ 16 x 127
+            if (D::HAS_MIN) xsum[j * MMA_SCALES + c] = float(q8_sum16(v));  // exact: ≤ 16 x 127
         }
         for (int j = threadIdx.x; j < NT; j += THREADS) {
             d8[j] = j < count ? xd[i64(row_in[j]) * blocks + kb] : 0.0f;
@@ -165,8 +170,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
             const int mat = u / (MT * 8), r = (u / 8) % MT, item = u % 8;
             const int row = m0 + r;
             u32* codes = reinterpret_cast<u32*>(ws + (mat * MT + r) * MMA_ROW_BYTES + 32 * item);
-            float* row_ds = ds + (mat * MT + r) * 16;
-            float* row_dm = dm + (mat * MT + r) * 16;
+            float* row_ds = ds + (mat * MT + r) * MMA_SCALES;
+            float* row_dm = dm + (mat * MT + r) * MMA_SCALES;
             if (row < rows) {
                 D::decode((mat == 0 ? w_gate : w_up) + i64(row) * row_bytes + i64(kb) * B::BYTES, item, codes,
                           row_ds, row_dm);
@@ -205,8 +210,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int j = wn * FN * 8 + n * 8 + 2 * tig + e;
-                        tok_sum[n][e][0] = xsum[j * 16 + 2 * s32];
-                        tok_sum[n][e][1] = xsum[j * 16 + 2 * s32 + 1];
+                        tok_sum[n][e][0] = xsum[j * MMA_SCALES + 2 * s32];
+                        tok_sum[n][e][1] = xsum[j * MMA_SCALES + 2 * s32 + 1];
                     }
                 }
             }
@@ -222,9 +227,13 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                     for (int h = 0; h < (D::SUB == 16 ? 2 : 1); ++h) {
                         // Sub-block index within the block, its scales for rows g and g + 8.
                         const int s = D::SUB == 16 ? 2 * s32 + h : s32;
-                        const float sc[2] = {ds[r_lo * 16 + s], ds[(r_lo + 8) * 16 + s]};
+                        const float sc[2] = {ds[r_lo * MMA_SCALES + s],
+                                             ds[(r_lo + 8) * MMA_SCALES + s]};
                         float mn[2] = {0.0f, 0.0f};
-                        if (D::HAS_MIN) mn[0] = dm[r_lo * 16 + s], mn[1] = dm[(r_lo + 8) * 16 + s];
+                        if (D::HAS_MIN) {
+                            mn[0] = dm[r_lo * MMA_SCALES + s];
+                            mn[1] = dm[(r_lo + 8) * MMA_SCALES + s];
+                        }
 #pragma unroll
                         for (int n = 0; n < FN; ++n) {
                             int c[4] = {MMA_BIAS_BITS, MMA_BIAS_BITS, MMA_BIAS_BITS,

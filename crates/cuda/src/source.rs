@@ -97,9 +97,15 @@ impl MmaShape {
 
     /// Dynamic shared memory (`mma_shared_bytes` in `mma.cu`).
     pub const fn shared_bytes(self) -> usize {
+        // MMA_ROW_BYTES and MMA_SCALES of mma.cu.
         const ROW: usize = 272;
+        const SCALES: usize = 17;
         let (mt, nt) = (self.rows(), self.tokens());
-        self.mats * mt * ROW + nt * ROW + 2 * self.mats * mt * 16 * 4 + nt * 16 * 4 + 3 * nt * 4
+        self.mats * mt * ROW
+            + nt * ROW
+            + 2 * self.mats * mt * SCALES * 4
+            + nt * SCALES * 4
+            + 3 * nt * 4
     }
 }
 
