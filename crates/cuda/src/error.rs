@@ -128,6 +128,8 @@ pub enum CudaError {
         would_use: u64,
         limit: u64,
     },
+    #[error("{op}: the int8 tensor-core kernels need sm_80 or newer; this GPU is {arch}")]
+    NeedsArch { op: CudaOp, arch: String },
     #[error("{op}: {what} device address {address:#x} is not {alignment}-byte aligned")]
     Misaligned {
         op: CudaOp,

@@ -5,6 +5,7 @@
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, DeltaDims, SHARED_MAX_BYTES};
+use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::source::{CONV_KERNELS, DELTA_DK};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -131,16 +132,32 @@ pub fn add(
     launch::add(device, x, y)
 }
 
-/// `y[t] = W x[t]` for every token: x is tokens x cols, y tokens x rows.
+/// `y[t] = W x[t]` for every token: x is tokens x cols, y tokens x rows. Several tokens
+/// take the tensor-core product where it covers the matrix (`REDLITE_PREFILL_MMA=0`: never).
 pub fn matmul(
     device: &Device,
     matrix: &WeightMatrix<'_>,
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
+    matmul_with(device, matrix, x, y, PrefillKernels::from_env())
+}
+
+/// [`matmul`] with the prompt kernels chosen by the caller (tests and benchmarks compare
+/// them); `Mma` falls back to the q8 kernels where [`mma_takes`] says no.
+pub fn matmul_with(
+    device: &Device,
+    matrix: &WeightMatrix<'_>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    kernels: PrefillKernels,
+) -> Result<(), CudaError> {
     let op = CudaOp::Matmul;
-    let (kind, _) = check_matrix(device, op, matrix)?;
     let tokens = x.len() / matrix.cols.max(1);
+    if kernels == PrefillKernels::Mma && mma_takes(device, matrix, tokens) {
+        return matmul_mma(device, matrix, x, y);
+    }
+    let (kind, _) = check_matrix(device, op, matrix)?;
     tokens_fit(op, tokens)?;
     shape(
         op,

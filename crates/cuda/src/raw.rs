@@ -246,7 +246,9 @@ pub(crate) fn launch_matvec(
 
 mod expert_cache;
 mod layers;
+mod mma;
 mod moe;
 pub(crate) use expert_cache::*;
 pub(crate) use layers::*;
+pub(crate) use mma::*;
 pub(crate) use moe::*;

@@ -22,6 +22,8 @@ pub(crate) const MOE_COMBINE_KERNEL: &str = "moe_combine_kernel";
 /// The GPU expert cache's kernels (`expert_cache.cu`).
 pub(crate) const EXPERT_CACHE_LOOKUP: &str = "expert_cache_lookup_kernel";
 pub(crate) const EXPERT_CACHE_FILL: &str = "expert_cache_fill_kernel";
+const MMA_DECODE: &str = include_str!("../kernels/mma_decode.cuh");
+const MMA: &str = include_str!("../kernels/mma.cu");
 
 /// A weight type the kernels decode: its GGUF type, the struct in `blocks.cuh`, and the
 /// number of thread items per block (`ITEMS` there).
@@ -69,6 +71,86 @@ pub const Q8_DOT_TYPES: [GgmlType; 7] = [
     GgmlType::IQ2XS,
     GgmlType::IQ1M,
 ];
+
+/// The weight types with an int8 tensor-core product (`MmaDecode` in `mma_decode.cuh`):
+/// every type with q8 dots (all have 256-value blocks, one Q8_K scale per block).
+pub const MMA_TYPES: [GgmlType; 7] = Q8_DOT_TYPES;
+
+/// Warps (WM x WN) and fragments per warp (FM x FN, 16 rows x 8 tokens each) of one
+/// `mma_matmul_kernel` specialization, and its weight matrices (2: gate and up, SwiGLU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MmaShape {
+    pub warps_m: usize,
+    pub warps_n: usize,
+    pub frags_m: usize,
+    pub frags_n: usize,
+    pub mats: usize,
+}
+
+impl MmaShape {
+    /// Weight rows per CTA.
+    pub const fn rows(self) -> usize {
+        self.warps_m * self.frags_m * 16
+    }
+
+    /// Tokens (or expert pairs) per CTA.
+    pub const fn tokens(self) -> usize {
+        self.warps_n * self.frags_n * 8
+    }
+
+    pub const fn threads(self) -> u32 {
+        (self.warps_m * self.warps_n * 32) as u32
+    }
+
+    /// Dynamic shared memory (`mma_shared_bytes` in `mma.cu`).
+    pub const fn shared_bytes(self) -> usize {
+        // MMA_ROW_BYTES and MMA_SCALES of mma.cu.
+        const ROW: usize = 272;
+        const SCALES: usize = 17;
+        let (mt, nt) = (self.rows(), self.tokens());
+        self.mats * mt * ROW
+            + nt * ROW
+            + 2 * self.mats * mt * SCALES * 4
+            + nt * SCALES * 4
+            + 3 * nt * 4
+    }
+}
+
+const fn mma_shape(
+    warps_m: usize,
+    warps_n: usize,
+    frags_m: usize,
+    frags_n: usize,
+    mats: usize,
+) -> MmaShape {
+    MmaShape {
+        warps_m,
+        warps_n,
+        frags_m,
+        frags_n,
+        mats,
+    }
+}
+
+/// Dense prompt projections: 128 rows x 64 tokens per CTA, 8 warps of 32 x 32.
+pub(crate) const MMA_DENSE: MmaShape = mma_shape(4, 2, 2, 4, 1);
+/// Expert gate/up: an expert has ~10 pairs at pp512, so 16 pairs per tile, 64 rows of gate
+/// and of up per CTA (the shared-memory codes of both).
+pub(crate) const MMA_GATE_UP: MmaShape = mma_shape(4, 1, 1, 2, 2);
+/// Expert down: 128 rows x 16 pairs.
+pub(crate) const MMA_DOWN: MmaShape = mma_shape(4, 1, 2, 2, 1);
+const MMA_SHAPES: [MmaShape; 3] = [MMA_DENSE, MMA_GATE_UP, MMA_DOWN];
+
+pub(crate) fn mma_matmul_kernel(kind: WeightKind, s: MmaShape) -> String {
+    format!(
+        "mma_matmul_kernel<{}, {}, {}, {}, {}, {}>",
+        kind.cuda_name, s.warps_m, s.warps_n, s.frags_m, s.frags_n, s.mats
+    )
+}
+
+pub(crate) const MMA_QUANTIZE_KERNEL: &str = "mma_quantize_kernel";
+pub(crate) const MMA_COMBINE_KERNEL: &str = "mma_combine_kernel";
+pub(crate) const MMA_GROUP_KERNEL: &str = "mma_group_kernel";
 
 fn q8_kinds() -> impl Iterator<Item = WeightKind> {
     WEIGHT_KINDS
@@ -385,6 +467,18 @@ pub fn modules() -> Vec<ModuleSource> {
                     route_v2_kernel(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
+                .collect(),
+        },
+        ModuleSource {
+            name: "mma",
+            source: with_q8_dots(&[MMA_DECODE, MMA].join("\n")),
+            kernels: WEIGHT_KINDS
+                .into_iter()
+                .filter(|k| MMA_TYPES.contains(&k.ty))
+                .flat_map(|k| MMA_SHAPES.map(|s| mma_matmul_kernel(k, s)))
+                .chain(
+                    [MMA_QUANTIZE_KERNEL, MMA_COMBINE_KERNEL, MMA_GROUP_KERNEL].map(String::from),
+                )
                 .collect(),
         },
         ModuleSource {

@@ -177,6 +177,43 @@ fn prefill_logits_match_the_cpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Prompts long enough for several token tiles of the tensor-core dense products (64 tokens
+/// each) and several tiles per expert (16 pairs), with Q8_K products (the mma kernels' only
+/// precision) on every block type they cover, against the CPU. The kernels are the default
+/// for prompts; `REDLITE_PREFILL_MMA=0` runs the same cases through the q8 kernels.
+#[test]
+fn long_prefill_through_the_mma_kernels_matches_the_cpu() {
+    let Some(device) = device("long_prefill_through_the_mma_kernels_matches_the_cpu") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = Precision::Ggml;
+    let mut failures = Vec::new();
+    let recipes = [Recipe::IQ2XXS, Recipe::IQ2XS, Recipe::IQ1M, Recipe::Q4KM];
+    for recipe in recipes {
+        let gguf = tiny_model(dir.path(), recipe, DeltaNetLayout::Split);
+        let config = config_from_gguf(&gguf).unwrap();
+        for n in [65, 200] {
+            let tokens = prompt(n);
+            let cpu = CpuBackend::with_precision(gguf.clone(), config.clone(), p).unwrap();
+            let mut reference = Session::new(cpu, 256, KvType::F32, 512).unwrap();
+            let gpu = CudaBackend::with_precision(device.clone(), &gguf, config.clone(), p);
+            let mut gpu = Session::new(gpu.unwrap(), 256, KvType::F32, 512).unwrap();
+            let want = reference.feed(&tokens, true, true).unwrap();
+            let got = gpu.feed(&tokens, true, true).unwrap();
+            let rel = max_rel(&want.logits, &got.logits, reference.n_vocab());
+            let case = format!("{} {n} tokens", recipe.name());
+            println!("{case:<28} max rel L2 {rel:.2e}");
+            if !within(p, rel) {
+                let width = gpu.backend.config().n_embd;
+                let at = first_divergence(p, &want.hidden, &got.hidden, width);
+                failures.push(format!("{case}: {rel:.2e}; {at}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn decode_and_chunked_prefill_match_the_cpu() {
     let Some(device) = device("decode_and_chunked_prefill_match_the_cpu") else {

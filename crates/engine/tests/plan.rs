@@ -521,4 +521,3 @@ fn a_slot_set_is_one_expert_of_every_layer() {
     assert_eq!(pool(IQ2).slot_set, 3 * 884_736 + 45 * 811_008);
     assert_eq!(pool(Q4).slot_set, 24 * 2_039_808 + 24 * 1_769_472);
 }
-

@@ -1,12 +1,16 @@
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, Subcommand};
 use redlite_engine::bench::{bench_gen, bench_gen_mtp, bench_prompt, BenchResult};
 
 use crate::loader::{load, ModelArgs};
 use crate::profile;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
+    /// A kernel benchmark instead of the llama-bench tests.
+    #[command(subcommand)]
+    kernels: Option<BenchKernels>,
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt lengths to time (pp tests); 0 to skip.
@@ -46,7 +50,17 @@ pub struct BenchArgs {
     profile: bool,
 }
 
+#[derive(Subcommand)]
+enum BenchKernels {
+    /// One layer's routed-expert products on the GPU, q8 (dp4a) vs tensor-core (mma)
+    /// kernels, as JSON (time, TFLOP/s-equivalent, GB/s per projection and block type).
+    Experts(crate::commands::bench_experts::ExpertsArgs),
+}
+
 pub fn run(mut args: BenchArgs) -> Result<()> {
+    if let Some(BenchKernels::Experts(experts)) = &args.kernels {
+        return crate::commands::bench_experts::run(experts);
+    }
     if !args.mtp_accept.is_empty() && !args.model.mtp {
         anyhow::bail!("--mtp-accept forces the acceptance of MTP drafts: it needs --mtp");
     }

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_experts;
 pub mod chat;
 pub mod convert;
 pub mod generate;

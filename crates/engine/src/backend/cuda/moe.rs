@@ -6,8 +6,9 @@
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
-//! Prompts (several tokens) take the per-pair path of `moe_pairs` (down products per pair,
-//! then their weighted sum) unless `REDLITE_MOE_PAIR_DOWN=0`; then, with
+//! Prompts (several tokens) take the path of `moe_pairs` (down products per pair, then their
+//! weighted sum; the int8 tensor-core products where they cover the types, grouped by
+//! expert on the device) unless `REDLITE_MOE_PAIR_DOWN=0`; then, with
 //! `REDLITE_MOE_GROUPED=1` and q8 dots, the grouped gate/up: the router's ids come to the
 //! host, the pairs are grouped by expert, and each expert's rows are read once per tile of
 //! pairs (same logits, bit for bit). Off: on the H200 it measured 3 % slower at pp512
@@ -18,8 +19,9 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_grouped, moe_route, CudaView,
-    CudaViewMut, Device, ExpertTiles, SharedGateUp,
+    matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
+    moe_gate_up_mma, moe_route, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups,
+    PrefillKernels, SharedGateUp,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -136,7 +138,9 @@ pub fn forward(
     )
 }
 
-/// The shared expert accumulated into `out`, weighted by its sigmoid gate.
+/// The shared expert accumulated into `out`, weighted by its sigmoid gate: through the int8
+/// tensor cores when they cover it (a stack of one expert holding every token), else the
+/// matvecs.
 fn shared_expert(
     device: &Device,
     c: &HybridConfig,
@@ -147,6 +151,31 @@ fn shared_expert(
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     device.mark("shared expert");
+    let t = zero_ids.len();
+    let (gate, up, down) = (
+        w.shared_gate.view(),
+        w.shared_up.view(),
+        w.shared_down.view(),
+    );
+    let mma = PrefillKernels::from_env() == PrefillKernels::Mma
+        && t > 1
+        && [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t));
+    if mma {
+        let dense = MmaGroups::dense(device, t)?;
+        moe_gate_up_mma(device, &gate, &up, c.shared_ff, &dense, h, act_shared)?;
+        let sw = shared_weight.as_view();
+        moe_down_mma(
+            device,
+            &down,
+            c.n_embd,
+            &dense,
+            &sw,
+            &act_shared.as_view(),
+            out,
+            true,
+        )?;
+        return Ok(());
+    }
     moe_gate_up(
         device,
         &w.shared_gate.view(),

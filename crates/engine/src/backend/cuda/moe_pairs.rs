@@ -4,12 +4,19 @@
 //! slots cannot hold every expert the prompt chose, the experts come through in waves (each
 //! copied in once, the cached ones first) and each launch covers its wave's pairs only; the
 //! sums are the same whatever the waves, so a cached prompt gives the bits of a resident one.
-//! `REDLITE_MOE_PAIR_DOWN=0` keeps the fused down (weighted sum inside the down launch) for
-//! resident prompts instead; a cache always takes this path for prompts.
+//! The products are the int8 tensor-core ones (`mma`: each wave's pairs grouped by expert on
+//! the device, gate/up and down once per projection over the experts' tiles) where they cover
+//! the experts' types and the call's tokens (`REDLITE_PREFILL_MMA=0`: never), else the
+//! per-pair matvecs; resident or cached, a call takes the same family, so their bits agree.
+//! `REDLITE_MOE_PAIR_DOWN=0` keeps the fused down (weighted sum inside the down launch, no
+//! tensor cores) for resident prompts instead; a cache always takes this path for prompts.
 
 use std::sync::OnceLock;
 
-use redlite_cuda::{moe_combine, moe_down, moe_gate_up, CudaSlice, CudaView, CudaViewMut, Device};
+use redlite_cuda::{
+    mma_takes, moe_combine, moe_down, moe_down_mma_combine, moe_down_mma_pairs, moe_gate_up,
+    moe_gate_up_mma, CudaSlice, CudaView, CudaViewMut, Device, MmaGroups, PrefillKernels,
+};
 
 use crate::backend::cuda::experts::{plan_waves, LayerCache};
 use crate::backend::cuda::weights::MoeWeights;
@@ -63,6 +70,14 @@ pub fn routed(
         _ => vec![None],
     };
     let (gate, up, down) = (w.gate_exps.view(), w.up_exps.view(), w.down_exps.view());
+    let tokens = pairs / c.n_expert_used.max(1);
+    let mma = PrefillKernels::from_env() == PrefillKernels::Mma
+        && gate.ty == up.ty
+        && [&gate, &up, &down]
+            .iter()
+            .all(|m| mma_takes(device, m, tokens));
+    // Experts in the stacks: the layer's, or the cache's slots.
+    let stack = gate.rows / ff.max(1);
     let mut act = b.act.slice_mut(..pairs * ff);
     let mut y = b.pair_out.slice_mut(..pairs * e);
     for wave in waves {
@@ -89,6 +104,13 @@ pub fn routed(
             }
             None => wave_ids,
         };
+        if mma {
+            device.mark("routed experts (mma)");
+            let groups = MmaGroups::on_device(device, &chosen, c.n_expert_used, stack)?;
+            moe_gate_up_mma(device, &gate, &up, ff, &groups, h, &mut act)?;
+            moe_down_mma_pairs(device, &down, e, &groups, &act.as_view(), &mut y)?;
+            continue;
+        }
         device.mark("routed experts");
         moe_gate_up(device, &gate, &up, ff, &chosen, h, &mut act, None)?;
         for start in (0..pairs).step_by(PAIRS_PER_LAUNCH) {
@@ -107,6 +129,12 @@ pub fn routed(
         }
     }
     device.mark("routed experts (sum)");
-    moe_combine(device, &y.as_view(), weights, out, e)?;
+    if mma {
+        // Pairs whose router id is out of range joined no tile: left out of the sum.
+        let skip = Some((ids, c.n_expert));
+        moe_down_mma_combine(device, &y.as_view(), weights, skip, out, false)?;
+    } else {
+        moe_combine(device, &y.as_view(), weights, out, e)?;
+    }
     Ok(())
 }
