@@ -61,6 +61,9 @@ if stage kernels; then
   stamp "kernel tests"
   "$D/kernels" --test-threads=1 > "$OUT/kernels.log" 2>&1
   note "kernels: $(grep -E '^test result' "$OUT/kernels.log" | tail -1)"
+  [ -f "$D/mma" ] && "$D/mma" --test-threads=1 > "$OUT/mma.log" 2>&1 \
+    && note "mma kernels: $(grep -E '^test result' "$OUT/mma.log" | tail -1)" \
+    || note "mma kernels: FAILED $(grep -E '^test result|panicked' "$OUT/mma.log" | head -3)"
   REDLITE_PREFILL_TILES=0 "$D/kernels" --test-threads=1 matmul > "$OUT/kernels-tiles.log" 2>&1
   note "kernels, no token tiles: $(grep -E '^test result' "$OUT/kernels-tiles.log" | tail -1)"
 fi
@@ -83,7 +86,7 @@ if stage cache; then
   "$D/cuda_expert_cache" --test-threads=1 --nocapture > "$OUT/cache-tests.log" 2>&1
   note "cuda_expert_cache: $(grep -E '^test result' "$OUT/cache-tests.log" | tail -1)"
   Q="$W/full-Q4_K_M.gguf"
-  if [ -f "$Q" ]; then
+  if [ -f "$Q" ] && [ "${CACHE_FULL:-1}" = 1 ]; then
     ids=$(seq -s, 11 37 2379)
     for e in resident cache=16GiB; do
       "$R" logits -m "$Q" --device cuda --experts "$e" --tokens "$ids" \
@@ -217,6 +220,17 @@ if stage compare; then
   note ""; note "IQ2_XXS, llama.cpp and redlite in the same run:"; grep -E '^\|' "$OUT/vs-IQ2_XXS.txt" | tee -a "$SUMMARY"
   note ""; note "IQ1_M:"; grep -E '^\|' "$OUT/vs-IQ1_M.txt" | tee -a "$SUMMARY"
 fi
+if stage mmaab; then
+  # Prompt speed with and without the tensor-core products (resident, no limit).
+  AB_FILE="$W/full-Q4_K_M.gguf"; [ -f "$AB_FILE" ] || AB_FILE="$F"
+  for m in 1 0; do
+    note "$(basename "$AB_FILE") REDLITE_PREFILL_MMA=$m: $(REDLITE_PREFILL_MMA=$m "$R" bench -m "$AB_FILE" \
+      --device cuda -p 512,2048 -n 0 -r 2 2>&1 | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' ')"
+  done
+  "$R" bench experts -m "$AB_FILE" > "$OUT/bench-experts.json" 2>&1
+  note "bench experts: $(head -c 1500 "$OUT/bench-experts.json" | tr -s ' \n' ' ')"
+fi
+
 if stage offload; then
   stamp "offload: llama.cpp --n-cpu-moe vs the expert cache"
   RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" bash "$O" bench > "$OUT/offload-Q4_K_M.txt" 2>&1
