@@ -5,8 +5,11 @@
 //! CUDA driver, NVRTC or GPU the tests print why and pass.
 #![cfg(feature = "cuda")]
 
+mod cuda_support;
+
 use std::sync::Arc;
 
+use cuda_support::device;
 use redlite_cuda::{
     expert_cache_fill, expert_cache_lookup, CacheTables, CudaError, Device, FillTarget, MappedHost,
 };
@@ -18,18 +21,6 @@ use redlite_engine::session::Session;
 use redlite_engine::state::KvType;
 use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
 use redlite_gguf::GgufModel;
-
-/// The device, or `None` after printing why the test is skipped.
-fn device(test: &str) -> Option<Arc<Device>> {
-    match Device::open(0) {
-        Ok(device) => Some(Arc::new(device)),
-        Err(error @ (CudaError::NoDriver | CudaError::NoNvrtc | CudaError::NoDevice { .. })) => {
-            eprintln!("skipping {test}: {error}");
-            None
-        }
-        Err(error) => panic!("{test}: CUDA device failed to open: {error}"),
-    }
-}
 
 /// The tiny preset (16 experts, top-4) in `recipe`.
 fn tiny(dir: &std::path::Path, recipe: Recipe) -> Arc<GgufModel> {

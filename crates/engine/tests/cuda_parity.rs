@@ -7,9 +7,12 @@
 //! tests print why and pass.
 #![cfg(feature = "cuda")]
 
+mod cuda_support;
+
 use std::sync::Arc;
 
-use redlite_cuda::{CudaError, Device};
+use cuda_support::device;
+use redlite_cuda::Device;
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::backend::cuda::CudaBackend;
@@ -37,18 +40,6 @@ fn tolerance(p: Precision) -> f32 {
     match p {
         Precision::Exact => TOLERANCE,
         Precision::Ggml => TOLERANCE_Q8,
-    }
-}
-
-/// The device, or `None` after printing why the test is skipped.
-fn device(test: &str) -> Option<Arc<Device>> {
-    match Device::open(0) {
-        Ok(device) => Some(Arc::new(device)),
-        Err(error @ (CudaError::NoDriver | CudaError::NoNvrtc | CudaError::NoDevice { .. })) => {
-            eprintln!("skipping {test}: {error}");
-            None
-        }
-        Err(error) => panic!("{test}: CUDA device failed to open: {error}"),
     }
 }
 

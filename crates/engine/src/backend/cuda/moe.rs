@@ -244,27 +244,18 @@ impl<'a> Part<'a> {
             ids,
             h,
         };
-        if self.fold {
-            // One launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
+        // With the fold, one launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
+        let down = w.shared_down.view();
+        let shared = if self.fold {
             device.mark("routed + shared experts (folded)");
             let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
             routed.run(act, Some((&gate, &up, act_shared)))?;
-            let down = w.shared_down.view();
-            moe_down(
-                device,
-                &w.down_exps.view(),
-                c.n_embd,
-                ids,
-                weights,
-                &act.as_view(),
-                out,
-                false,
-                Some((&down, shared_weight, &act_shared.as_view())),
-            )?;
-            return Ok(());
-        }
-        device.mark("routed experts");
-        routed.run(act, None)?;
+            Some(act_shared.as_view())
+        } else {
+            device.mark("routed experts");
+            routed.run(act, None)?;
+            None
+        };
         moe_down(
             device,
             &w.down_exps.view(),
@@ -274,7 +265,7 @@ impl<'a> Part<'a> {
             &act.as_view(),
             out,
             false,
-            None,
+            shared.as_ref().map(|a| (&down, shared_weight, a)),
         )?;
         Ok(())
     }
