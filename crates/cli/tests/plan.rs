@@ -66,3 +66,21 @@ fn bad_input_is_named() {
     let out = plan(&file.0, &["--gpu-limit", "24GiB", "--experts", "most"]);
     assert!(text(&out.stderr).contains("--experts is most"));
 }
+
+#[test]
+fn a_gpu_run_that_does_not_fit_is_refused_before_loading() {
+    let file = tiny_file("run-tight", false);
+    // 700 MiB is less than the CUDA reserve the plan counts: refused before any weight is
+    // read (the same with or without a CUDA build).
+    let args = ["-p", "x", "-n", "1", "--device", "cuda", "--gpu-limit", "700MiB"];
+    let out = redlite(&file.0, "generate", &args);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("the run does not fit in 700MiB"), "{stderr}");
+    // A cache below the router's top-k is refused too.
+    let args = ["-p", "x", "-n", "1", "--device", "cuda", "--experts", "cache=1KiB"];
+    let out = redlite(&file.0, "generate", &args);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("below the minimum"), "{stderr}");
+}
