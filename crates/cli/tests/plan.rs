@@ -72,13 +72,18 @@ fn a_gpu_run_that_does_not_fit_is_refused_before_loading() {
     let file = tiny_file("run-tight", false);
     // 700 MiB is less than the CUDA reserve the plan counts: refused before any weight is
     // read (the same with or without a CUDA build).
-    let args = ["-p", "x", "-n", "1", "--device", "cuda", "--gpu-limit", "700MiB"];
+    let args: Vec<&str> = "-p x -n 1 --device cuda --gpu-limit 700MiB"
+        .split(' ')
+        .collect();
     let out = redlite(&file.0, "generate", &args);
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("the run does not fit in 700MiB"), "{stderr}");
+    let refused = "the run does not fit in 700MiB";
+    assert!(stderr.contains(refused), "{stderr}");
     // A cache below the router's top-k is refused too.
-    let args = ["-p", "x", "-n", "1", "--device", "cuda", "--experts", "cache=1KiB"];
+    let args: Vec<&str> = "-p x -n 1 --device cuda --experts cache=1KiB"
+        .split(' ')
+        .collect();
     let out = redlite(&file.0, "generate", &args);
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
