@@ -22,8 +22,8 @@
 
 // One CTA of `blockDim.x` threads (a multiple of 32, at least n_expert and slots, at most
 // 1024). `ids`: `pairs` expert ids (the router's choice; out-of-range ids are ignored and
-// get slot -1, skipped pairs (-2) slot -2). Writes `slot_ids` (the slot of each pair's expert), `fills` (pairs of
-// expert, slot to copy, in rank order) and `fill_count`.
+// get slot -1, skipped pairs (-2) slot -2). Writes `slot_ids` (the slot of each pair's
+// expert), `fills` (pairs of expert, slot to copy, in rank order) and `fill_count`.
 __global__ void expert_cache_lookup_kernel(
     const int* __restrict__ ids, int pairs, int n_expert, int slots, int* __restrict__ slot_of,
     int* __restrict__ expert_of, u32* __restrict__ stamp, u32* __restrict__ clock,
