@@ -18,7 +18,7 @@
 //! layer ops (`layer_ops`): embedding gather, RMSNorm, add, batched matmul, the DeltaNet
 //! steps (conv, q/k norm and gates, the recurrent delta rule, gated norm), attention
 //! (q/k norm + RoPE + KV write, attention over the cache with the output gate) and the
-//! MoE (routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum). Products of
+//! MoE (`moe_ops`: routing on the GPU, fused gate/up SwiGLU, fused down + weighted sum). Products of
 //! several tokens take int8 tensor-core kernels where they cover the matrix (`mma`:
 //! [`matmul_mma`], and the routed experts grouped by expert, [`moe_gate_up_mma`] and
 //! [`moe_down_mma`] over [`MmaTiles`]).
@@ -37,6 +37,7 @@ mod mma;
 mod mma_groups;
 mod moe_groups;
 mod moe_launch;
+mod moe_ops;
 mod moe_pairs;
 mod ops;
 mod profile;
@@ -59,8 +60,7 @@ pub use expert_cache::{
 pub use graph::Graph;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, matmul_with, moe_down, moe_folds_shared, moe_gate_up, moe_route,
-    rms_norm, DeltaNetParams, DeltaNetShape, SharedDown, SharedGateUp,
+    embed, gated_norm, matmul, matmul_with, rms_norm, DeltaNetParams, DeltaNetShape,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,
@@ -68,6 +68,7 @@ pub use mma::{
 };
 pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
+pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};

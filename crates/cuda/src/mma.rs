@@ -17,11 +17,12 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
 use crate::mma_groups::MmaGroups;
+use crate::moe_ops::check_gate_up;
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
-    self, WeightKind, MMA_COMBINE_KERNEL, MMA_DENSE, MMA_DOWN, MMA_GATE_UP, MMA_QUANTIZE_KERNEL,
-    MMA_TYPES,
+    self, MmaShape, WeightKind, MMA_COMBINE_KERNEL, MMA_DENSE, MMA_DOWN, MMA_GATE_UP,
+    MMA_QUANTIZE_KERNEL, MMA_TYPES,
 };
 
 /// Which kernels a product of several tokens takes.
@@ -181,51 +182,73 @@ pub fn moe_gate_up_mma(
     let op = CudaOp::MoeGateUp;
     let kind = mma_kind(device, op, gate)?;
     mma_kind(device, op, up)?;
-    if up.ty != gate.ty {
-        return Err(CudaError::UnsupportedType { op, ty: up.ty });
-    }
-    shape(op, "up rows", gate.rows, up.rows)?;
-    shape(op, "up cols", gate.cols, up.cols)?;
-    shape(
-        op,
-        "stack rows (experts x ff)",
-        tiles.n_expert * ff,
-        gate.rows,
-    )?;
-    let cols = gate.cols;
     let (tokens, used) = (tiles.tokens, tiles.used);
-    tokens_fit(op, tokens)?;
-    shape(op, "x length (tokens x cols)", tokens * cols, x.len())?;
-    shape(
+    let counts = (tokens, used);
+    check_gate_up(
         op,
-        "act length (tokens x used x ff)",
-        tokens * used * ff,
-        act.len(),
+        (gate, up),
+        (ff, tiles.n_expert),
+        counts,
+        (x.len(), act.len()),
     )?;
     fits(op, "tiles", tiles.tiles as u64, MAX_GRID_YZ)?;
     if tiles.tiles == 0 || ff == 0 {
         return Ok(());
     }
-    let quantized = quantize(device, x)?;
-    let s = MMA_GATE_UP;
-    let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
-    let cfg = config(
-        (ff.div_ceil(s.rows()), tiles.tiles, 1),
-        s.threads(),
-        s.shared_bytes(),
-    );
-    let expert_bytes = ff * cols / kind.ty.block_values() * kind.ty.block_bytes();
-    crate::profile::label(|| format!("moe_gate_up mma {} {ff}x{cols}", kind.cuda_name));
-    raw::launch_mma_matmul(
-        device.stream(),
-        kernel,
-        cfg,
-        (&gate.bytes, Some(&up.bytes), expert_bytes as i64),
-        Some((&tiles.info.as_view(), &tiles.pairs.as_view(), to_i32(used))),
-        (&quantized.q, &quantized.d),
-        act,
-        (to_i32(ff), to_i32(cols), to_i32(tokens)),
-    )
+    let grouped = Grouped {
+        kind,
+        shape: MMA_GATE_UP,
+        name: "moe_gate_up",
+        stacks: (&gate.bytes, Some(&up.bytes)),
+        rows: ff,
+        cols: gate.cols,
+        outputs: (used, tokens),
+    };
+    grouped.launch(device, tiles, x, act)
+}
+
+/// One grouped product over the expert tiles of an [`MmaGroups`]: `rows` rows of each tile's
+/// expert in `stacks` (gate and up for gate/up), rows of `cols` values; `outputs` = (output
+/// slots per token the kernel indexes by, token count it is given).
+struct Grouped<'a, 'b> {
+    kind: WeightKind,
+    shape: MmaShape,
+    name: &'static str,
+    stacks: (&'a CudaView<'b, u8>, Option<&'a CudaView<'b, u8>>),
+    rows: usize,
+    cols: usize,
+    outputs: (usize, usize),
+}
+
+impl Grouped<'_, '_> {
+    /// Quantizes `x` (the tiles' inputs) and launches the product into `out`.
+    fn launch(
+        &self,
+        device: &Device,
+        tiles: &MmaGroups,
+        x: &CudaView<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), CudaError> {
+        let (kind, s, rows, cols) = (self.kind, self.shape, self.rows, self.cols);
+        let quantized = quantize(device, x)?;
+        let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
+        let grid = (rows.div_ceil(s.rows()), tiles.tiles, 1);
+        let cfg = config(grid, s.threads(), s.shared_bytes());
+        let expert_bytes = rows * cols / kind.ty.block_values() * kind.ty.block_bytes();
+        let name = self.name;
+        crate::profile::label(|| format!("{name} mma {} {rows}x{cols}", kind.cuda_name));
+        let (slots, tokens) = self.outputs;
+        raw::launch_mma_matmul(
+            device.stream(),
+            kernel,
+            cfg,
+            (self.stacks.0, self.stacks.1, expert_bytes as i64),
+            Some((&tiles.info.as_view(), &tiles.pairs.as_view(), to_i32(slots))),
+            (&quantized.q, &quantized.d),
+            out,
+            (to_i32(rows), to_i32(cols), to_i32(tokens)),
+        )
+    }
 }
 
 /// `out[t] = (accumulate ? out[t] : 0) + Σ_k weights[t][k] down_e act[t * used + k]` for the
@@ -292,26 +315,17 @@ pub fn moe_down_mma_pairs(
     if tokens == 0 || rows == 0 || tiles.tiles == 0 {
         return Ok(());
     }
-    let quantized = quantize(device, act)?;
-    let s = MMA_DOWN;
-    let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
-    let cfg = config(
-        (rows.div_ceil(s.rows()), tiles.tiles, 1),
-        s.threads(),
-        s.shared_bytes(),
-    );
-    let expert_bytes = rows * ff / kind.ty.block_values() * kind.ty.block_bytes();
-    crate::profile::label(|| format!("moe_down mma {} {rows}x{ff}", kind.cuda_name));
-    raw::launch_mma_matmul(
-        device.stream(),
-        kernel,
-        cfg,
-        (&down.bytes, None, expert_bytes as i64),
-        Some((&tiles.info.as_view(), &tiles.pairs.as_view(), 1)),
-        (&quantized.q, &quantized.d),
-        per_pair,
-        (to_i32(rows), to_i32(ff), to_i32(tokens * used)),
-    )
+    // Each pair is its own output row: one slot per "token", tokens x used of them.
+    let grouped = Grouped {
+        kind,
+        shape: MMA_DOWN,
+        name: "moe_down",
+        stacks: (&down.bytes, None),
+        rows,
+        cols: ff,
+        outputs: (1, tokens * used),
+    };
+    grouped.launch(device, tiles, act, per_pair)
 }
 
 /// The second pass of [`moe_down_mma`]: `out[t] = (accumulate ? out[t] : 0) + Σ_k

@@ -9,7 +9,8 @@ use cudarc::driver::{CudaView, CudaViewMut};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, q8_shared_bytes, to_i32, SHARED_MAX_BYTES};
-use crate::layer_ops::{tokens_fit, SharedGateUp, MAX_GRID_YZ};
+use crate::layer_ops::MAX_GRID_YZ;
+use crate::moe_ops::{check_gate_up, SharedGateUp};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::source::{self, LAYER_WARPS, MOE_LANES};
 use crate::{moe_folds_shared, raw};
@@ -96,26 +97,18 @@ pub fn moe_gate_up_grouped(
     let op = CudaOp::MoeGateUp;
     let (kind, _) = check_matrix(device, op, gate)?;
     check_matrix(device, op, up)?;
-    if up.ty != gate.ty || !gate.dots.quantizes(gate.ty) {
-        return Err(CudaError::UnsupportedType { op, ty: up.ty });
+    if !gate.dots.quantizes(gate.ty) {
+        return Err(CudaError::UnsupportedType { op, ty: gate.ty });
     }
-    shape(op, "up rows", gate.rows, up.rows)?;
-    shape(op, "up cols", gate.cols, up.cols)?;
-    shape(
-        op,
-        "stack rows (experts x ff)",
-        tiles.n_expert * ff,
-        gate.rows,
-    )?;
     let cols = gate.cols;
     let (tokens, used) = (tiles.tokens, tiles.used);
-    tokens_fit(op, tokens)?;
-    shape(op, "x length (tokens x cols)", tokens * cols, x.len())?;
-    shape(
+    let counts = (tokens, used);
+    check_gate_up(
         op,
-        "act length (tokens x used x ff)",
-        tokens * used * ff,
-        act.len(),
+        (gate, up),
+        (ff, tiles.n_expert),
+        counts,
+        (x.len(), act.len()),
     )?;
     let tile_bytes = q8_shared_bytes(GROUP_TILE * cols);
     fits(op, "tile bytes", tile_bytes as u64, SHARED_MAX_BYTES as u64)?;

@@ -14,6 +14,7 @@ const MATMUL: &str = include_str!("../kernels/matmul.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
+const MOE_ROUTE: &str = include_str!("../kernels/moe_route.cu");
 const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
 const EXPERT_CACHE: &str = include_str!("../kernels/expert_cache.cu");
 
@@ -430,7 +431,7 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "moe",
-            source: with_q8_dots(MOE),
+            source: with_q8_dots(&[MOE, MOE_ROUTE].join("\n")),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])

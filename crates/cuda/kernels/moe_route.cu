@@ -1,0 +1,155 @@
+// The MoE routing on the GPU (softmax, top-k, renormalize, shared-expert gate): the ids
+// and weights the expert kernels of moe.cu read from device memory. Needs the prelude and
+// reduce.cuh; compiled in the "moe" module after moe.cu.
+
+// One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
+// index) in descending order; weights = p / Σ_top p; shared_weight = sigmoid(shared_logit).
+// Dynamic shared memory: n_expert floats.
+__global__ void moe_route_kernel(const float* __restrict__ logits,
+                                 const float* __restrict__ shared_logit, int* __restrict__ ids,
+                                 float* __restrict__ weights, float* __restrict__ shared_weight,
+                                 int n_expert, int used) {
+    extern __shared__ float p[];
+    __shared__ float scratch[32];
+    __shared__ float best_value[32];
+    __shared__ int best_index[32];
+    __shared__ float chosen_value;
+    __shared__ int chosen_index;
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    const float* l = logits + i64(t) * n_expert;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) m = fmaxf(m, l[i]);
+    m = block_reduce_max(m, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+        p[i] = expf(l[i] - m);
+        sum += p[i];
+    }
+    sum = block_reduce_sum(sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) p[i] *= inv;
+    __syncthreads();
+    float total = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        float v = -1.0f;
+        int index = n_expert;
+        for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+            if (p[i] > v) {
+                v = p[i];
+                index = i;
+            }
+        }
+#pragma unroll
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
+            if (ov > v || (ov == v && oi < index)) {
+                v = ov;
+                index = oi;
+            }
+        }
+        if (lane == 0) {
+            best_value[warp] = v;
+            best_index[warp] = index;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bv = best_value[0];
+            int bi = best_index[0];
+            for (int w = 1; w < warps; ++w) {
+                if (best_value[w] > bv || (best_value[w] == bv && best_index[w] < bi)) {
+                    bv = best_value[w];
+                    bi = best_index[w];
+                }
+            }
+            chosen_value = bv;
+            chosen_index = bi;
+            ids[t * used + k] = bi;
+            weights[t * used + k] = bv;
+            if (bi < n_expert) p[bi] = -1.0f;  // NaN logits select nothing valid
+        }
+        __syncthreads();
+        total += chosen_value;
+        __syncthreads();
+    }
+    for (int k = threadIdx.x; k < used; k += blockDim.x) weights[t * used + k] /= total;
+    if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+}
+
+// Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
+// warp per token, no block barrier, and p in registers (PER per lane: n_expert ≤ 32 PER).
+// The same selection (largest p first, ties to the lower index); the softmax sums run in
+// warp order. Lane k keeps the k-th choice until the end. No dynamic shared memory.
+template <int PER>
+__global__ void moe_route_v2_kernel(const float* __restrict__ logits,
+                                    const float* __restrict__ shared_logit,
+                                    int* __restrict__ ids, float* __restrict__ weights,
+                                    float* __restrict__ shared_weight, int n_expert, int used) {
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* l = logits + i64(t) * n_expert;
+    float p[PER];
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + WARP_SIZE * j;
+        p[j] = i < n_expert ? l[i] : -INFINITY;
+        m = fmaxf(m, p[j]);
+    }
+    m = warp_reduce_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        p[j] = lane + WARP_SIZE * j < n_expert ? expf(p[j] - m) : 0.0f;
+        sum += p[j];
+    }
+    const float inv = 1.0f / warp_reduce_sum(sum);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        // Padding and chosen entries hold -2, below every probability and the -1 start.
+        p[j] = lane + WARP_SIZE * j < n_expert ? p[j] * inv : -2.0f;
+    }
+    float total = 0.0f, mine = 0.0f;
+    int mine_index = n_expert;
+    for (int k = 0; k < used; ++k) {
+        float v = -1.0f;
+        int index = n_expert;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (p[j] > v) {
+                v = p[j];
+                index = lane + WARP_SIZE * j;
+            }
+        }
+#pragma unroll
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
+            if (ov > v || (ov == v && oi < index)) {
+                v = ov;
+                index = oi;
+            }
+        }
+        if (lane == k % WARP_SIZE) {
+            mine = v;
+            mine_index = index;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (lane + WARP_SIZE * j == index) p[j] = -2.0f;
+        }
+        total += v;
+        if (k % WARP_SIZE == WARP_SIZE - 1 || k == used - 1) {
+            // Lanes flush their choices every 32 picks (used > 32 is allowed).
+            const int slot = k - k % WARP_SIZE + lane;
+            if (slot <= k) {
+                ids[t * used + slot] = mine_index;
+                weights[t * used + slot] = mine;
+            }
+        }
+    }
+    __syncwarp();
+    for (int k = lane; k < used; k += WARP_SIZE) weights[t * used + k] /= total;
+    if (lane == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+}
