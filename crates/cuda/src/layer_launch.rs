@@ -8,8 +8,8 @@ use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
     self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
-    LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS, MATMUL_TILE_TOKENS, MATMUL_V2_ROWS,
-    MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
+    GEMM_THREADS, GEMM_TILE, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
+    MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -112,7 +112,8 @@ pub(crate) fn matmul(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
-    let plan = plan_matmul(device, kind, dots, (rows, cols, tokens));
+    let x_aligned = device.address(x).is_multiple_of(16);
+    let plan = plan_matmul(device, kind, dots, (rows, cols, tokens), x_aligned);
     let kernel = device.kernel(&plan.kernel)?;
     crate::profile::label(|| {
         format!(
@@ -137,13 +138,14 @@ struct MatmulPlan {
     tiled: bool,
 }
 
-/// In order: token tiles (several tokens, q8; `REDLITE_PREFILL_TILES=0` turns them off), split-K (at most
+/// In order: the float-weight GEMM (F32/F16 prompts), token tiles (several tokens, q8; `REDLITE_PREFILL_TILES=0` turns them off), split-K (at most
 /// `SPLITK_MAX_ROWS` rows), q8, version 1 (`REDLITE_MATVEC_V1=1`), version 2.
 fn plan_matmul(
     device: &Device,
     kind: WeightKind,
     dots: Dots,
     (rows, cols, tokens): (usize, usize, usize),
+    x_aligned: bool,
 ) -> MatmulPlan {
     let q8 = dots.quantizes(kind.ty) && !matvec_v1();
     let plan = |kernel, grid, warps: u32, shared, version| MatmulPlan {
@@ -157,6 +159,15 @@ fn plan_matmul(
         GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
         _ => kind.cuda_name,
     };
+    if let Some(kernel) = gemm_float(kind.ty, cols, tokens).filter(|_| x_aligned) {
+        let grid = (rows.div_ceil(GEMM_TILE.0), tokens.div_ceil(GEMM_TILE.1), 1);
+        return MatmulPlan {
+            tiled: true,
+            cfg: config(grid, GEMM_THREADS, 0),
+            kernel,
+            version: "gemm ",
+        };
+    }
     let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
     if tokens > 1 && q8 && prefill_tiles() && tile_shared <= SHARED_MAX_BYTES {
         let per_cta = MATMUL_V2_WARPS as usize * MATMUL_TILE_ROWS;
@@ -212,6 +223,21 @@ fn plan_matmul(
     let kernel = source::matmul_v2_kernel(block, per_warp, x_shared);
     plan(kernel, grid, MATMUL_V2_WARPS, shared, "")
 }
+
+/// The float-weight GEMM for a prompt of at least `GEMM_MIN_TOKENS` tokens with F32 or F16
+/// weights whose rows load as aligned groups of 4 (`REDLITE_PREFILL_GEMM=0`: the matvecs).
+fn gemm_float(ty: GgmlType, cols: usize, tokens: usize) -> Option<String> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_GEMM").as_deref() != Ok("0"));
+    if !on || tokens < GEMM_MIN_TOKENS || !cols.is_multiple_of(4) {
+        return None;
+    }
+    source::gemm_float_kernel(ty)
+}
+
+/// Fewest tokens for the float-weight GEMM: a 64-token tile with fewer tokens wastes most
+/// of its work, and the split-K matvec is already fast for a handful.
+const GEMM_MIN_TOKENS: usize = 16;
 
 /// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).

@@ -11,6 +11,7 @@ const MATVEC: &str = include_str!("../kernels/matvec.cu");
 const REDUCE: &str = include_str!("../kernels/reduce.cuh");
 const ELEMENTWISE: &str = include_str!("../kernels/elementwise.cu");
 const MATMUL: &str = include_str!("../kernels/matmul.cu");
+const GEMM: &str = include_str!("../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
@@ -233,6 +234,22 @@ pub(crate) fn matmul_q8_tiles_kernel(kind: WeightKind) -> String {
     )
 }
 
+/// Weight rows and tokens per CTA of the float-weight prompt GEMM (`gemm.cu`).
+pub(crate) const GEMM_TILE: (usize, usize) = (64, 64);
+/// Threads per CTA of the float-weight prompt GEMM (`GEMM_THREADS` there).
+pub(crate) const GEMM_THREADS: u32 = 256;
+
+/// The float-weight prompt GEMM for F32 or F16 weights (`gemm_float_kernel`).
+pub(crate) fn gemm_float_kernel(ty: GgmlType) -> Option<String> {
+    let element = match ty {
+        GgmlType::F32 => "float",
+        GgmlType::F16 => "u16",
+        _ => return None,
+    };
+    let (bm, bn) = GEMM_TILE;
+    Some(format!("gemm_float_kernel<{element}, {bm}, {bn}>"))
+}
+
 /// Warps per CTA of the split-K matmul (one CTA per row).
 pub(crate) const MATMUL_SPLITK_WARPS: u32 = 4;
 
@@ -427,6 +444,14 @@ pub fn modules() -> Vec<ModuleSource> {
                 )
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
+                .collect(),
+        },
+        ModuleSource {
+            name: "gemm",
+            source: [COMMON, GEMM].join("\n"),
+            kernels: [GgmlType::F32, GgmlType::F16]
+                .into_iter()
+                .filter_map(gemm_float_kernel)
                 .collect(),
         },
         ModuleSource {
