@@ -13,6 +13,7 @@
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
 #   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
 #                                         # grouped serve ab mtp demo profile sanitize compare offload
+#                                         # prefill mmaab
 #                                         # (default: all but sanitize and offload; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
@@ -44,7 +45,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMM
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
-for s in grouped serve ab mtp profile compare pairdrift; do
+for s in grouped serve ab mtp profile compare prefill pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
@@ -215,7 +216,7 @@ done
 
 if stage compare; then
   stamp "same-run comparison"
-  RECIPE=IQ2_XXS ROUNDS=1 PP=512,2048 bash "$S" bench > "$OUT/vs-IQ2_XXS.txt" 2>&1
+  RECIPE=IQ2_XXS ROUNDS=1 PP="${COMPARE_PP:-512,2048,8192}" bash "$S" bench > "$OUT/vs-IQ2_XXS.txt" 2>&1
   RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1
   note ""; note "IQ2_XXS, llama.cpp and redlite in the same run:"; grep -E '^\|' "$OUT/vs-IQ2_XXS.txt" | tee -a "$SUMMARY"
   note ""; note "IQ1_M:"; grep -E '^\|' "$OUT/vs-IQ1_M.txt" | tee -a "$SUMMARY"
@@ -229,6 +230,47 @@ if stage mmaab; then
   done
   "$R" bench experts -m "$AB_FILE" > "$OUT/bench-experts.json" 2>&1
   note "bench experts: $(head -c 1500 "$OUT/bench-experts.json" | tr -s ' \n' ' ')"
+fi
+
+if stage prefill; then
+  # Issue 7: the prompt kernels one by one against their switches (pp512 / 2048 / 8192), the
+  # staged tensor-core products' tests, and ncu's view of the expert products.
+  stamp "prefill A/B"
+  REDLITE_MMA_STAGED=1 "$D/mma" --test-threads=1 > "$OUT/mma-staged.log" 2>&1
+  note "mma kernels, staged: $(grep -E '^test result|panicked' "$OUT/mma-staged.log" | head -3 | tr '\n' ' ')"
+  pp() {
+    env "$@" "$R" bench -m "$F" --device cuda -p "${PREFILL_PP:-512,2048,8192}" -n 0 -r 2 2>&1 \
+      | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' '
+  }
+  for v in REDLITE_UNUSED=0 REDLITE_MMA_STAGED=1 REDLITE_PREFILL_GEMM=0 REDLITE_DELTA_CHUNKED=0 \
+      REDLITE_FLASH_PREFILL=0; do
+    note "$v: $(pp "$v")"
+  done
+  for st in 0 1; do
+    REDLITE_MMA_STAGED=$st "$R" bench experts -m "$F" -r 3 > "$OUT/experts-staged$st.json" 2>&1
+    note "bench experts, staged=$st: $(python3 -c '
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print(json.dumps(d)[:600])
+except Exception as e:
+    print("unreadable:", e)
+' "$OUT/experts-staged$st.json")"
+  done
+  # Our dense prompt kernels per shape (synchronized launches) against cuBLAS at the same shapes.
+  REDLITE_CUDA_PROFILE=1 "$R" bench -m "$F" --device cuda -p 512,2048 -n 0 -r 1 \
+    > /dev/null 2> "$OUT/kernel-profile.txt"
+  python3 "$ROOT/scripts/device/cublas_shapes.py" "$OUT/kernel-profile.txt" > "$OUT/cublas.txt" 2>&1
+  note "dense prompt products, ours vs cuBLAS (GEMM alone):"; tee -a "$SUMMARY" < "$OUT/cublas.txt"
+  if command -v ncu > /dev/null; then
+    for st in 0 1; do
+      REDLITE_MMA_STAGED=$st timeout 180 ncu --clock-control none -k regex:mma_matmul --launch-skip 4 \
+        --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$R" bench experts -m "$F" -r 1 > "$OUT/ncu-staged$st.txt" 2>&1
+      note "ncu staged=$st: $(grep -E 'mma_matmul_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall' "$OUT/ncu-staged$st.txt" | head -24 | tr -s ' ' | tr '\n' ';')"
+    done
+  fi
 fi
 
 if stage offload; then
