@@ -242,8 +242,8 @@ if stage prefill; then
     env "$@" "$R" bench -m "$F" --device cuda -p "${PREFILL_PP:-512,2048,8192}" -n 0 -r 2 2>&1 \
       | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' '
   }
-  for v in REDLITE_UNUSED=0 REDLITE_MMA_STAGED=1 REDLITE_PREFILL_GEMM=0 REDLITE_DELTA_CHUNKED=0 \
-      REDLITE_FLASH_PREFILL=0; do
+  for v in REDLITE_UNUSED=0 REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 REDLITE_PREFILL_GEMM=0 \
+      REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0; do
     note "$v: $(pp "$v")"
   done
   for st in 0 1; do
@@ -262,6 +262,10 @@ except Exception as e:
     > /dev/null 2> "$OUT/kernel-profile.txt"
   python3 "$ROOT/scripts/device/cublas_shapes.py" "$OUT/kernel-profile.txt" > "$OUT/cublas.txt" 2>&1
   note "dense prompt products, ours vs cuBLAS (GEMM alone):"; tee -a "$SUMMARY" < "$OUT/cublas.txt"
+  REDLITE_PREFILL_CUBLAS=1 REDLITE_CUDA_PROFILE=1 "$R" bench -m "$F" --device cuda -p 512 -n 0 -r 1 \
+    > /dev/null 2> "$OUT/kernel-profile-cublas.txt"
+  note "the cuBLAS path in redlite (REDLITE_PREFILL_CUBLAS=1, pp512, synchronized):"
+  grep -E 'cublas|dequantize_f16|to_f16|cuda profile' "$OUT/kernel-profile-cublas.txt" | head -20 | tee -a "$SUMMARY"
   if command -v ncu > /dev/null; then
     for st in 0 1; do
       REDLITE_MMA_STAGED=$st timeout 180 ncu --clock-control none -k regex:mma_matmul --launch-skip 4 \

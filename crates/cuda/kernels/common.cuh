@@ -17,6 +17,12 @@ static __device__ __forceinline__ float f16_to_f32(u16 bits) {
     return value;
 }
 
+static __device__ __forceinline__ u16 f32_to_f16(float value) {
+    u16 bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    return bits;
+}
+
 // Little-endian loads at the alignment the block layouts guarantee. Every block size of
 // the supported types is even, so 2-byte loads are always legal; wider ones are used
 // only where the layout (and the 16-byte aligned base the op entry checks) allows.

@@ -13,7 +13,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub struct Device {
     context: Arc<CudaContext>,
@@ -27,6 +27,8 @@ pub struct Device {
     baseline: u64,
     /// Bytes the run may allocate (`--gpu-limit`); 0: no limit.
     limit: AtomicU64,
+    /// cuBLAS on the stream, made on first use (`None`: libcublas not found).
+    blas: OnceLock<Option<cudarc::cublas::CudaBlas>>,
 }
 
 impl Drop for Device {
@@ -87,7 +89,16 @@ impl Device {
             kernels,
             baseline: total.saturating_sub(free) as u64,
             limit: AtomicU64::new(0),
+            blas: OnceLock::new(),
         })
+    }
+
+    /// The cuBLAS handle on this device's stream, created on first use; `None` where
+    /// libcublas cannot be loaded.
+    pub(crate) fn blas(&self) -> Option<&cudarc::cublas::CudaBlas> {
+        self.blas
+            .get_or_init(|| raw::blas_handle(&self.stream))
+            .as_ref()
     }
 
     /// Caps what this run allocates on the device at `bytes` (`--gpu-limit`: a 24 GiB card

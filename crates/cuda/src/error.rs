@@ -65,6 +65,8 @@ pub enum CudaError {
         #[source]
         source: DriverError,
     },
+    #[error("cuBLAS call {call} failed: {message}")]
+    Blas { call: &'static str, message: String },
     #[error("NVRTC call {call} failed for module {module}: {status}")]
     Nvrtc {
         call: &'static str,

@@ -2,6 +2,7 @@
 //! specialization, then hand over to `layer_launch`. Buffers are exact-length views;
 //! shapes are outermost first (`[tokens][width]`).
 
+use crate::cublas::{cublas_takes, matmul_cublas};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, DeltaDims};
@@ -154,6 +155,9 @@ pub fn matmul_with(
 ) -> Result<(), CudaError> {
     let op = CudaOp::Matmul;
     let tokens = x.len() / matrix.cols.max(1);
+    if cublas_takes(device, matrix, tokens) {
+        return matmul_cublas(device, matrix, x, y);
+    }
     if kernels == PrefillKernels::Mma && mma_takes(device, matrix, tokens) {
         return matmul_mma(device, matrix, x, y);
     }

@@ -26,6 +26,7 @@
 mod attention_ops;
 mod cache;
 mod compile;
+mod cublas;
 mod device;
 mod error;
 mod expert_cache;
@@ -50,6 +51,7 @@ pub use attention_ops::{
 };
 pub use cache::cache_dir;
 pub use compile::{check_arch, compile_all, nvrtc_version};
+pub use cublas::{cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};

@@ -244,10 +244,12 @@ pub(crate) fn launch_matvec(
         .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
 
+mod cublas;
 mod expert_cache;
 mod layers;
 mod mma;
 mod moe;
+pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
 pub(crate) use layers::*;
 pub(crate) use mma::*;

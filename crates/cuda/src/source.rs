@@ -175,6 +175,14 @@ pub(crate) fn dequantize_kernel(kind: WeightKind) -> String {
     format!("dequantize_kernel<{}>", kind.cuda_name)
 }
 
+/// Dequantization to f16 (the weights of a cuBLAS prompt product).
+pub(crate) fn dequantize_f16_kernel(kind: WeightKind) -> String {
+    format!("dequantize_f16_kernel<{}>", kind.cuda_name)
+}
+
+/// f32 to f16 (the activations of a cuBLAS prompt product).
+pub(crate) const TO_F16_KERNEL: &str = "to_f16_kernel";
+
 pub(crate) fn matvec_kernel(kind: WeightKind, x_shared: bool) -> String {
     format!(
         "matvec_kernel<{}, {MATVEC_WARPS}, {x_shared}>",
@@ -410,7 +418,11 @@ pub fn modules() -> Vec<ModuleSource> {
         ModuleSource {
             name: "dequantize",
             source: with_prelude(DEQUANTIZE),
-            kernels: WEIGHT_KINDS.iter().map(|&k| dequantize_kernel(k)).collect(),
+            kernels: WEIGHT_KINDS
+                .iter()
+                .flat_map(|&k| [dequantize_kernel(k), dequantize_f16_kernel(k)])
+                .chain([TO_F16_KERNEL.to_string()])
+                .collect(),
         },
         ModuleSource {
             name: "matvec",

@@ -3,8 +3,8 @@
 //! NVRTC compile check is `--ignored` (it needs libnvrtc, see scripts/ci/nvrtc-check.sh).
 
 use redlite_cuda::{
-    compile_all, dequantize, matmul, matvec, moe_gate_up, moe_gate_up_grouped, CudaError, Device,
-    Dots, ExpertTiles, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
+    compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
+    CudaError, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -181,6 +181,66 @@ fn matmul_matches_cpu_in_both_precisions() {
                          GPU {f} (|terms| {norm})"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// The cuBLAS prompt product (`REDLITE_PREFILL_CUBLAS=1`: weights dequantized to f16, x
+/// converted to f16, f32 accumulation) against an f64 dot of the dequantized weights and the
+/// f32 inputs: each term carries at most the two f16 roundings (2^-11 relative each), so the
+/// error stays within 2e-3 of the sum of term magnitudes. Skips where libcublas is missing.
+#[test]
+fn cublas_prompt_products_match_the_cpu() {
+    let Some(device) = device("cublas_prompt_products_match_the_cpu") else {
+        return;
+    };
+    let mut rng = Rng(11);
+    for ty in [
+        GgmlType::IQ2XXS,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::IQ1M,
+    ] {
+        for (rows, cols, tokens) in [(300, 2048, 70), (64, 512, 16)] {
+            let bytes = random_matrix(ty, rows, cols, &mut rng);
+            let w = reference_rows(ty, &bytes, rows, cols);
+            let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+            let weights = device.upload(&bytes).unwrap();
+            let x_device = device.upload(&x).unwrap();
+            let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
+            let matrix = WeightMatrix {
+                ty,
+                rows,
+                cols,
+                bytes: weights.as_view(),
+                dots: Dots::Q8K,
+            };
+            match matmul_cublas(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()) {
+                Err(CudaError::Blas {
+                    call: "cublasCreate",
+                    message,
+                }) => {
+                    eprintln!("cublas_prompt_products_match_the_cpu: skipped ({message})");
+                    return;
+                }
+                other => other.unwrap(),
+            }
+            let found = device.download(&y).unwrap();
+            for (i, &f) in found.iter().enumerate() {
+                let (t, row) = (i / rows, i % rows);
+                let xt = &x[t * cols..(t + 1) * cols];
+                let terms = w[row * cols..(row + 1) * cols].iter().zip(xt);
+                let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
+                    let term = f64::from(a) * f64::from(b);
+                    (dot + term, norm + term.abs())
+                });
+                let error = (f64::from(f) - dot).abs();
+                assert!(
+                    error <= 2e-3 * norm.max(1e-30),
+                    "{ty:?} cuBLAS {rows}x{cols} token {t} row {row}: CPU {dot}, GPU {f} \
+                     (|terms| {norm})"
+                );
             }
         }
     }
