@@ -36,11 +36,15 @@ else
 fi
 R="$ROOT/target/release/redlite"; S="$ROOT/scripts/bench/vs-llamacpp-cuda.sh"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+# libcublas for REDLITE_PREFILL_CUBLAS=1 (the toolkit's, else the Python wheel's).
+blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
+[ -n "$blas_lib" ] && export LD_LIBRARY_PATH="$(dirname "$blas_lib"):$LD_LIBRARY_PATH"
 SUMMARY="$RESULTS/summary.txt"; : > "$SUMMARY"  # comes back even if the call runs out of time
 note() { echo "$*" | tee -a "$SUMMARY"; }
 stamp() { echo "[$SECONDS s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+note "libcublas: ${blas_lib:-not found}"
 { stage compare || stage offload; } && bash "$S" build
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
