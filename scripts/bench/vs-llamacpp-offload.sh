@@ -11,13 +11,14 @@
 #   RECIPE=Q4_K_M LIMIT=24GiB NCMOE=26 bash scripts/bench/vs-llamacpp-offload.sh bench
 #
 # Env: WORK (/tmp/rl), RECIPE (Q4_K_M), LIMIT (24GiB), NCMOE (26), PP (512), TG (128),
-# ROUNDS (1), OUT (logs).
+# ROUNDS (1), OUT (logs), SPREAD (0; 1: redlite's routing spread uniformly over the experts,
+# REDLITE_BENCH_ROUTE_SPREAD=1, the cache's worst case: random weights route to few experts).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/rl}"; RECIPE="${RECIPE:-Q4_K_M}"; LIMIT="${LIMIT:-24GiB}"
 NCMOE="${NCMOE:-26}"; PP="${PP:-512}"; TG="${TG:-128}"; ROUNDS="${ROUNDS:-1}"
 LOGS="${OUT:-$WORK/logs}"; MODEL="$WORK/full-$RECIPE.gguf"; R="$ROOT/target/release/redlite"
-TAG="$RECIPE-$LIMIT"
+SPREAD="${SPREAD:-0}"; TAG="$RECIPE-$LIMIT"; [ "$SPREAD" = 1 ] && TAG="$TAG-spread"
 mkdir -p "$WORK" "$LOGS"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 
@@ -41,7 +42,8 @@ bench)
     PEAK="$LOGS/peak-llamacpp-$TAG-$round" with_peak "$WORK/llama/build/bin/llama-bench" -m "$MODEL" \
       -ngl 99 -fa 1 -ncmoe "$NCMOE" -p "$PP" -n "$TG" -r 2 -o json \
       > "$LOGS/llamacpp-$TAG-$round.json" 2> "$LOGS/llamacpp-$TAG-$round.log"
-    PEAK="$LOGS/peak-redlite-$TAG-$round" with_peak "$R" bench -m "$MODEL" --device cuda \
+    PEAK="$LOGS/peak-redlite-$TAG-$round" with_peak env REDLITE_BENCH_ROUTE_SPREAD="$SPREAD" \
+      "$R" bench -m "$MODEL" --device cuda \
       --gpu-limit "$LIMIT" -p "$PP" -n "$TG" -r 2 --json \
       > "$LOGS/redlite-$TAG-$round.json" 2> "$LOGS/redlite-$TAG-$round.log"
   done

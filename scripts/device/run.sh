@@ -283,8 +283,11 @@ fi
 
 if stage offload; then
   stamp "offload: llama.cpp --n-cpu-moe vs the expert cache"
-  RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" bash "$O" bench > "$OUT/offload-Q4_K_M.txt" 2>&1
-  note ""; grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M.txt" | tee -a "$SUMMARY"
+  for spread in 0 1; do
+    RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" SPREAD=$spread bash "$O" bench \
+      > "$OUT/offload-Q4_K_M-$spread.txt" 2>&1
+    note ""; grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M-$spread.txt" | tee -a "$SUMMARY"
+  done
 fi
 stamp "done"
 tar czf "$RESULTS/logs.tgz" -C "$OUT" .

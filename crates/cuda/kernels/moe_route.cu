@@ -2,6 +2,23 @@
 // and weights the expert kernels of moe.cu read from device memory. Needs the prelude and
 // reduce.cuh; compiled in the "moe" module after moe.cu.
 
+// Benchmark-only (REDLITE_BENCH_ROUTE_SPREAD=1 builds the kernels with REDLITE_ROUTE_SPREAD):
+// a token's chosen experts all rotated by one hash of its router logits, so that routing
+// spreads uniformly over the experts — the worst case of an expert cache, which the random
+// weights of a synthetic file do not give (they route most tokens to a few experts). Still
+// `used` distinct experts per token and the same weights; not the model's output.
+#ifndef REDLITE_ROUTE_SPREAD
+#define REDLITE_ROUTE_SPREAD 0
+#endif
+static __device__ __forceinline__ int route_spread(int id, const float* row, int n_expert) {
+    if (!REDLITE_ROUTE_SPREAD || id < 0 || id >= n_expert) return id;
+    u32 h = __float_as_uint(row[0]) * 0x9e3779b1u ^ __float_as_uint(row[1]) * 0x85ebca6bu;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    return int((u32(id) + h) % u32(n_expert));
+}
+
 // One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
 // index) in descending order; weights = p / Σ_top p; shared_weight = sigmoid(shared_logit).
 // Dynamic shared memory: n_expert floats.
@@ -66,7 +83,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
             }
             chosen_value = bv;
             chosen_index = bi;
-            ids[t * used + k] = bi;
+            ids[t * used + k] = route_spread(bi, logits + i64(t) * n_expert, n_expert);
             weights[t * used + k] = bv;
             if (bi < n_expert) p[bi] = -1.0f;  // NaN logits select nothing valid
         }
@@ -144,7 +161,7 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
             // Lanes flush their choices every 32 picks (used > 32 is allowed).
             const int slot = k - k % WARP_SIZE + lane;
             if (slot <= k) {
-                ids[t * used + slot] = mine_index;
+                ids[t * used + slot] = route_spread(mine_index, l, n_expert);
                 weights[t * used + slot] = mine;
             }
         }
