@@ -388,18 +388,17 @@ mma_combine_kernel(const float* __restrict__ y, const float* __restrict__ weight
     *o = (accumulate ? *o : 0.0f) + sum;
 }
 
-// Pairs per expert tile of the grouped products (MMA_TILE on the host).
-#define MMA_GROUP_TILE 16
 
 // The routed (token, slot) pairs grouped by expert on the device, with no host round trip: one
-// CTA counts the pairs of each expert, scans the counts (one warp), writes every tile's (expert, first, count) into tile_info -- count 0 for the tiles
+// CTA counts the pairs of each expert, scans the counts (one warp), writes every tile's
+// (expert, first, count), at most `tile` pairs each, into tile_info -- count 0 for the tiles
 // past the last, up to `tile_bound`, the grid the launches size from the pair count -- then
 // scatters the pairs into `pairs`, each expert's from its `first`. Within an expert the order
 // follows the atomics, which changes no value: a pair's sums do not depend on the other pairs
 // of its tile. Ids out of range join no tile. Dynamic shared memory: 3 x n_expert ints.
 __global__ void __launch_bounds__(1024)
 mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
-                 int* __restrict__ tile_info, int tile_bound, int* __restrict__ pairs) {
+                 int* __restrict__ tile_info, int tile_bound, int* __restrict__ pairs, int tile) {
     extern __shared__ int group_shared[];
     __shared__ int total_tiles;
     int* count = group_shared;
@@ -419,7 +418,7 @@ mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
         for (int base = 0; base < n_expert; base += WARP_SIZE) {
             const int e = base + lane;
             const int c = e < n_expert ? count[e] : 0;
-            const int t = (c + MMA_GROUP_TILE - 1) / MMA_GROUP_TILE;
+            const int t = (c + tile - 1) / tile;
             int c_incl = c, t_incl = t;
 #pragma unroll
             for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
@@ -438,11 +437,11 @@ mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
     }
     __syncthreads();
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        for (int k = 0; k * MMA_GROUP_TILE < count[e]; ++k) {
+        for (int k = 0; k * tile < count[e]; ++k) {
             int* info = tile_info + 3 * (tile_first[e] + k);
             info[0] = e;
-            info[1] = first[e] + k * MMA_GROUP_TILE;
-            info[2] = min(MMA_GROUP_TILE, count[e] - k * MMA_GROUP_TILE);
+            info[1] = first[e] + k * tile;
+            info[2] = min(tile, count[e] - k * tile);
         }
     }
     for (int t = total_tiles + threadIdx.x; t < tile_bound; t += blockDim.x) {

@@ -16,13 +16,13 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
-use crate::mma_groups::MmaGroups;
+use crate::mma_groups::{MmaGroups, MMA_WIDE_TILE};
 use crate::moe_ops::check_gate_up;
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
-    self, MmaShape, WeightKind, MMA_COMBINE_KERNEL, MMA_DENSE, MMA_DOWN, MMA_GATE_UP,
-    MMA_QUANTIZE_KERNEL, MMA_TYPES,
+    self, MmaShape, WeightKind, MMA_COMBINE_KERNEL, MMA_DENSE, MMA_DOWN, MMA_DOWN_WIDE,
+    MMA_GATE_UP, MMA_GATE_UP_WIDE, MMA_QUANTIZE_KERNEL, MMA_TYPES,
 };
 
 /// Which kernels a product of several tokens takes.
@@ -47,6 +47,7 @@ impl PrefillKernels {
 }
 
 const _: () = assert!(MMA_GATE_UP.tokens() == MMA_DOWN.tokens());
+const _: () = assert!(MMA_GATE_UP_WIDE.tokens() == MMA_DOWN_WIDE.tokens());
 
 /// Whether `matrix` has a tensor-core product on `device` for `tokens` tokens: at least
 /// [`mma_min_tokens`] tokens, q8 dots on a covered type, at least [`MMA_MIN_ROWS`] rows,
@@ -211,7 +212,11 @@ pub fn moe_gate_up_mma(
     }
     let grouped = Grouped {
         kind,
-        shape: MMA_GATE_UP,
+        shape: if tiles.tile == MMA_WIDE_TILE {
+            MMA_GATE_UP_WIDE
+        } else {
+            MMA_GATE_UP
+        },
         name: "moe_gate_up",
         stacks: (&gate.bytes, Some(&up.bytes)),
         rows: ff,
@@ -333,7 +338,11 @@ pub fn moe_down_mma_pairs(
     // Each pair is its own output row: one slot per "token", tokens x used of them.
     let grouped = Grouped {
         kind,
-        shape: MMA_DOWN,
+        shape: if tiles.tile == MMA_WIDE_TILE {
+            MMA_DOWN_WIDE
+        } else {
+            MMA_DOWN
+        },
         name: "moe_down",
         stacks: (&down.bytes, None),
         rows,

@@ -1,8 +1,9 @@
-//! The routed (token, slot) pairs of a prompt grouped by expert in tiles of [`MMA_TILE`] for
-//! the tensor-core expert products: on the host from the router's ids ([`MmaTiles`], tests and
-//! benchmarks) or on the device with no host round trip ([`MmaGroups::on_device`], the engine).
-//! Either way the products read [`MmaGroups`]: per tile (expert, first, count) into a list of
-//! the pairs ordered by expert.
+//! The routed (token, slot) pairs of a prompt grouped by expert in tiles of [`MMA_TILE`] (or
+//! [`MMA_WIDE_TILE`] for long prompts) for the tensor-core expert products: on the host from
+//! the router's ids ([`MmaTiles`], tests and benchmarks) or on the device with no host round
+//! trip ([`MmaGroups::on_device`], the engine). Either way the products read [`MmaGroups`]:
+//! per tile (expert, first, count) into a list of the pairs ordered by expert. A pair's sums do
+//! not depend on its tile's size or companions, so the tiling never changes a result.
 
 use cudarc::driver::{CudaSlice, CudaView};
 
@@ -12,10 +13,30 @@ use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::MAX_GRID_YZ;
 use crate::ops::{fits, shape};
 use crate::raw;
-use crate::source::{MMA_GATE_UP, MMA_GROUP_KERNEL};
+use crate::source::{MMA_GATE_UP, MMA_GATE_UP_WIDE, MMA_GROUP_KERNEL};
+use std::sync::OnceLock;
 
 /// Pairs (tokens) per expert tile: the gate/up and down shapes share the tiles.
 pub const MMA_TILE: usize = MMA_GATE_UP.tokens();
+
+/// Pairs per wide tile (long prompts; `REDLITE_MMA_WIDE_TILES=0`: never).
+pub const MMA_WIDE_TILE: usize = MMA_GATE_UP_WIDE.tokens();
+
+/// The tile size for `n_pairs` pairs over `n_expert` experts: wide where the experts average
+/// at least [`WIDE_MIN_PAIRS`] pairs (pp2048: ~40; pp512: ~10 stays at 16).
+fn tile_for(n_pairs: usize, n_expert: usize) -> usize {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    let wide = *WIDE.get_or_init(|| std::env::var("REDLITE_MMA_WIDE_TILES").as_deref() != Ok("0"));
+    if wide && n_pairs >= WIDE_MIN_PAIRS * n_expert.max(1) {
+        MMA_WIDE_TILE
+    } else {
+        MMA_TILE
+    }
+}
+
+/// Fewest pairs per expert on average for wide tiles: below it most wide tiles would be
+/// mostly empty (their staging and products are paid for all 64 pairs). A guess, to measure.
+const WIDE_MIN_PAIRS: usize = 24;
 
 /// The (token, slot) pairs of one call grouped by expert, in tiles of [`MMA_TILE`]: built on
 /// the host from the router's ids, so every expert and pair in them is in range.
@@ -98,6 +119,8 @@ pub struct MmaGroups {
     pub(crate) tokens: usize,
     pub(crate) used: usize,
     pub(crate) n_expert: usize,
+    /// Most pairs per tile: [`MMA_TILE`] or [`MMA_WIDE_TILE`] (which kernel shapes run).
+    pub(crate) tile: usize,
 }
 
 impl MmaGroups {
@@ -111,6 +134,7 @@ impl MmaGroups {
             tokens: tiles.tokens,
             used: tiles.used,
             n_expert: tiles.n_expert,
+            tile: MMA_TILE,
         })
     }
 
@@ -127,7 +151,8 @@ impl MmaGroups {
         let n_pairs = ids.len();
         let tokens = n_pairs / used;
         shape(op, "ids length (tokens x used)", tokens * used, n_pairs)?;
-        let tiles = n_pairs.div_ceil(MMA_TILE) + n_expert;
+        let tile = tile_for(n_pairs, n_expert);
+        let tiles = n_pairs.div_ceil(tile) + n_expert;
         fits(op, "tiles", tiles as u64, MAX_GRID_YZ)?;
         let shared = 3 * n_expert * size_of::<i32>();
         fits(
@@ -151,7 +176,12 @@ impl MmaGroups {
             cfg,
             &own_ids,
             (&mut info, &mut pairs),
-            (to_i32(n_pairs), to_i32(n_expert), to_i32(tiles)),
+            (
+                to_i32(n_pairs),
+                to_i32(n_expert),
+                to_i32(tiles),
+                to_i32(tile),
+            ),
         )?;
         Ok(MmaGroups {
             info,
@@ -161,6 +191,7 @@ impl MmaGroups {
             tokens,
             used,
             n_expert,
+            tile,
         })
     }
 

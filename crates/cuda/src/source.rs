@@ -148,7 +148,12 @@ pub(crate) const MMA_DENSE: MmaShape = mma_shape(4, 2, 2, 4, 1);
 pub(crate) const MMA_GATE_UP: MmaShape = mma_shape(4, 1, 1, 2, 2);
 /// Expert down: 128 rows x 16 pairs.
 pub(crate) const MMA_DOWN: MmaShape = mma_shape(4, 1, 2, 2, 1);
-const MMA_SHAPES: [MmaShape; 3] = [MMA_DENSE, MMA_GATE_UP, MMA_DOWN];
+/// Wide expert tiles for long prompts (pp2048: ~40 pairs per expert): 64 pairs per tile, so
+/// each expert's weights are decoded once per 64 pairs instead of per 16. Gate/up: 64 rows of
+/// each; down: the dense shape (128 rows x 64).
+pub(crate) const MMA_GATE_UP_WIDE: MmaShape = mma_shape(4, 2, 1, 4, 2);
+pub(crate) const MMA_DOWN_WIDE: MmaShape = MMA_DENSE;
+const MMA_SHAPES: [MmaShape; 4] = [MMA_DENSE, MMA_GATE_UP, MMA_DOWN, MMA_GATE_UP_WIDE];
 
 /// `staged`: the weight blocks reach shared memory by cp.async one block ahead.
 pub(crate) fn mma_matmul_kernel(kind: WeightKind, s: MmaShape, staged: bool) -> String {

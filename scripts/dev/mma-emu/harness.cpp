@@ -99,28 +99,43 @@ void dense(const char* name, int rows, int cols, int tokens) {
 }
 
 // Groups ids on the "device" (mma_group_kernel); returns the grid's tile count.
+// Tiles of `tile` pairs (16, or 64: the wide shapes).
 int group_on_device(const std::vector<int>& ids, int n_expert, std::vector<int>& info,
-                    std::vector<int>& pairs) {
-    const int n_pairs = ids.size(), bound = (n_pairs + 15) / 16 + n_expert;
+                    std::vector<int>& pairs, int tile = 16) {
+    const int n_pairs = ids.size(), bound = (n_pairs + tile - 1) / tile + n_expert;
     info.assign(3 * bound, -7);
     pairs.assign(n_pairs, -7);
     launch({1, 1, 0}, 1024, [&] {
-        mma_group_kernel(ids.data(), n_pairs, n_expert, info.data(), bound, pairs.data());
+        mma_group_kernel(ids.data(), n_pairs, n_expert, info.data(), bound, pairs.data(), tile);
     });
     return bound;
 }
 
+// Host tiles as MmaTiles builds them, `tile` pairs at most.
+void group_on_host(const std::vector<int>& ids, int n_expert, int tile, std::vector<int>& info,
+                   std::vector<int>& pairs) {
+    for (int e = 0; e < n_expert; ++e) {
+        std::vector<int> list;
+        for (int p = 0; p < (int)ids.size(); ++p) if (ids[p] == e) list.push_back(p);
+        for (size_t c = 0; c < list.size(); c += tile) {
+            int count = std::min<size_t>(tile, list.size() - c);
+            info.insert(info.end(), {e, (int)pairs.size(), count});
+            pairs.insert(pairs.end(), list.begin() + c, list.begin() + c + count);
+        }
+    }
+}
+
 // The grouping kernel alone, over several warp steps of experts: every valid pair in exactly
 // one tile of its expert, tiles of at most 16 in expert order, the tail of the grid empty.
-void grouping(int n_pairs, int n_expert) {
+void grouping(int n_pairs, int n_expert, int tile = 16) {
     std::vector<int> ids(n_pairs), info, pairs;
     for (auto& e : ids) e = rng() % 4 == 0 ? (int)(rng() % 3) : (int)(rng() % (n_expert + 1));
-    const int bound = group_on_device(ids, n_expert, info, pairs);
+    const int bound = group_on_device(ids, n_expert, info, pairs, tile);
     std::vector<int> seen(n_pairs, 0);
     int next_first = 0, last_expert = -1, bad = 0, t = 0;
     for (; t < bound && info[3 * t + 2] > 0; ++t) {
         const int e = info[3 * t], first = info[3 * t + 1], count = info[3 * t + 2];
-        bad += first != next_first || count > 16 || e < last_expert;
+        bad += first != next_first || count > tile || e < last_expert;
         for (int j = 0; j < count; ++j) {
             const int p = pairs[first + j];
             bad += ids[p] != e;
@@ -131,12 +146,14 @@ void grouping(int n_pairs, int n_expert) {
     }
     for (; t < bound; ++t) bad += info[3 * t + 2] != 0;
     for (int p = 0; p < n_pairs; ++p) bad += seen[p] != (ids[p] < n_expert ? 1 : 0);
-    printf("%s grouping %d pairs over %d experts\n", bad ? "FAIL" : "ok  ", n_pairs, n_expert);
+    printf("%s grouping %d pairs over %d experts, tiles of %d\n", bad ? "FAIL" : "ok  ", n_pairs,
+           n_expert, tile);
     failures += bad != 0;
 }
 
 template <class B>
-void experts(const char* name, int tokens, bool on_device) {
+void experts(const char* name, int tokens, bool on_device, bool wide = false) {
+    const int tile = wide ? 64 : 16;
     const int n_expert = 5, used = 3, ff = 96, cols = 512;
     auto gate = random_blocks<B>(n_expert * ff, cols), up = random_blocks<B>(n_expert * ff, cols);
     std::uniform_real_distribution<float> u(-1, 1);
@@ -149,26 +166,18 @@ void experts(const char* name, int tokens, bool on_device) {
     // Tiles as MmaTiles builds them, or as the device grouping does.
     std::vector<int> info, pairs;
     int n_tiles = 0;
-    if (on_device) n_tiles = group_on_device(ids, n_expert, info, pairs);
-    for (int e = 0; e < n_expert && !on_device; ++e) {
-        std::vector<int> list;
-        for (int p = 0; p < tokens * used; ++p) if (ids[p] == e) list.push_back(p);
-        for (size_t c = 0; c < list.size(); c += 16) {
-            int count = std::min<size_t>(16, list.size() - c);
-            info.insert(info.end(), {e, (int)pairs.size(), count});
-            pairs.insert(pairs.end(), list.begin() + c, list.begin() + c + count);
-        }
-    }
+    if (on_device) n_tiles = group_on_device(ids, n_expert, info, pairs, tile);
+    if (!on_device) group_on_host(ids, n_expert, tile, info, pairs);
     std::vector<float> xd; std::vector<i8> xq;
     quantize(x, xd, xq);
     if (!on_device) n_tiles = info.size() / 3;
     std::vector<float> act((size_t)tokens * used * ff, NAN);
     size_t rb = (size_t)cols / 256 * B::BYTES;
     long long expert_bytes = (long long)ff * rb;
-    launch({(unsigned)((ff + 63) / 64), (unsigned)n_tiles, 0}, 128, [&] {
-        MMA_KERNEL(B, 4, 1, 1, 2, 2)(gate.data(), up.data(), expert_bytes, info.data(),
-                                            pairs.data(), used, xq.data(), xd.data(), act.data(), ff,
-                                            cols, tokens);
+    launch({(unsigned)((ff + 63) / 64), (unsigned)n_tiles, 0}, wide ? 256 : 128, [&] {
+        auto kernel = wide ? MMA_KERNEL(B, 4, 2, 1, 4, 2) : MMA_KERNEL(B, 4, 1, 1, 2, 2);
+        kernel(gate.data(), up.data(), expert_bytes, info.data(), pairs.data(), used, xq.data(),
+               xd.data(), act.data(), ff, cols, tokens);
     });
     std::vector<double> ref(act.size());
     for (int p = 0; p < tokens * used; ++p) {
@@ -187,12 +196,14 @@ void experts(const char* name, int tokens, bool on_device) {
         }
     }
     char what[128];
-    snprintf(what, sizeof what, "%s gate/up t%d%s", name, tokens, on_device ? " device groups" : "");
+    snprintf(what, sizeof what, "%s gate/up t%d%s%s", name, tokens, on_device ? " device groups" : "",
+             wide ? " wide" : "");
     check(what, ref, act, ff);
 }
 
 template <class B>
-void down(const char* name, int tokens) {
+void down(const char* name, int tokens, bool wide = false) {
+    const int tile = wide ? 64 : 16;
     const int n_expert = 5, used = 3, rows = 200, ff = 512;
     auto w = random_blocks<B>(n_expert * rows, ff);
     std::uniform_real_distribution<float> u(-1, 1);
@@ -204,23 +215,15 @@ void down(const char* name, int tokens) {
     for (int t = 0; t < tokens; ++t)
         for (int k = 0; k < used; ++k) ids[t * used + k] = (t + 2 * k) % n_expert;
     std::vector<int> info, pairs;
-    for (int e = 0; e < n_expert; ++e) {
-        std::vector<int> list;
-        for (int p = 0; p < tokens * used; ++p) if (ids[p] == e) list.push_back(p);
-        for (size_t c = 0; c < list.size(); c += 16) {
-            int count = std::min<size_t>(16, list.size() - c);
-            info.insert(info.end(), {e, (int)pairs.size(), count});
-            pairs.insert(pairs.end(), list.begin() + c, list.begin() + c + count);
-        }
-    }
+    group_on_host(ids, n_expert, tile, info, pairs);
     std::vector<float> ad; std::vector<i8> aq;
     quantize(act, ad, aq);
     std::vector<float> per_pair((size_t)tokens * used * rows, NAN);
     size_t rb = (size_t)ff / 256 * B::BYTES;
-    launch({(unsigned)((rows + 127) / 128), (unsigned)(info.size() / 3), 0}, 128, [&] {
-        MMA_KERNEL(B, 4, 1, 2, 2, 1)(w.data(), nullptr, (long long)rows * rb, info.data(),
-                                            pairs.data(), 1, aq.data(), ad.data(), per_pair.data(),
-                                            rows, ff, tokens * used);
+    launch({(unsigned)((rows + 127) / 128), (unsigned)(info.size() / 3), 0}, wide ? 256 : 128, [&] {
+        auto kernel = wide ? MMA_KERNEL(B, 4, 2, 2, 4, 1) : MMA_KERNEL(B, 4, 1, 2, 2, 1);
+        kernel(w.data(), nullptr, (long long)rows * rb, info.data(), pairs.data(), 1, aq.data(),
+               ad.data(), per_pair.data(), rows, ff, tokens * used);
     });
     std::vector<float> start = out;
     launch({(unsigned)((rows + 255) / 256), (unsigned)tokens, 0}, 256, [&] {
@@ -237,7 +240,7 @@ void down(const char* name, int tokens) {
             ref[(size_t)t * rows + r] = start[(size_t)t * rows + r] + s;
         }
     char what[128];
-    snprintf(what, sizeof what, "%s down+combine t%d", name, tokens);
+    snprintf(what, sizeof what, "%s down+combine t%d%s", name, tokens, wide ? " wide" : "");
     check(what, ref, out, rows);
 }
 
@@ -249,11 +252,15 @@ void all(const char* name) {
     dense<B>(name, 37, 256, 1);
     experts<B>(name, 17, false);
     experts<B>(name, 40, true);
+    // Wide tiles (long prompts): 5 experts x ~40 pairs, one partial 64-pair tile each.
+    experts<B>(name, 70, true, true);
+    down<B>(name, 70, true);
 }
 
 int main() {
     grouping(300, 70);
     grouping(1000, 33);
+    grouping(3000, 33, 64);
     for (bool s : {false, true}) {
         staged = s;
         printf("-- weights %s\n", s ? "staged by cp.async" : "read from global memory");

@@ -141,7 +141,7 @@ pub(crate) fn launch_mma_group(
     config: LaunchConfig,
     ids: &CudaSlice<i32>,
     (info, pairs): (&mut CudaSlice<i32>, &mut CudaSlice<i32>),
-    (n_pairs, n_expert, tile_bound): (i32, i32, i32),
+    (n_pairs, n_expert, tile_bound, tile): (i32, i32, i32, i32),
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch
@@ -150,10 +150,11 @@ pub(crate) fn launch_mma_group(
         .arg(&n_expert)
         .arg(info)
         .arg(&tile_bound)
-        .arg(pairs);
+        .arg(pairs)
+        .arg(&tile);
     // SAFETY: arguments match the signature; ids and pairs hold n_pairs values, info 3 x
-    // tile_bound, and tile_bound is at least the tiles the pairs can fill (a partial tile per
-    // expert at most: the op entry); one CTA with 3 x n_expert ints of dynamic shared memory.
+    // tile_bound, and tile_bound is at least the tiles of `tile` pairs the pairs can fill (a
+    // partial tile per expert at most: the op entry); tile ≥ 1; one CTA with 3 x n_expert ints of dynamic shared memory.
     launched(stream, "cuLaunchKernel(mma_group)", unsafe {
         launch.launch(config)
     })
