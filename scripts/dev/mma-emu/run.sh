@@ -17,6 +17,7 @@ python3 - "$work/module.cu" "$work/mma_host.cu" <<'PY'
 import re, sys
 s = open(sys.argv[1]).read()
 s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));', 'value = emu_half(bits);')
+s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));', 'bits = emu_to_half(value);')
 s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(p \+ at\)\);', '(void)p;', s)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', 'emu_mma_k32(c, a, b0, b1);', s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', 'emu_mma_k16(c, a0, a1, b0);', s, flags=re.S)

@@ -43,6 +43,13 @@ float emu_half(unsigned short h) {
     else v = std::ldexp((float)(mant | 1024), (int)exp - 25);
     return sign ? -v : v;
 }
+// f32 to f16 bits, round to nearest even (cvt.rn.f16.f32).
+inline unsigned short emu_to_half(float f) {
+    _Float16 h = (_Float16)f;
+    unsigned short bits;
+    memcpy(&bits, &h, 2);
+    return bits;
+}
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
