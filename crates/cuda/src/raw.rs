@@ -244,10 +244,12 @@ pub(crate) fn launch_matvec(
         .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
 
+mod attention_prefill;
 mod expert_cache;
 mod layers;
 mod mma;
 mod moe;
+pub(crate) use attention_prefill::*;
 pub(crate) use expert_cache::*;
 pub(crate) use layers::*;
 pub(crate) use mma::*;
