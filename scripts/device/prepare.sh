@@ -5,6 +5,7 @@
 #   cuda_parity      the engine's CUDA parity tests (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
 #   kernels, mma     the cuda crate's kernel tests and tensor-core kernel tests (test binaries)
+#   attention        the flash prefill attention against the per-token kernels (test binary)
 #   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
 #
 #   bash scripts/device/prepare.sh
@@ -28,6 +29,7 @@ cp "$(test_binary --features cuda -p redlite-engine --test cuda_parity)" "$D/cud
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_expert_cache)" "$D/cuda_expert_cache"
 cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"
+cp "$(test_binary -p redlite-cuda --test attention)" "$D/attention"
 
 if [ ! -f "$D/llama-src.tgz" ]; then
   sdist="$ROOT/.cache/reference/dl/llama_cpp_python-0.3.36.tar.gz"

@@ -71,6 +71,9 @@ if stage kernels; then
     || note "mma kernels: FAILED $(grep -E '^test result|panicked' "$OUT/mma.log" | head -3)"
   REDLITE_PREFILL_TILES=0 "$D/kernels" --test-threads=1 matmul > "$OUT/kernels-tiles.log" 2>&1
   note "kernels, no token tiles: $(grep -E '^test result' "$OUT/kernels-tiles.log" | tail -1)"
+  [ -f "$D/attention" ] && "$D/attention" --test-threads=1 --nocapture > "$OUT/attention.log" 2>&1 \
+    && note "flash prefill attention: $(grep -E '^test result' "$OUT/attention.log" | tail -1)" \
+    || note "flash prefill attention: FAILED $(grep -E '^test result|panicked' "$OUT/attention.log" | head -3)"
 fi
 
 if stage parity; then

@@ -8,11 +8,7 @@
 static __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f32(*p); }
 static __device__ __forceinline__ void kv_store(float* p, float value) { *p = value; }
-static __device__ __forceinline__ void kv_store(u16* p, float value) {
-    u16 bits;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-    *p = bits;
-}
+static __device__ __forceinline__ void kv_store(u16* p, float value) { *p = f32_to_f16(value); }
 
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
 // y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the

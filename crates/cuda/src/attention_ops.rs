@@ -1,6 +1,8 @@
-//! Op entries of the gated full-attention kernels (`attention.cu`): validate shapes and the
-//! head dims the kernels are built for, then hand over to `layer_launch`.
+//! Op entries of the gated full-attention kernels (`attention.cu`, `attention_prefill.cu`):
+//! validate shapes and the head dims the kernels are built for, then hand over to
+//! `layer_launch` (per-token kernels) or `attention_prefill` (flash prefill).
 
+use crate::attention_prefill as prefill;
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, AttnDims, SHARED_MAX_BYTES};
@@ -158,13 +160,46 @@ pub fn attention_partials_len(tokens: usize, heads: usize, head_dim: usize) -> u
     tokens * heads * ATTENTION_MAX_SPLITS * (head_dim + 2)
 }
 
+/// The kernels that run a batch's attention (the same result to f32 rounding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// One CTA per (token, head) walking the cache, the KV length split over several CTAs
+    /// when long (flash decoding): the decode graph's kernels.
+    PerToken,
+    /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
+    /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
+    FlashPrefill,
+}
+
 /// Causal attention of `q` (tokens x heads x hd) over the cache positions 0..=pos0 + t,
 /// times sigmoid of the gate half of `qg`, into `o` (tokens x heads x hd). `partials`
 /// (any length; see [`attention_partials_len`]) holds the per-split partial sums when the
-/// KV length is split over several CTAs per head; its contents are overwritten.
+/// KV length is split over several CTAs per head; its contents are overwritten. Batches of
+/// at least [`FLASH_PREFILL_MIN_TOKENS`](crate::FLASH_PREFILL_MIN_TOKENS) tokens at a host
+/// position take the flash prefill kernel (`REDLITE_FLASH_PREFILL=0`: never), others the
+/// per-token kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn attention<T: KvElement>(
     device: &Device,
+    s: &AttentionShape,
+    q: &CudaView<'_, f32>,
+    qg: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, T>,
+    v_cache: &CudaView<'_, T>,
+    partials: &mut CudaViewMut<'_, f32>,
+    o: &mut CudaViewMut<'_, f32>,
+    pos: Position<'_, '_>,
+) -> Result<(), CudaError> {
+    attention_on(device, None, s, q, qg, k_cache, v_cache, partials, o, pos)
+}
+
+/// [`attention`] with the kernels chosen by the caller (`None`: as [`attention`] chooses);
+/// [`AttentionKernels::FlashPrefill`] refuses a device position and a shape it has no room
+/// for.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_on<T: KvElement>(
+    device: &Device,
+    kernels: Option<AttentionKernels>,
     s: &AttentionShape,
     q: &CudaView<'_, f32>,
     qg: &CudaView<'_, f32>,
@@ -184,16 +219,43 @@ pub fn attention<T: KvElement>(
     shape(op, "k cache length", s.cache_len(), k_cache.len())?;
     shape(op, "v cache length", s.cache_len(), v_cache.len())?;
     shape(op, "o length", s.tokens * s.heads * hd, o.len())?;
-    launch::attention(
+    let kernels = kernels.unwrap_or(
+        if prefill::flash_prefill_default(device, &d, pos.is_none()) {
+            AttentionKernels::FlashPrefill
+        } else {
+            AttentionKernels::PerToken
+        },
+    );
+    if kernels == AttentionKernels::PerToken {
+        return launch::attention(
+            device,
+            T::CUDA_TYPE,
+            &d,
+            q,
+            qg,
+            k_cache,
+            v_cache,
+            partials,
+            o,
+            pos,
+        );
+    }
+    if pos.is_some() {
+        return Err(CudaError::Shape {
+            op,
+            what: "flash prefill positions in device memory (it takes the host's)",
+            expected: 0,
+            found: 1,
+        });
+    }
+    prefill::check(device, op, &d)?;
+    prefill::attention_prefill(
         device,
         T::CUDA_TYPE,
         &d,
-        q,
-        qg,
-        k_cache,
-        v_cache,
+        (q, qg),
+        (k_cache, v_cache),
         partials,
         o,
-        pos,
     )
 }

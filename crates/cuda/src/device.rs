@@ -20,6 +20,8 @@ pub struct Device {
     stream: Arc<CudaStream>,
     arch: String,
     multiprocessors: u32,
+    /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
+    shared_per_block_optin: usize,
     /// Kernel name expression (e.g. `matvec_kernel<Q4K, 4, true>`) to its function.
     kernels: HashMap<String, CudaFunction>,
     /// Device memory in use when the kernels were loaded: the run's own use is counted
@@ -63,6 +65,11 @@ impl Device {
         let multiprocessors = context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver("cuDeviceGetAttribute(multiprocessors)"))?;
+        let shared_optin = context
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(CudaError::driver(
+                "cuDeviceGetAttribute(shared memory per block)",
+            ))?;
         // One stream of our own (the legacy default stream cannot be captured into a graph).
         let stream = raw::single_stream(&context)?;
         let mut kernels = HashMap::new();
@@ -86,6 +93,7 @@ impl Device {
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
+            shared_per_block_optin: usize::try_from(shared_optin).unwrap_or(0),
             kernels,
             baseline: total.saturating_sub(free) as u64,
             limit: AtomicU64::new(0),
@@ -146,6 +154,12 @@ impl Device {
 
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
+    }
+
+    /// Most dynamic shared memory one CTA may use after raising its kernel's limit (227 KiB
+    /// on the H100 and H200, 163 KiB on the A100).
+    pub(crate) fn shared_per_block_optin(&self) -> usize {
+        self.shared_per_block_optin
     }
 
     pub fn name(&self) -> Result<String, CudaError> {

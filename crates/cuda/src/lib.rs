@@ -24,6 +24,7 @@
 //! [`moe_down_mma`] over [`MmaTiles`]).
 
 mod attention_ops;
+mod attention_prefill;
 mod cache;
 mod compile;
 mod cublas;
@@ -47,8 +48,10 @@ mod source;
 mod tables;
 
 pub use attention_ops::{
-    attention, attention_partials_len, attention_prep, AttentionShape, KvElement, Position,
+    attention, attention_on, attention_partials_len, attention_prep, AttentionKernels,
+    AttentionShape, KvElement, Position,
 };
+pub use attention_prefill::FLASH_PREFILL_MIN_TOKENS;
 pub use cache::cache_dir;
 pub use compile::{check_arch, compile_all, nvrtc_version};
 pub use cublas::{cublas_takes, matmul_cublas};

@@ -244,11 +244,13 @@ pub(crate) fn launch_matvec(
         .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
 
+mod attention_prefill;
 mod cublas;
 mod expert_cache;
 mod layers;
 mod mma;
 mod moe;
+pub(crate) use attention_prefill::*;
 pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
 pub(crate) use layers::*;

@@ -14,6 +14,7 @@ const MATMUL: &str = include_str!("../kernels/matmul.cu");
 const GEMM: &str = include_str!("../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
+const ATTENTION_PREFILL: &str = include_str!("../kernels/attention_prefill.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../kernels/moe_route.cu");
 const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
@@ -397,6 +398,26 @@ pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
 
 pub(crate) const ATTENTION_COMBINE_KERNEL: &str = "attention_combine_kernel";
 
+/// Warps per CTA, query rows per CTA (8 per warp) and cache positions per shared-memory tile
+/// of the flash prefill kernel (`PREFILL_*` in `attention_prefill.cu`).
+pub(crate) const PREFILL_WARPS: u32 = 8;
+pub(crate) const PREFILL_ROWS: usize = 64;
+pub(crate) const PREFILL_BK: usize = 64;
+
+/// Dynamic shared memory of the flash prefill kernel (`prefill_shared_floats` there): q rows,
+/// K rows padded by 4 floats, V rows, and each warp's probabilities.
+pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
+    let floats = PREFILL_ROWS * head_dim
+        + PREFILL_BK * (head_dim + 4)
+        + PREFILL_BK * head_dim
+        + PREFILL_WARPS as usize * PREFILL_BK * (PREFILL_ROWS / PREFILL_WARPS as usize);
+    floats * 4
+}
+
+pub(crate) fn attention_prefill_kernel(kv: &str, head_dim: usize) -> String {
+    format!("attention_prefill_kernel<{kv}, {head_dim}>")
+}
+
 /// One NVRTC program: its full source and the kernels (name expressions) it exports.
 pub struct ModuleSource {
     pub name: &'static str,
@@ -557,13 +578,17 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "attention",
-            source: with_reduce(ATTENTION),
+            source: with_reduce(&[ATTENTION, ATTENTION_PREFILL].join("\n")),
             kernels: KV_CUDA_TYPES
                 .iter()
                 .flat_map(|&kv| {
                     std::iter::once(attn_prep_kernel(kv)).chain(
                         ATTENTION_HEAD_DIMS.iter().flat_map(move |&hd| {
-                            [attention_kernel(kv, hd), attention_split_kernel(kv, hd)]
+                            [
+                                attention_kernel(kv, hd),
+                                attention_split_kernel(kv, hd),
+                                attention_prefill_kernel(kv, hd),
+                            ]
                         }),
                     )
                 })

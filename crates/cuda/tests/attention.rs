@@ -1,0 +1,188 @@
+//! The flash prefill attention kernel against the per-token kernels (the decode path) on
+//! random queries, gates and caches: Qwen3-Next's 16 query heads over 2 KV heads of 256
+//! dims, f32 and f16 caches, prompts from the cache's start and a later chunk (splits of the
+//! KV length merged by the combine kernel). Prints a message and passes without a GPU.
+//!
+//! On a GPU: `cargo test --release -p redlite-cuda --test attention -- --nocapture`.
+
+use half::f16;
+use redlite_cuda::{
+    attention_on, AttentionKernels, AttentionShape, CudaSlice, Device, KvElement, Position,
+};
+
+mod common;
+use common::{device, Rng};
+
+const HEADS: usize = 16;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 256;
+/// Relative L2 error allowed per (token, head) row: both paths sum in f32, in other orders.
+const TOLERANCE: f64 = 1e-5;
+
+/// Partial-sum splits the scratch holds (both paths use at most this many).
+const SPLITS: usize = 4;
+
+struct Case {
+    tokens: usize,
+    pos0: usize,
+}
+
+/// Runs one path over the uploaded inputs; returns o (tokens x heads x hd).
+fn run<T: KvElement>(
+    device: &Device,
+    kernels: AttentionKernels,
+    shape: &AttentionShape,
+    (q, qg): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (k_cache, v_cache): (&CudaSlice<T>, &CudaSlice<T>),
+) -> Vec<f32> {
+    let rows = shape.tokens * shape.heads;
+    let mut partials = device
+        .alloc_zeros::<f32>(rows * SPLITS * (shape.head_dim + 2))
+        .unwrap();
+    let mut o = device
+        .upload(&vec![f32::NAN; rows * shape.head_dim])
+        .unwrap();
+    attention_on(
+        device,
+        Some(kernels),
+        shape,
+        &q.as_view(),
+        &qg.as_view(),
+        &k_cache.as_view(),
+        &v_cache.as_view(),
+        &mut partials.as_view_mut(),
+        &mut o.as_view_mut(),
+        Position::Host,
+    )
+    .unwrap_or_else(|error| panic!("{kernels:?} T {}: {error}", shape.tokens));
+    device.download(&o).unwrap()
+}
+
+/// Flash prefill against per-token for one case and cache type; `to_kv` encodes the caches.
+fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(f32) -> T) {
+    let mut rng = Rng(case.tokens as u64 * 1_000 + case.pos0 as u64);
+    let capacity = case.pos0 + case.tokens;
+    let shape = AttentionShape {
+        tokens: case.tokens,
+        pos0: case.pos0,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+        rope_dim: 64,
+        rope_base: 1e7,
+        eps: 1e-6,
+        capacity,
+    };
+    let mut random =
+        |n: usize, range: f32| -> Vec<f32> { (0..n).map(|_| range * rng.signed()).collect() };
+    let q = random(case.tokens * HEADS * HEAD_DIM, 2.0);
+    let qg = random(case.tokens * HEADS * 2 * HEAD_DIM, 3.0);
+    let cache_len = capacity * KV_HEADS * HEAD_DIM;
+    let k: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
+    let v: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
+    let inputs = (&device.upload(&q).unwrap(), &device.upload(&qg).unwrap());
+    let caches = (&device.upload(&k).unwrap(), &device.upload(&v).unwrap());
+    let per_token = run(device, AttentionKernels::PerToken, &shape, inputs, caches);
+    let flash = run(
+        device,
+        AttentionKernels::FlashPrefill,
+        &shape,
+        inputs,
+        caches,
+    );
+    let mut worst = 0.0f64;
+    for (row, (want, got)) in per_token
+        .chunks_exact(HEAD_DIM)
+        .zip(flash.chunks_exact(HEAD_DIM))
+        .enumerate()
+    {
+        let (token, head) = (row / HEADS, row % HEADS);
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for (&w, &g) in want.iter().zip(got) {
+            err += (f64::from(g) - f64::from(w)).powi(2);
+            norm += f64::from(w).powi(2);
+        }
+        let rel = (err / norm).sqrt();
+        assert!(
+            rel <= TOLERANCE,
+            "{kv_name} T {} pos0 {}: token {token} head {head} differs by {rel:e} (relative L2)",
+            case.tokens,
+            case.pos0
+        );
+        worst = worst.max(rel);
+    }
+    eprintln!(
+        "{kv_name} T {} pos0 {}: largest relative L2 difference {worst:.3e}",
+        case.tokens, case.pos0
+    );
+}
+
+#[test]
+fn flash_prefill_matches_the_per_token_kernels() {
+    let Some(device) = device("flash_prefill_matches_the_per_token_kernels") else {
+        return;
+    };
+    let cases = [
+        Case {
+            tokens: 16,
+            pos0: 0,
+        },
+        Case {
+            tokens: 100,
+            pos0: 0,
+        },
+        Case {
+            tokens: 512,
+            pos0: 0,
+        },
+        Case {
+            tokens: 2048,
+            pos0: 0,
+        },
+        Case {
+            tokens: 300,
+            pos0: 1000,
+        },
+    ];
+    for case in &cases {
+        compare::<f32>(&device, case, "f32", |v| v);
+        compare::<u16>(&device, case, "f16", |v| f16::from_f32(v).to_bits());
+    }
+}
+
+#[test]
+fn flash_prefill_refuses_a_device_position() {
+    let Some(device) = device("flash_prefill_refuses_a_device_position") else {
+        return;
+    };
+    let shape = AttentionShape {
+        tokens: 1,
+        pos0: 0,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+        rope_dim: 64,
+        rope_base: 1e7,
+        eps: 1e-6,
+        capacity: 4,
+    };
+    let q = device.alloc_zeros::<f32>(HEADS * HEAD_DIM).unwrap();
+    let qg = device.alloc_zeros::<f32>(2 * HEADS * HEAD_DIM).unwrap();
+    let cache = device.alloc_zeros::<f32>(4 * KV_HEADS * HEAD_DIM).unwrap();
+    let pos = device.upload(&[0u32]).unwrap();
+    let mut partials = device.alloc_zeros::<f32>(1).unwrap();
+    let mut o = device.alloc_zeros::<f32>(HEADS * HEAD_DIM).unwrap();
+    let result = attention_on(
+        &device,
+        Some(AttentionKernels::FlashPrefill),
+        &shape,
+        &q.as_view(),
+        &qg.as_view(),
+        &cache.as_view(),
+        &cache.as_view(),
+        &mut partials.as_view_mut(),
+        &mut o.as_view_mut(),
+        Position::Device(&pos.as_view()),
+    );
+    assert!(result.is_err(), "a device position must be refused");
+}
