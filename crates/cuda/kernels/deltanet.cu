@@ -55,6 +55,55 @@ __global__ void conv_silu_kernel(float* __restrict__ qkv, float* __restrict__ st
     for (int j = 0; j < KERNEL - 1; ++j) state[j * channels + c] = window[j];
 }
 
+// conv_silu_kernel with the tokens split, for prompts: one CTA per 32 channels, thread
+// (row, lane) takes channel 32 · blockIdx.x + lane and the row-th range of ceil(T / rows)
+// tokens. Before a barrier every thread reads the KERNEL - 1 raw inputs in front of its range
+// (qkv rows, or the conv state before token 0) and row 0 the last KERNEL - 1 raw inputs of
+// the call (the new state); after it each thread overwrites only its own range, so no raw
+// input is read once replaced. Taps and sum order are conv_silu_kernel's: the same bits.
+template <int KERNEL>
+__global__ void __launch_bounds__(1024)
+conv_silu_tokens_kernel(float* __restrict__ qkv, float* __restrict__ state,
+                        const float* __restrict__ w, int channels, int tokens) {
+    const int lane = threadIdx.x % WARP_SIZE, row = threadIdx.x / WARP_SIZE;
+    const int rows = blockDim.x / WARP_SIZE;
+    const int c = blockIdx.x * WARP_SIZE + lane;
+    const bool live = c < channels;
+    const int per_row = (tokens + rows - 1) / rows;
+    const int t0 = min(tokens, row * per_row), t1 = min(tokens, t0 + per_row);
+    // The raw input at position p of the window [conv state; qkv] (p < 0: the state).
+    auto raw = [&](int p) {
+        return p < 0 ? state[(KERNEL - 1 + p) * channels + c] : qkv[i64(p) * channels + c];
+    };
+    float window[KERNEL], taps[KERNEL], tail[KERNEL - 1];
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < KERNEL; ++j) taps[j] = w[c * KERNEL + j];
+#pragma unroll
+        for (int j = 0; j < KERNEL - 1; ++j) window[j] = raw(t0 - (KERNEL - 1) + j);
+        if (row == 0) {
+#pragma unroll
+            for (int j = 0; j < KERNEL - 1; ++j) tail[j] = raw(tokens - (KERNEL - 1) + j);
+        }
+    }
+    __syncthreads();
+    if (!live) return;
+    for (int t = t0; t < t1; ++t) {
+        float* x = qkv + i64(t) * channels + c;
+        window[KERNEL - 1] = *x;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KERNEL; ++j) acc += taps[j] * window[j];
+        *x = siluf(acc);
+#pragma unroll
+        for (int j = 0; j < KERNEL - 1; ++j) window[j] = window[j + 1];
+    }
+    if (row == 0) {
+#pragma unroll
+        for (int j = 0; j < KERNEL - 1; ++j) state[j * channels + c] = tail[j];
+    }
+}
+
 // One CTA per token: each q and k head of qkv L2-normalized in place (x · rsqrt(Σx² + eps)),
 // q then scaled by q_scale; per v-head β = sigmoid(b), g = a · softplus(a_in + dt_bias).
 __global__ void deltanet_prep_kernel(float* __restrict__ qkv, const float* __restrict__ ba,

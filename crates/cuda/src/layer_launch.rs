@@ -3,11 +3,13 @@
 
 use crate::device::Device;
 use crate::error::CudaError;
+use crate::layer_ops::TokenWalk;
 pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route};
 use crate::ops::Dots;
 use crate::raw;
 use crate::source::{
-    self, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, DELTA_COLS,
+    self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
+    ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
     GEMM_THREADS, GEMM_TILE, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
     MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
 };
@@ -330,21 +332,31 @@ pub(crate) fn deltanet_split(
     raw::launch_deltanet_split(device.stream(), kernel, cfg, p, qkv, z, dims)
 }
 
+/// Sequential: one thread per channel. Chunked: one CTA per 32 channels, 32 token ranges.
 pub(crate) fn deltanet_conv(
     device: &Device,
     d: &DeltaDims,
+    walk: TokenWalk,
     width: usize,
     w: &CudaView<'_, f32>,
     state: &mut CudaViewMut<'_, f32>,
     qkv: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel(&source::conv_kernel(width))?;
     let channels = d.channels();
-    let cfg = config(
-        (channels.div_ceil(FLAT_THREADS as usize), 1, 1),
-        FLAT_THREADS,
-        0,
-    );
+    let (kernel, cfg) = match walk {
+        TokenWalk::Sequential => (
+            device.kernel(&source::conv_kernel(width))?,
+            config(
+                (channels.div_ceil(FLAT_THREADS as usize), 1, 1),
+                FLAT_THREADS,
+                0,
+            ),
+        ),
+        TokenWalk::Chunked => (
+            device.kernel(&source::conv_tokens_kernel(width))?,
+            config((channels.div_ceil(32), 1, 1), CONV_TOKENS_THREADS, 0),
+        ),
+    };
     let dims = (to_i32(channels), to_i32(d.tokens));
     raw::launch_conv(device.stream(), kernel, cfg, qkv, state, w, dims)
 }
@@ -380,19 +392,34 @@ pub(crate) fn deltanet_prep(
     )
 }
 
+/// Both forms: grid (v_heads, dv / 32), 32 value columns per CTA; sequential with a thread
+/// per column, chunked with 256 threads and its shared memory (above the default limit).
 pub(crate) fn delta_rule(
     device: &Device,
     d: &DeltaDims,
+    walk: TokenWalk,
     (qkv, beta, g): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
     state: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel(&source::delta_rule_kernel(d.head_dim))?;
-    let cfg = config(
-        (d.v_heads, d.head_dim / DELTA_COLS as usize, 1),
-        DELTA_COLS,
-        0,
-    );
+    let (kernel, cfg) = match walk {
+        TokenWalk::Sequential => (
+            device.kernel(&source::delta_rule_kernel(d.head_dim))?,
+            config(
+                (d.v_heads, d.head_dim / DELTA_COLS as usize, 1),
+                DELTA_COLS,
+                0,
+            ),
+        ),
+        TokenWalk::Chunked => (
+            device.kernel(&source::delta_chunked_kernel(d.head_dim))?,
+            config(
+                (d.v_heads, d.head_dim / DELTA_CHUNK_COLS, 1),
+                DELTA_CHUNK_THREADS,
+                delta_chunked_shared_bytes(d.head_dim),
+            ),
+        ),
+    };
     let dims = [d.tokens, d.k_heads, d.v_heads, d.head_dim].map(to_i32);
     raw::launch_delta_rule(device.stream(), kernel, cfg, qkv, beta, g, state, out, dims)
 }

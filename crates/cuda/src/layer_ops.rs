@@ -251,11 +251,23 @@ pub fn deltanet_split(
     launch::deltanet_split(device, &d, p, qkv, z)
 }
 
+/// How the conv and the delta rule walk a call's tokens. Both forms compute the same
+/// recurrences: the conv writes the same bits, the delta rule agrees up to rounding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenWalk {
+    /// One token after the other: the reference, and the form for single tokens.
+    Sequential,
+    /// The conv with the tokens split across threads, the delta rule in chunks of 64 tokens
+    /// (`deltanet_chunked.cu`): the prompt form.
+    Chunked,
+}
+
 /// Causal depthwise conv + SiLU over qkv (tokens x channels) in place, continuing from and
 /// updating `state` ((width - 1) x channels); `w` is channels x width.
 pub fn deltanet_conv(
     device: &Device,
     s: &DeltaNetShape,
+    walk: TokenWalk,
     w: &CudaView<'_, f32>,
     state: &mut CudaViewMut<'_, f32>,
     qkv: &mut CudaViewMut<'_, f32>,
@@ -268,7 +280,7 @@ pub fn deltanet_conv(
     shape(op, "conv weight length", channels * width, w.len())?;
     shape(op, "conv state length", channels * (width - 1), state.len())?;
     shape(op, "qkv length", s.tokens * channels, qkv.len())?;
-    launch::deltanet_conv(device, &d, width, w, state, qkv)
+    launch::deltanet_conv(device, &d, walk, width, w, state, qkv)
 }
 
 /// The DeltaNet parameters of one layer as the fused decode step reads them.
@@ -365,11 +377,13 @@ pub fn deltanet_prep(
     launch::deltanet_prep(device, &d, eps, qkv, ba, a, dt_bias, beta, g)
 }
 
-/// The recurrent delta rule over the tokens in order: reads q, k, v from qkv, updates
-/// `state` (v_heads x dk x dv) and writes `out` (tokens x v_heads x dv).
+/// The delta rule over the tokens, token by token or in chunks (`walk`): reads q, k, v from
+/// qkv, updates `state` (v_heads x dk x dv) and writes `out` (tokens x v_heads x dv).
+#[allow(clippy::too_many_arguments)]
 pub fn delta_rule(
     device: &Device,
     s: &DeltaNetShape,
+    walk: TokenWalk,
     qkv: &CudaView<'_, f32>,
     beta: &CudaView<'_, f32>,
     g: &CudaView<'_, f32>,
@@ -389,7 +403,7 @@ pub fn delta_rule(
         state.len(),
     )?;
     shape(op, "out length", s.tokens * s.inner(), out.len())?;
-    launch::delta_rule(device, &d, (qkv, beta, g), state, out)
+    launch::delta_rule(device, &d, walk, (qkv, beta, g), state, out)
 }
 
 /// Per (token, v-head): `o ← RMSNorm(o) · w · silu(z)`; o and z tokens x inner, w head_dim.

@@ -13,6 +13,7 @@ const ELEMENTWISE: &str = include_str!("../kernels/elementwise.cu");
 const MATMUL: &str = include_str!("../kernels/matmul.cu");
 const GEMM: &str = include_str!("../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../kernels/deltanet.cu");
+const DELTANET_CHUNKED: &str = include_str!("../kernels/deltanet_chunked.cu");
 const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const ATTENTION_PREFILL: &str = include_str!("../kernels/attention_prefill.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
@@ -202,6 +203,14 @@ pub(crate) const LAYER_WARPS: u32 = 4;
 pub(crate) const DELTA_COLS: u32 = 32;
 /// Key dims the delta-rule kernel is built for (the state column lives in registers).
 pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
+/// Tokens per chunk of the chunked delta rule (`deltanet_chunked.cu`).
+pub(crate) const DELTA_CHUNK: usize = 64;
+/// Threads per CTA of the chunked delta rule, and the value columns each CTA owns
+/// (`DELTA_CHUNK_THREADS`, `DELTA_CHUNK_COLS` there).
+pub(crate) const DELTA_CHUNK_THREADS: u32 = 256;
+pub(crate) const DELTA_CHUNK_COLS: usize = 32;
+/// Threads per CTA of the token-parallel conv: 32 channels x 32 token ranges.
+pub(crate) const CONV_TOKENS_THREADS: u32 = 1024;
 /// Causal conv widths the conv kernel is built for.
 pub(crate) const CONV_KERNELS: [usize; 1] = [4];
 /// Attention head dims the attention kernel is built for (32 x values per lane).
@@ -364,6 +373,22 @@ pub(crate) fn moe_down_v3_kernel(kind: WeightKind) -> String {
 
 pub(crate) fn conv_kernel(width: usize) -> String {
     format!("conv_silu_kernel<{width}>")
+}
+
+pub(crate) fn conv_tokens_kernel(width: usize) -> String {
+    format!("conv_silu_tokens_kernel<{width}>")
+}
+
+pub(crate) fn delta_chunked_kernel(dk: usize) -> String {
+    format!("delta_chunked_kernel<{dk}, {DELTA_CHUNK}>")
+}
+
+/// Dynamic shared memory of `delta_chunked_kernel<dk, DELTA_CHUNK>`
+/// (`delta_chunked_shared_floats` there): k and q rows padded to dk + 4, the state columns,
+/// the two Gram matrices, Δ rows padded to 36 and four per-row vectors.
+pub(crate) const fn delta_chunked_shared_bytes(dk: usize) -> usize {
+    let (chunk, cols) = (DELTA_CHUNK, DELTA_CHUNK_COLS);
+    4 * (2 * chunk * (dk + 4) + dk * cols + 2 * chunk * chunk + chunk * (cols + 4) + 4 * chunk)
 }
 
 pub(crate) fn delta_rule_kernel(dk: usize) -> String {
@@ -559,11 +584,12 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "deltanet",
-            source: with_reduce(DELTANET),
+            source: with_reduce(&[DELTANET, DELTANET_CHUNKED].join("\n")),
             kernels: CONV_KERNELS
                 .iter()
-                .map(|&w| conv_kernel(w))
+                .flat_map(|&w| [conv_kernel(w), conv_tokens_kernel(w)])
                 .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
+                .chain(DELTA_DK.iter().map(|&dk| delta_chunked_kernel(dk)))
                 .chain(DELTA_DK.iter().flat_map(|&dk| {
                     CONV_KERNELS
                         .iter()

@@ -6,6 +6,7 @@
 
 use crate::error::CudaError;
 use crate::profile;
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg,
@@ -185,7 +186,8 @@ pub(crate) fn launch_deltanet_split(
     })
 }
 
-/// `conv_silu_kernel<KERNEL>(qkv, state, w, channels, tokens)`.
+/// `conv_silu_kernel<KERNEL>` or `conv_silu_tokens_kernel<KERNEL>` (the same arguments:
+/// qkv, state, w, channels, tokens).
 pub(crate) fn launch_conv(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -202,8 +204,9 @@ pub(crate) fn launch_conv(
         .arg(w)
         .arg(&channels)
         .arg(&tokens);
-    // SAFETY: arguments match the signature; qkv holds tokens x channels, state
-    // (KERNEL - 1) x channels and w channels x KERNEL values; threads past channels return.
+    // SAFETY: arguments match either signature; qkv holds tokens x channels, state
+    // (KERNEL - 1) x channels and w channels x KERNEL values; threads past channels return
+    // (the token-split kernel's after its barrier, reading nothing).
     launched(stream, "cuLaunchKernel(conv_silu)", unsafe {
         launch.launch(config)
     })
@@ -239,7 +242,9 @@ pub(crate) fn launch_deltanet_prep(
     })
 }
 
-/// `delta_rule_kernel<DK, COLS>(qkv, beta, g, state, out, tokens, k_heads, v_heads, dv)`.
+/// `delta_rule_kernel<DK, COLS>` or `delta_chunked_kernel<DK, CHUNK>` (the same arguments:
+/// qkv, beta, g, state, out, tokens, k_heads, v_heads, dv); with dynamic shared memory (the
+/// chunked kernel's) after raising the kernel's limit to the launch's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_delta_rule(
     stream: &CudaStream,
@@ -252,14 +257,24 @@ pub(crate) fn launch_delta_rule(
     out: &mut CudaViewMut<'_, f32>,
     dims: [i32; 4],
 ) -> Result<(), CudaError> {
+    if config.shared_mem_bytes > 0 {
+        kernel
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(config.shared_mem_bytes).unwrap_or(i32::MAX),
+            )
+            .map_err(CudaError::driver("cuFuncSetAttribute"))?;
+    }
     let mut launch = builder(stream, kernel);
     launch.arg(qkv).arg(beta).arg(g).arg(state).arg(out);
     for d in &dims {
         launch.arg(d);
     }
-    // SAFETY: arguments match the signature (tokens, k_heads, v_heads, dv); qkv holds tokens
-    // x channels, beta and g tokens x v_heads, state v_heads x DK x dv, out tokens x v_heads
-    // x dv; grid (v_heads, dv / COLS) stays inside them.
+    // SAFETY: arguments match either signature (tokens, k_heads, v_heads, dv); qkv holds
+    // tokens x channels, beta and g tokens x v_heads, state v_heads x DK x dv, out tokens x
+    // v_heads x dv; grid (v_heads, dv / 32) stays inside them (the chunked kernel reads and
+    // writes no row past the last token), and the chunked kernel's dynamic shared memory is
+    // its `delta_chunked_shared_floats` (the launcher), within the limit set above.
     launched(stream, "cuLaunchKernel(delta_rule)", unsafe {
         launch.launch(config)
     })

@@ -1,6 +1,8 @@
 //! One Gated DeltaNet mixer on the GPU (spec §3.2), mirroring `cpu::deltanet`: projections,
-//! legacy split, conv + SiLU, L2-normalized q/k and gates, the recurrent delta rule for
-//! every token in order, gated RMSNorm, output projection. Seven launches per layer.
+//! legacy split, conv + SiLU, L2-normalized q/k and gates, the delta rule, gated RMSNorm,
+//! output projection. Seven launches per layer. A prompt's conv splits the tokens across
+//! threads and its delta rule runs in chunks of 64 tokens (`TokenWalk::Chunked`);
+//! `REDLITE_DELTA_CHUNKED=0` walks them one after the other as a single token does.
 //! `REDLITE_FUSED_DELTANET=1` runs a one-token step's conv, norms, gates, delta rule and
 //! gated norm as one launch (`deltanet_step`). Off by default: with its first launch bound
 //! (1024 threads) the state column spilled and it was slower than the four kernels; bounded
@@ -11,7 +13,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
-    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device,
+    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, TokenWalk,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -86,10 +88,16 @@ pub fn forward(
     // The conv and the delta rule carry state from row to row: a recording call runs them
     // one row at a time, keeping each row's state; the gates depend on nothing but their row.
     let one = DeltaNetShape { tokens: 1, ..shape };
+    let walk = if t > 1 && chunked() {
+        TokenWalk::Chunked
+    } else {
+        TokenWalk::Sequential
+    };
     match record.as_deref_mut() {
         None => deltanet_conv(
             device,
             &shape,
+            walk,
             &w.conv.as_view(),
             &mut state.conv.as_view_mut(),
             &mut qkv,
@@ -99,6 +107,7 @@ pub fn forward(
                 deltanet_conv(
                     device,
                     &one,
+                    TokenWalk::Sequential,
                     &w.conv.as_view(),
                     &mut state.conv.as_view_mut(),
                     &mut qkv.slice_mut(r * channels..(r + 1) * channels),
@@ -124,6 +133,7 @@ pub fn forward(
         None => delta_rule(
             device,
             &shape,
+            walk,
             &qkv.as_view(),
             &beta.as_view(),
             &g.as_view(),
@@ -136,6 +146,7 @@ pub fn forward(
                 delta_rule(
                     device,
                     &one,
+                    TokenWalk::Sequential,
                     &qkv.slice(r * channels..(r + 1) * channels),
                     &beta.slice(r * nv..(r + 1) * nv),
                     &g.slice(r * nv..(r + 1) * nv),
@@ -198,4 +209,10 @@ fn keep_row(
 fn fused() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() == Ok("1"))
+}
+
+/// Prompts walk the conv and the delta rule in chunks unless `REDLITE_DELTA_CHUNKED=0`.
+fn chunked() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_DELTA_CHUNKED").as_deref() != Ok("0"))
 }
