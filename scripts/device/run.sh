@@ -71,6 +71,9 @@ if stage kernels; then
     || note "mma kernels: FAILED $(grep -E '^test result|panicked' "$OUT/mma.log" | head -3)"
   REDLITE_PREFILL_TILES=0 "$D/kernels" --test-threads=1 matmul > "$OUT/kernels-tiles.log" 2>&1
   note "kernels, no token tiles: $(grep -E '^test result' "$OUT/kernels-tiles.log" | tail -1)"
+  [ -f "$D/deltanet" ] && "$D/deltanet" --test-threads=1 --nocapture > "$OUT/deltanet.log" 2>&1 \
+    && note "chunked delta rule, token-parallel conv: $(grep -E '^test result' "$OUT/deltanet.log" | tail -1)" \
+    || note "chunked delta rule: FAILED $(grep -E '^test result|panicked' "$OUT/deltanet.log" | head -3)"
   [ -f "$D/attention" ] && "$D/attention" --test-threads=1 --nocapture > "$OUT/attention.log" 2>&1 \
     && note "flash prefill attention: $(grep -E '^test result' "$OUT/attention.log" | tail -1)" \
     || note "flash prefill attention: FAILED $(grep -E '^test result|panicked' "$OUT/attention.log" | head -3)"
@@ -82,8 +85,14 @@ if stage parity; then
   note "cuda_parity: $(grep -E '^test result' "$OUT/parity.log" | tail -1)"
   note "  worst exact: $(grep -h 'Exact' "$OUT/parity.log" | sort -k8 -g | tail -1)"
   note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
-  REDLITE_PREFILL_TILES=0 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-tiles.log" 2>&1
-  note "cuda_parity, no token tiles: $(grep -E '^test result' "$OUT/parity-tiles.log" | tail -1)"
+  # The prompt kernels' alternatives (issue 7 wants both parity-tested).
+  REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0 REDLITE_PREFILL_GEMM=0 REDLITE_MMA_WIDE_TILES=0 \
+    "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-old.log" 2>&1
+  note "cuda_parity, old prompt kernels: $(grep -E '^test result' "$OUT/parity-old.log" | tail -1)"
+  REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 \
+    "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-alt.log" 2>&1
+  note "cuda_parity, staged mma + cuBLAS: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
+  note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
 fi
 
 if stage cache; then
