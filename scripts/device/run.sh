@@ -13,7 +13,7 @@
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
 #   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
 #                                         # grouped serve ab mtp demo profile sanitize compare offload
-#                                         # prefill mmaab
+#                                         # prefill ncu mmaab llamabuild
 #                                         # (default: all but sanitize and offload; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
@@ -45,11 +45,12 @@ stamp() { echo "[$SECONDS s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 note "libcublas: ${blas_lib:-not found}"
-{ stage compare || stage offload; } && bash "$S" build
+# llamabuild: only start the build (a later call on the still-warm machine compares).
+{ stage compare || stage offload || stage llamabuild; } && bash "$S" build
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
-for s in grouped serve ab mtp profile compare prefill pairdrift; do
+for s in grouped serve ab mtp profile compare prefill ncu pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
@@ -282,7 +283,10 @@ except Exception as e:
     > /dev/null 2> "$OUT/kernel-profile-cublas.txt"
   note "the cuBLAS path in redlite (REDLITE_PREFILL_CUBLAS=1, pp512, synchronized):"
   grep -E 'cublas|dequantize_f16|to_f16|cuda profile' "$OUT/kernel-profile-cublas.txt" | head -20 | tee -a "$SUMMARY"
-  if command -v ncu > /dev/null; then
+fi
+
+if stage ncu && command -v ncu > /dev/null; then
+  stamp "ncu"
     for st in 0 1; do
       REDLITE_MMA_STAGED=$st timeout 180 ncu --clock-control none -k regex:mma_matmul --launch-skip 4 \
         --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -290,7 +294,6 @@ except Exception as e:
         "$R" bench experts -m "$F" -r 1 > "$OUT/ncu-staged$st.txt" 2>&1
       note "ncu staged=$st: $(grep -E 'mma_matmul_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall' "$OUT/ncu-staged$st.txt" | head -24 | tr -s ' ' | tr '\n' ';')"
     done
-  fi
 fi
 
 if stage offload; then
