@@ -402,6 +402,16 @@ pub(crate) fn delta_rule(
     state: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
+    // The chunked form needs ~124 KiB of shared memory at head dim 128: GPUs that cannot
+    // give a CTA that much (sm_86 / sm_89: ~99 KiB) walk the tokens one by one.
+    let walk = match walk {
+        TokenWalk::Chunked
+            if delta_chunked_shared_bytes(d.head_dim) > device.shared_per_block_optin() =>
+        {
+            TokenWalk::Sequential
+        }
+        walk => walk,
+    };
     let (kernel, cfg) = match walk {
         TokenWalk::Sequential => (
             device.kernel(&source::delta_rule_kernel(d.head_dim))?,
