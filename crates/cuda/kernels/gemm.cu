@@ -32,7 +32,9 @@ constexpr int GEMM_THREADS = 256;
 constexpr int GEMM_BK = 32;
 
 // Grid (ceil(rows / BM), ceil(tokens / BN)), GEMM_THREADS threads as 16 x 16; thread (i, j)
-// owns rows i * TM .. +TM and tokens j * TN .. +TN of the CTA's tile. Shared tiles are
+// owns rows i * TM .. +TM and tokens j * TN .. +TN of the CTA's tile. BN = 32 (TN = 2) for
+// grids that 64-token tiles would leave smaller than the GPU (the router at 512 tokens: 64
+// CTAs on 132 multiprocessors). Shared tiles are
 // stored k-major (ws[k][row], xs[k][token]) so the inner loop reads TM and TN consecutive
 // floats; the +4 pad keeps those reads 16-byte aligned.
 template <class W, int BM, int BN>
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_float_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                   float* __restrict__ y, int rows, int cols, int tokens) {
     constexpr int TM = BM / 16, TN = BN / 16, KQ = GEMM_BK / 4;
-    static_assert(TM == 4 && TN == 4, "the inner loop reads one float4 of each tile");
+    static_assert(TM == 4 && (TN == 4 || TN == 2), "the inner loop reads a float4 of weights");
     __shared__ __align__(16) float ws[GEMM_BK][BM + 4];
     __shared__ __align__(16) float xs[GEMM_BK][BN + 4];
     const int row0 = blockIdx.x * BM, tok0 = blockIdx.y * BN;
@@ -77,8 +79,15 @@ gemm_float_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
 #pragma unroll 8
         for (int k = 0; k < GEMM_BK; ++k) {
             const float4 a = *reinterpret_cast<const float4*>(&ws[k][ti * TM]);
-            const float4 b = *reinterpret_cast<const float4*>(&xs[k][tj * TN]);
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            float bv[TN];
+            if constexpr (TN == 4) {
+                const float4 b = *reinterpret_cast<const float4*>(&xs[k][tj * TN]);
+                bv[0] = b.x, bv[1] = b.y, bv[2] = b.z, bv[3] = b.w;
+            } else {
+                const float2 b = *reinterpret_cast<const float2*>(&xs[k][tj * TN]);
+                bv[0] = b.x, bv[1] = b.y;
+            }
 #pragma unroll
             for (int m = 0; m < TM; ++m)
 #pragma unroll

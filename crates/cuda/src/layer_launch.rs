@@ -10,7 +10,7 @@ use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
     ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
-    GEMM_THREADS, GEMM_TILE, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
+    GEMM_THREADS, GEMM_TILES, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
     MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
@@ -161,8 +161,9 @@ fn plan_matmul(
         GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
         _ => kind.cuda_name,
     };
-    if let Some(kernel) = gemm_float(kind.ty, cols, tokens).filter(|_| x_aligned) {
-        let grid = (rows.div_ceil(GEMM_TILE.0), tokens.div_ceil(GEMM_TILE.1), 1);
+    let gemm = gemm_float(device, kind.ty, (rows, cols, tokens)).filter(|_| x_aligned);
+    if let Some((kernel, tile)) = gemm {
+        let grid = (rows.div_ceil(tile.0), tokens.div_ceil(tile.1), 1);
         return MatmulPlan {
             tiled: true,
             cfg: config(grid, GEMM_THREADS, 0),
@@ -226,20 +227,38 @@ fn plan_matmul(
     plan(kernel, grid, MATMUL_V2_WARPS, shared, "")
 }
 
-/// The float-weight GEMM for a prompt of at least `GEMM_MIN_TOKENS` tokens with F32 or F16
-/// weights whose rows load as aligned groups of 4 (`REDLITE_PREFILL_GEMM=0`: the matvecs).
-fn gemm_float(ty: GgmlType, cols: usize, tokens: usize) -> Option<String> {
+/// The float-weight GEMM and its tile for a prompt of at least `GEMM_MIN_TOKENS` tokens with
+/// at least `GEMM_MIN_ROWS` rows of F32 or F16 weights whose rows load as aligned groups of 4
+/// (`REDLITE_PREFILL_GEMM=0`: the matvecs): 64-token tiles, or 32 where those would give
+/// fewer CTAs than two per multiprocessor.
+fn gemm_float(
+    device: &Device,
+    ty: GgmlType,
+    (rows, cols, tokens): (usize, usize, usize),
+) -> Option<(String, (usize, usize))> {
     static ON: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_GEMM").as_deref() != Ok("0"));
-    if !on || tokens < GEMM_MIN_TOKENS || !cols.is_multiple_of(4) {
+    if !on || tokens < GEMM_MIN_TOKENS || rows < GEMM_MIN_ROWS || !cols.is_multiple_of(4) {
         return None;
     }
-    source::gemm_float_kernel(ty)
+    let [wide, narrow] = GEMM_TILES;
+    let ctas = rows.div_ceil(wide.0) * tokens.div_ceil(wide.1);
+    let tile = if ctas < 2 * device.multiprocessors() as usize {
+        narrow
+    } else {
+        wide
+    };
+    Some((source::gemm_float_kernel(ty, tile)?, tile))
 }
 
 /// Fewest tokens for the float-weight GEMM: a 64-token tile with fewer tokens wastes most
 /// of its work, and the split-K matvec is already fast for a handful.
 const GEMM_MIN_TOKENS: usize = 16;
+
+/// Fewest rows: a matrix of a few rows (the shared-expert gate's one) runs on a handful of
+/// CTAs as a GEMM (145 µs for 1 x 2048 at 512 tokens on the H200); the split-K matvec gives
+/// it a CTA per (row, token).
+const GEMM_MIN_ROWS: usize = 64;
 
 /// Matrices of at most this many rows take the split-K matmul: version 2 would launch at
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).

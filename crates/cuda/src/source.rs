@@ -265,19 +265,20 @@ pub(crate) fn matmul_q8_tiles_kernel(kind: WeightKind) -> String {
     )
 }
 
-/// Weight rows and tokens per CTA of the float-weight prompt GEMM (`gemm.cu`).
-pub(crate) const GEMM_TILE: (usize, usize) = (64, 64);
+/// Weight rows and tokens per CTA of the float-weight prompt GEMM (`gemm.cu`): 64 x 64, or
+/// 64 x 32 where 64-token tiles would not fill the GPU.
+pub(crate) const GEMM_TILES: [(usize, usize); 2] = [(64, 64), (64, 32)];
 /// Threads per CTA of the float-weight prompt GEMM (`GEMM_THREADS` there).
 pub(crate) const GEMM_THREADS: u32 = 256;
 
-/// The float-weight prompt GEMM for F32 or F16 weights (`gemm_float_kernel`).
-pub(crate) fn gemm_float_kernel(ty: GgmlType) -> Option<String> {
+/// The float-weight prompt GEMM for F32 or F16 weights (`gemm_float_kernel`), tiles of
+/// `tile` (one of [`GEMM_TILES`]).
+pub(crate) fn gemm_float_kernel(ty: GgmlType, (bm, bn): (usize, usize)) -> Option<String> {
     let element = match ty {
         GgmlType::F32 => "float",
         GgmlType::F16 => "u16",
         _ => return None,
     };
-    let (bm, bn) = GEMM_TILE;
     Some(format!("gemm_float_kernel<{element}, {bm}, {bn}>"))
 }
 
@@ -522,7 +523,8 @@ pub fn modules() -> Vec<ModuleSource> {
             source: [COMMON, GEMM].join("\n"),
             kernels: [GgmlType::F32, GgmlType::F16]
                 .into_iter()
-                .filter_map(gemm_float_kernel)
+                .flat_map(|ty| GEMM_TILES.map(|tile| gemm_float_kernel(ty, tile)))
+                .flatten()
                 .collect(),
         },
         ModuleSource {

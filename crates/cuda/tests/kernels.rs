@@ -133,9 +133,16 @@ fn matmul_matches_cpu_in_both_precisions() {
             if dots == Dots::Q8K && !Q8_DOT_TYPES.contains(&kind.ty) {
                 continue;
             }
-            // Float weights with 16+ tokens take the tiled GEMM: partial row and token
-            // tiles, a partial column tile (1000), and cols % 4 != 0 (the matvecs instead).
-            let float_gemm = [(515, 2048, 70), (33, 1000, 17), (5, 1001, 20)];
+            // Float weights with 16+ tokens and 64+ rows take the tiled GEMM: 32-token tiles
+            // (few CTAs), 64-token tiles (1100 x 1000), partial row, token and column tiles;
+            // cols % 4 != 0 and fewer rows take the matvecs instead.
+            let float_gemm = [
+                (515, 2048, 70),
+                (100, 1000, 17),
+                (1100, 256, 1000),
+                (33, 1000, 17),
+                (5, 1001, 20),
+            ];
             let extra = if kind.ty.block_values() == 1 {
                 &float_gemm[..]
             } else {
