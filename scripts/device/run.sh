@@ -250,19 +250,22 @@ if stage mmaab; then
 fi
 
 if stage prefill; then
-  # Issue 7: the prompt kernels one by one against their switches (pp512 / 2048 / 8192), the
-  # staged tensor-core products' tests, and ncu's view of the expert products.
+  # Issue 7: the prompt kernels against their switches (pp512 / 2048 / 8192; PREFILL_AB: the
+  # switches, one run each), with PREFILL_EXTRA=1 also the staged tensor-core tests, bench
+  # experts both ways and our dense prompt products per shape against cuBLAS.
   stamp "prefill A/B"
-  REDLITE_MMA_STAGED=1 "$D/mma" --test-threads=1 > "$OUT/mma-staged.log" 2>&1
-  note "mma kernels, staged: $(grep -E '^test result|panicked' "$OUT/mma-staged.log" | head -3 | tr '\n' ' ')"
   pp() {
     env "$@" "$R" bench -m "$F" --device cuda -p "${PREFILL_PP:-512,2048,8192}" -n 0 -r 2 2>&1 \
       | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' '
   }
-  for v in REDLITE_UNUSED=0 REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 REDLITE_PREFILL_GEMM=0 \
-      REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0; do
+  for v in REDLITE_UNUSED=0 ${PREFILL_AB:-REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 \
+      REDLITE_PREFILL_GEMM=0 REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0}; do
     note "$v: $(pp "$v")"
   done
+fi
+if stage prefill && [ "${PREFILL_EXTRA:-1}" = 1 ]; then
+  REDLITE_MMA_STAGED=1 "$D/mma" --test-threads=1 > "$OUT/mma-staged.log" 2>&1
+  note "mma kernels, staged: $(grep -E '^test result|panicked' "$OUT/mma-staged.log" | head -3 | tr '\n' ' ')"
   for st in 0 1; do
     REDLITE_MMA_STAGED=$st "$R" bench experts -m "$F" -r 3 > "$OUT/experts-staged$st.json" 2>&1
     note "bench experts, staged=$st: $(python3 -c '
@@ -286,14 +289,18 @@ except Exception as e:
 fi
 
 if stage ncu && command -v ncu > /dev/null; then
+  # Where the two largest prompt kernels stall (pp512): the tensor-core expert products
+  # (bench experts, layer 0) and the chunked delta rule (a 512-token prompt).
   stamp "ncu"
-    for st in 0 1; do
-      REDLITE_MMA_STAGED=$st timeout 180 ncu --clock-control none -k regex:mma_matmul --launch-skip 4 \
-        --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section MemoryWorkloadAnalysis \
-        "$R" bench experts -m "$F" -r 1 > "$OUT/ncu-staged$st.txt" 2>&1
-      note "ncu staged=$st: $(grep -E 'mma_matmul_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall' "$OUT/ncu-staged$st.txt" | head -24 | tr -s ' ' | tr '\n' ';')"
-    done
+  sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats)
+  timeout 150 ncu --clock-control none -k regex:mma_matmul --launch-skip 4 --launch-count 2 \
+    "${sections[@]}" "$R" bench experts -m "$F" -r 1 > "$OUT/ncu-mma.txt" 2>&1
+  timeout 150 ncu --clock-control none -k regex:delta_chunked --launch-skip 36 --launch-count 1 \
+    "${sections[@]}" "$R" bench -m "$F" --device cuda -p 512 -n 0 -r 1 > "$OUT/ncu-delta.txt" 2>&1
+  for f in mma delta; do
+    note "ncu $f: $(grep -E '_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Stall|Block Limit' "$OUT/ncu-$f.txt" | head -40 | tr -s ' ' | tr '\n' ';')"
+  done
 fi
 
 if stage offload; then

@@ -249,6 +249,41 @@ fn decode_and_chunked_prefill_match_the_cpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A long prompt ingested in chunks of 1, 64, 512 and 2048 tokens: each chunking takes other
+/// kernels (one-token steps; the tensor-core products; the chunked delta rule and flash
+/// attention over a growing cache, one chunk or several), and every one matches the CPU fed
+/// the prompt whole, at every position.
+#[test]
+fn prompt_chunks_of_1_64_512_2048_agree() {
+    let Some(device) = device("prompt_chunks_of_1_64_512_2048_agree") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let n = 2100;
+    let tokens = prompt(n);
+    for p in PRECISIONS {
+        let gguf = tiny_model(dir.path(), Recipe::IQ2XXS, DeltaNetLayout::Split);
+        let config = config_from_gguf(&gguf).unwrap();
+        let cpu = CpuBackend::with_precision(gguf.clone(), config.clone(), p).unwrap();
+        let mut reference = Session::new(cpu, n + 8, KvType::F32, n).unwrap();
+        let want = reference.feed(&tokens, true, false).unwrap().logits;
+        let vocab = reference.n_vocab();
+        for chunk in [1, 64, 512, 2048] {
+            let gpu = CudaBackend::with_precision(device.clone(), &gguf, config.clone(), p);
+            let mut gpu = Session::new(gpu.unwrap(), n + 8, KvType::F32, chunk).unwrap();
+            let got = gpu.feed(&tokens, true, false).unwrap().logits;
+            let rel = max_rel(&want, &got, vocab);
+            let case = format!("{p:?} {n} tokens in chunks of {chunk}");
+            println!("{case:<40} max rel L2 {rel:.2e}");
+            if !within(p, rel) {
+                failures.push(format!("{case}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn f16_kv_matches_the_cpu() {
     let Some(device) = device("f16_kv_matches_the_cpu") else {
