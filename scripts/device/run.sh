@@ -234,7 +234,7 @@ done
 if stage compare; then
   stamp "same-run comparison"
   RECIPE=IQ2_XXS ROUNDS=1 PP="${COMPARE_PP:-512,2048,8192}" bash "$S" bench > "$OUT/vs-IQ2_XXS.txt" 2>&1
-  RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1
+  RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 PP=512,2048 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1
   note ""; note "IQ2_XXS, llama.cpp and redlite in the same run:"; grep -E '^\|' "$OUT/vs-IQ2_XXS.txt" | tee -a "$SUMMARY"
   note ""; note "IQ1_M:"; grep -E '^\|' "$OUT/vs-IQ1_M.txt" | tee -a "$SUMMARY"
 fi
