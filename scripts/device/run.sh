@@ -36,7 +36,7 @@ else
 fi
 R="$ROOT/target/release/redlite"; S="$ROOT/scripts/bench/vs-llamacpp-cuda.sh"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
-# libcublas for REDLITE_PREFILL_CUBLAS=1 (the toolkit's, else the Python wheel's).
+# libcublas for the cuBLAS prompt products (the toolkit's, else the Python wheel's).
 blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
 [ -n "$blas_lib" ] && export LD_LIBRARY_PATH="$(dirname "$blas_lib"):$LD_LIBRARY_PATH"
 SUMMARY="$RESULTS/summary.txt"; : > "$SUMMARY"  # comes back even if the call runs out of time
@@ -88,6 +88,7 @@ if stage parity; then
   note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
   # The prompt kernels' alternatives (issue 7 wants both parity-tested).
   REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0 REDLITE_PREFILL_GEMM=0 REDLITE_MMA_WIDE_TILES=0 \
+    REDLITE_PREFILL_CUBLAS=0 \
     "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-old.log" 2>&1
   note "cuda_parity, old prompt kernels: $(grep -E '^test result' "$OUT/parity-old.log" | tail -1)"
   REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 \

@@ -1,11 +1,14 @@
-//! Dense prompt products through cuBLAS (`REDLITE_PREFILL_CUBLAS=1`), the alternative to the
-//! int8 tensor-core kernels of `mma.rs` that issue 7 asks to measure shape by shape: the
-//! weight matrix is dequantized to f16 into stream-ordered scratch (the whole matrix, per
-//! call), the activations converted to f16, then one cublasGemmEx with f32 accumulation
-//! writes f32 outputs. Not the q8 kernels' numbers: f16 weights and activations instead of
-//! the Q8_K activation codes (f16 keeps more bits of both). Only for the types with q8 dots
-//! under `Dots::Q8K` (the exact precision keeps f32 activations), and only where libcublas
-//! loads.
+//! Dense prompt products through cuBLAS, the alternative to the int8 tensor-core kernels of
+//! `mma.rs` that issue 7 asks to choose by measurement: the weight matrix is dequantized to f16
+//! into stream-ordered scratch (the whole matrix, per call), the activations converted to f16,
+//! then one cublasGemmEx with f32 accumulation writes f32 outputs. cuBLAS's f16 GEMM is 4-5x
+//! faster than our dense tensor-core products at every shape of this model (H200), but the
+//! per-call dequantization makes the path pay only from about a thousand tokens: prompts of at
+//! least [`cublas_min_tokens`] take it (`REDLITE_PREFILL_CUBLAS=0`: never; `=1`: from 16).
+//! Not the q8 kernels' numbers: f16 weights and activations instead of Q8_K activation codes,
+//! closer to exact f32 (on the tiny Q4_K_M model its logits sit 0.13 from the CPU's Q8_K ones,
+//! as the CPU's own exact logits do). Only for the types with q8 dots under `Dots::Q8K` (the
+//! exact precision keeps f32 activations), and only where libcublas loads.
 
 use std::sync::OnceLock;
 
@@ -19,25 +22,31 @@ use crate::ops::{check_matrix, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{self, TO_F16_KERNEL};
 
-/// Fewest tokens for the cuBLAS products (the tensor-core kernels' threshold).
-const CUBLAS_MIN_TOKENS: usize = 16;
+/// Fewest tokens for the cuBLAS products: `REDLITE_PREFILL_CUBLAS_MIN_TOKENS`, else 16 with
+/// `REDLITE_PREFILL_CUBLAS=1`, never with `=0`, else 1024 (H200, first session's dequantization:
+/// slower than the tensor cores at 512 tokens, faster at 2048 and 8192).
+pub fn cublas_min_tokens() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        let forced = std::env::var("REDLITE_PREFILL_CUBLAS_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
+        match (std::env::var("REDLITE_PREFILL_CUBLAS").as_deref(), forced) {
+            (Ok("0"), _) => usize::MAX,
+            (_, Some(n)) => n.max(16),
+            (Ok("1"), None) => 16,
+            _ => 1024,
+        }
+    })
+}
 
 /// Threads per CTA of the conversion kernels.
 const CONVERT_THREADS: u32 = 256;
 
-/// Whether `REDLITE_PREFILL_CUBLAS=1` asks for cuBLAS prompt products.
-fn requested() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_CUBLAS").as_deref() == Ok("1"))
-}
-
-/// Whether the product of `matrix` with `tokens` tokens goes through cuBLAS: asked for, at
-/// least [`CUBLAS_MIN_TOKENS`] tokens, a type with q8 dots under `Dots::Q8K`, libcublas found.
+/// Whether the product of `matrix` with `tokens` tokens goes through cuBLAS: at least
+/// [`cublas_min_tokens`] tokens, a type with q8 dots under `Dots::Q8K`, libcublas found.
 pub fn cublas_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> bool {
-    requested()
-        && tokens >= CUBLAS_MIN_TOKENS
-        && matrix.dots.quantizes(matrix.ty)
-        && device.blas().is_some()
+    tokens >= cublas_min_tokens() && matrix.dots.quantizes(matrix.ty) && device.blas().is_some()
 }
 
 /// y[t] = W x[t] through cuBLAS (see the module comment); `x` is tokens x cols, `y` tokens x
@@ -65,6 +74,7 @@ pub fn matmul_cublas(
     let stream = device.stream();
     let mut w16 = raw::scratch::<u16>(stream, rows * cols)?;
     let kernel = device.kernel(&source::dequantize_f16_kernel(kind))?;
+    // Each CTA decodes CONVERT_THREADS items (DEQUANT_F16_THREADS in dequantize.cu).
     let grid = usize::try_from(items.div_ceil(u64::from(CONVERT_THREADS))).unwrap_or(usize::MAX);
     let total_items = i64::try_from(items).unwrap_or(i64::MAX);
     let cfg = config((grid, 1, 1), CONVERT_THREADS, 0);
