@@ -3,7 +3,7 @@
 //! into stream-ordered scratch (the whole matrix, per call), the activations converted to f16,
 //! then one cublasGemmEx with f32 accumulation writes f32 outputs. cuBLAS's f16 GEMM is 4-5x
 //! faster than our dense tensor-core products at every shape of this model (H200), but the
-//! per-call dequantization makes the path pay only from about a thousand tokens: prompts of at
+//! per-call dequantization costs: prompts of at
 //! least [`cublas_min_tokens`] take it (`REDLITE_PREFILL_CUBLAS=0`: never; `=1`: from 16).
 //! Not the q8 kernels' numbers: f16 weights and activations instead of Q8_K activation codes,
 //! closer to exact f32 (on the tiny Q4_K_M model its logits sit 0.13 from the CPU's Q8_K ones,
@@ -23,8 +23,9 @@ use crate::raw;
 use crate::source::{self, TO_F16_KERNEL};
 
 /// Fewest tokens for the cuBLAS products: `REDLITE_PREFILL_CUBLAS_MIN_TOKENS`, else 16 with
-/// `REDLITE_PREFILL_CUBLAS=1`, never with `=0`, else 1024 (H200, first session's dequantization:
-/// slower than the tensor cores at 512 tokens, faster at 2048 and 8192).
+/// `REDLITE_PREFILL_CUBLAS=1`, never with `=0`, else 512 (H200: with the staged f16
+/// dequantization, pp512 5,849 t/s against 5,377 with the tensor cores; shorter prompts stay
+/// on the tensor cores, where the parity tests (up to 200 tokens) hold them to the CPU's Q8_K).
 pub fn cublas_min_tokens() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
     *MIN.get_or_init(|| {
@@ -35,7 +36,7 @@ pub fn cublas_min_tokens() -> usize {
             (Ok("0"), _) => usize::MAX,
             (_, Some(n)) => n.max(16),
             (Ok("1"), None) => 16,
-            _ => 1024,
+            _ => 512,
         }
     })
 }
