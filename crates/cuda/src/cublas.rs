@@ -17,8 +17,8 @@ use cudarc::driver::{CudaView, CudaViewMut};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::config;
-use crate::layer_ops::tokens_fit;
-use crate::ops::{check_matrix, shape, WeightMatrix};
+use crate::layer_ops::product_tokens;
+use crate::ops::{check_matrix, WeightMatrix};
 use crate::raw;
 use crate::source::{self, TO_F16_KERNEL};
 
@@ -61,11 +61,8 @@ pub fn matmul_cublas(
     let op = CudaOp::Matmul;
     let (kind, items) = check_matrix(device, op, matrix)?;
     let (rows, cols) = (matrix.rows, matrix.cols);
-    let tokens = x.len() / cols.max(1);
-    tokens_fit(op, tokens)?;
-    shape(op, "x length (tokens x cols)", tokens * cols, x.len())?;
-    shape(op, "y length (tokens x rows)", tokens * rows, y.len())?;
-    if rows == 0 || tokens == 0 {
+    let tokens = product_tokens(op, (rows, cols), x.len(), y.len())?;
+    if rows == 0 {
         return Ok(());
     }
     let blas = device.blas().ok_or(CudaError::Blas {

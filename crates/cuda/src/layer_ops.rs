@@ -46,6 +46,21 @@ pub(crate) fn tokens_fit(op: CudaOp, tokens: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// The token count of a product of a rows x cols matrix with `x_len` inputs into `y_len`
+/// outputs (tokens x cols and tokens x rows), checked.
+pub(crate) fn product_tokens(
+    op: CudaOp,
+    (rows, cols): (usize, usize),
+    x_len: usize,
+    y_len: usize,
+) -> Result<usize, CudaError> {
+    let tokens = x_len / cols.max(1);
+    tokens_fit(op, tokens)?;
+    shape(op, "x length (tokens x cols)", tokens * cols, x_len)?;
+    shape(op, "y length (tokens x rows)", tokens * rows, y_len)?;
+    Ok(tokens)
+}
+
 /// `x[t] = table[tokens[t]]` decoded to f32; `x` is tokens x cols. Ids past the table give
 /// zeros (refuse them before calling).
 pub fn embed(

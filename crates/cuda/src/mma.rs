@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
-use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
+use crate::layer_ops::{product_tokens, tokens_fit, MAX_GRID_YZ};
 use crate::mma_groups::{MmaGroups, MMA_WIDE_TILE};
 use crate::moe_ops::check_gate_up;
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
@@ -157,11 +157,8 @@ pub fn matmul_mma(
     let op = CudaOp::Matmul;
     let kind = mma_kind(device, op, matrix)?;
     let (rows, cols) = (matrix.rows, matrix.cols);
-    let tokens = x.len() / cols.max(1);
-    tokens_fit(op, tokens)?;
-    shape(op, "x length (tokens x cols)", tokens * cols, x.len())?;
-    shape(op, "y length (tokens x rows)", tokens * rows, y.len())?;
-    if rows == 0 || tokens == 0 {
+    let tokens = product_tokens(op, (rows, cols), x.len(), y.len())?;
+    if rows == 0 {
         return Ok(());
     }
     let quantized = quantize(device, x)?;

@@ -22,6 +22,14 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     shapes
 }
 
+/// Σ w·x in f64 and Σ |w·x| (the scale of the error bounds).
+fn f64_dot(w: &[f32], x: &[f32]) -> (f64, f64) {
+    w.iter().zip(x).fold((0.0, 0.0), |(dot, norm), (&a, &b)| {
+        let term = f64::from(a) * f64::from(b);
+        (dot + term, norm + term.abs())
+    })
+}
+
 #[test]
 fn open_fails_cleanly_without_gpu_or_opens() {
     match Device::open(0) {
@@ -169,11 +177,7 @@ fn matmul_matches_cpu_in_both_precisions() {
                 for (i, &f) in found.iter().enumerate() {
                     let (t, row) = (i / rows, i % rows);
                     let xt = &x[t * cols..(t + 1) * cols];
-                    let terms = w[row * cols..(row + 1) * cols].iter().zip(xt);
-                    let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
-                        let term = f64::from(a) * f64::from(b);
-                        (dot + term, norm + term.abs())
-                    });
+                    let (dot, norm) = f64_dot(&w[row * cols..(row + 1) * cols], xt);
                     let (expected, bound) = match dots {
                         Dots::F32 => (dot, 1e-4),
                         Dots::Q8K => {
@@ -237,11 +241,7 @@ fn cublas_prompt_products_match_the_cpu() {
             for (i, &f) in found.iter().enumerate() {
                 let (t, row) = (i / rows, i % rows);
                 let xt = &x[t * cols..(t + 1) * cols];
-                let terms = w[row * cols..(row + 1) * cols].iter().zip(xt);
-                let (dot, norm) = terms.fold((0.0f64, 0.0f64), |(dot, norm), (&a, &b)| {
-                    let term = f64::from(a) * f64::from(b);
-                    (dot + term, norm + term.abs())
-                });
+                let (dot, norm) = f64_dot(&w[row * cols..(row + 1) * cols], xt);
                 let error = (f64::from(f) - dot).abs();
                 assert!(
                     error <= 2e-3 * norm.max(1e-30),

@@ -1,8 +1,7 @@
 //! Launch of the flash prefill attention kernel (`attention_prefill.cu`).
 
-use super::layers::{builder, launched};
+use super::layers::{allow_shared, builder, launched};
 use crate::error::CudaError;
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -22,12 +21,7 @@ pub(crate) fn launch_attention_prefill<T: DeviceRepr>(
     dims: [i32; 5],
     scale: f32,
 ) -> Result<(), CudaError> {
-    kernel
-        .set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            i32::try_from(config.shared_mem_bytes).unwrap_or(i32::MAX),
-        )
-        .map_err(CudaError::driver("cuFuncSetAttribute"))?;
+    allow_shared(kernel, config)?;
     let mut launch = builder(stream, kernel);
     launch
         .arg(q)

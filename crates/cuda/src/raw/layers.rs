@@ -24,6 +24,18 @@ pub(super) fn launched(
     result.map(|_| ()).map_err(CudaError::driver(call))
 }
 
+/// Lets `kernel` take the dynamic shared memory `config` asks for (above the default 48 KiB
+/// a launch needs this first; the launchers checked the device's opt-in maximum).
+pub(super) fn allow_shared(kernel: &CudaFunction, config: LaunchConfig) -> Result<(), CudaError> {
+    kernel
+        .set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(config.shared_mem_bytes).unwrap_or(i32::MAX),
+        )
+        .map(|_| ())
+        .map_err(CudaError::driver("cuFuncSetAttribute"))
+}
+
 pub(super) fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'a> {
     profile::before(stream);
     stream.launch_builder(kernel)
@@ -258,12 +270,7 @@ pub(crate) fn launch_delta_rule(
     dims: [i32; 4],
 ) -> Result<(), CudaError> {
     if config.shared_mem_bytes > 0 {
-        kernel
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(config.shared_mem_bytes).unwrap_or(i32::MAX),
-            )
-            .map_err(CudaError::driver("cuFuncSetAttribute"))?;
+        allow_shared(kernel, config)?;
     }
     let mut launch = builder(stream, kernel);
     launch.arg(qkv).arg(beta).arg(g).arg(state).arg(out);

@@ -1,9 +1,8 @@
 //! Launches of the int8 tensor-core kernels (`mma.cu`) and the uninitialized scratch they
 //! write before reading.
 
-use super::layers::{builder, launched, NO_POS};
+use super::layers::{allow_shared, builder, launched, NO_POS};
 use crate::error::CudaError;
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
@@ -63,12 +62,7 @@ pub(crate) fn launch_mma_matmul(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (i32, i32, i32),
 ) -> Result<(), CudaError> {
-    kernel
-        .set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            i32::try_from(config.shared_mem_bytes).unwrap_or(i32::MAX),
-        )
-        .map_err(CudaError::driver("cuFuncSetAttribute"))?;
+    allow_shared(kernel, config)?;
     let in_div = groups.map_or(1, |g| g.2);
     let mut launch = builder(stream, kernel);
     launch.arg(w0);
