@@ -2,9 +2,9 @@
 //! `mma.rs` that issue 7 asks to choose by measurement: the weight matrix is dequantized to f16
 //! into stream-ordered scratch (the whole matrix, per call), the activations converted to f16,
 //! then one cublasGemmEx with f32 accumulation writes f32 outputs. cuBLAS's f16 GEMM is 4-5x
-//! faster than our dense tensor-core products at every shape of this model (H200), but the
-//! per-call dequantization costs: prompts of at
-//! least [`cublas_min_tokens`] take it (`REDLITE_PREFILL_CUBLAS=0`: never; `=1`: from 16).
+//! faster than our dense tensor-core products at every shape of this model (H200); with the
+//! per-call dequantization it wins from 512 tokens: prompts of at least [`cublas_min_tokens`]
+//! take it (`REDLITE_PREFILL_CUBLAS=0`: never; `=1`: from 16).
 //! Not the q8 kernels' numbers: f16 weights and activations instead of Q8_K activation codes,
 //! closer to exact f32 (on the tiny Q4_K_M model its logits sit 0.13 from the CPU's Q8_K ones,
 //! as the CPU's own exact logits do). Only for the types with q8 dots under `Dots::Q8K` (the
@@ -16,7 +16,7 @@ use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::config;
+use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::product_tokens;
 use crate::ops::{check_matrix, WeightMatrix};
 use crate::raw;
@@ -98,8 +98,4 @@ pub fn matmul_cublas(
     raw::gemm_f16(stream, blas, &w16.as_view(), &x16.as_view(), y, shape)?;
     crate::profile::after(stream, "cublasGemmEx");
     Ok(())
-}
-
-fn to_i32(v: usize) -> i32 {
-    i32::try_from(v).unwrap_or(i32::MAX)
 }
