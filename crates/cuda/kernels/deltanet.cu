@@ -28,6 +28,25 @@ __global__ void deltanet_split_kernel(const float* __restrict__ p, float* __rest
     }
 }
 
+// Channel c of tokens t0..t1 in order, in place: out_t = silu(Σ_j taps[j] window[j]) over the
+// window of the KERNEL - 1 raw inputs before t and the raw input t; `window` slides along.
+template <int KERNEL>
+static __device__ __forceinline__ void conv_silu_range(float* __restrict__ qkv,
+                                                       float (&window)[KERNEL],
+                                                       const float (&taps)[KERNEL], int channels,
+                                                       int c, int t0, int t1) {
+    for (int t = t0; t < t1; ++t) {
+        float* x = qkv + i64(t) * channels + c;
+        window[KERNEL - 1] = *x;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KERNEL; ++j) acc += taps[j] * window[j];
+        *x = siluf(acc);
+#pragma unroll
+        for (int j = 0; j < KERNEL - 1; ++j) window[j] = window[j + 1];
+    }
+}
+
 // One thread per channel, tokens in order: out_t = silu(Σ_j w[c][j] window[j]) over the
 // window [conv state; raw inputs], written over qkv in place; the state keeps the last
 // KERNEL - 1 raw inputs.
@@ -41,16 +60,7 @@ __global__ void conv_silu_kernel(float* __restrict__ qkv, float* __restrict__ st
     for (int j = 0; j < KERNEL; ++j) taps[j] = w[c * KERNEL + j];
 #pragma unroll
     for (int j = 0; j < KERNEL - 1; ++j) window[j] = state[j * channels + c];
-    for (int t = 0; t < tokens; ++t) {
-        float* x = qkv + i64(t) * channels + c;
-        window[KERNEL - 1] = *x;
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < KERNEL; ++j) acc += taps[j] * window[j];
-        *x = siluf(acc);
-#pragma unroll
-        for (int j = 0; j < KERNEL - 1; ++j) window[j] = window[j + 1];
-    }
+    conv_silu_range<KERNEL>(qkv, window, taps, channels, c, 0, tokens);
 #pragma unroll
     for (int j = 0; j < KERNEL - 1; ++j) state[j * channels + c] = window[j];
 }
@@ -88,16 +98,7 @@ conv_silu_tokens_kernel(float* __restrict__ qkv, float* __restrict__ state,
     }
     __syncthreads();
     if (!live) return;
-    for (int t = t0; t < t1; ++t) {
-        float* x = qkv + i64(t) * channels + c;
-        window[KERNEL - 1] = *x;
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < KERNEL; ++j) acc += taps[j] * window[j];
-        *x = siluf(acc);
-#pragma unroll
-        for (int j = 0; j < KERNEL - 1; ++j) window[j] = window[j + 1];
-    }
+    conv_silu_range<KERNEL>(qkv, window, taps, channels, c, t0, t1);
     if (row == 0) {
 #pragma unroll
         for (int j = 0; j < KERNEL - 1; ++j) state[j * channels + c] = tail[j];

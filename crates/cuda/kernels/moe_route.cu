@@ -19,6 +19,19 @@ static __device__ __forceinline__ int route_spread(int id, const float* row, int
     return int((u32(id) + h) % u32(n_expert));
 }
 
+// The warp's largest (v, index), ties to the lower index; every lane ends with it.
+static __device__ __forceinline__ void warp_argmax(float& v, int& index) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+        const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
+        if (ov > v || (ov == v && oi < index)) {
+            v = ov;
+            index = oi;
+        }
+    }
+}
+
 // One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
 // index) in descending order; weights = p / Σ_top p; shared_weight = sigmoid(shared_logit).
 // Dynamic shared memory: n_expert floats.
@@ -58,15 +71,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
                 index = i;
             }
         }
-#pragma unroll
-        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
-            if (ov > v || (ov == v && oi < index)) {
-                v = ov;
-                index = oi;
-            }
-        }
+        warp_argmax(v, index);
         if (lane == 0) {
             best_value[warp] = v;
             best_index[warp] = index;
@@ -139,15 +144,7 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                 index = lane + WARP_SIZE * j;
             }
         }
-#pragma unroll
-        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-            const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
-            if (ov > v || (ov == v && oi < index)) {
-                v = ov;
-                index = oi;
-            }
-        }
+        warp_argmax(v, index);
         if (lane == k % WARP_SIZE) {
             mine = v;
             mine_index = index;

@@ -76,7 +76,7 @@ pub fn matmul_cublas(
     let grid = usize::try_from(items.div_ceil(u64::from(CONVERT_THREADS))).unwrap_or(usize::MAX);
     let total_items = i64::try_from(items).unwrap_or(i64::MAX);
     let cfg = config((grid, 1, 1), CONVERT_THREADS, 0);
-    raw::launch_dequantize_f16(
+    raw::launch_dequantize(
         stream,
         kernel,
         cfg,

@@ -148,19 +148,24 @@ pub fn add(
     launch::add(device, x, y)
 }
 
-/// `y[t] = W x[t]` for every token: x is tokens x cols, y tokens x rows. Several tokens
-/// take the tensor-core product where it covers the matrix (`REDLITE_PREFILL_MMA=0`: never).
+/// `y[t] = W x[t]` for every token: x is tokens x cols, y tokens x rows. Long prompts take
+/// cuBLAS ([`cublas_takes`]), several tokens the tensor-core product where it covers the
+/// matrix (`REDLITE_PREFILL_MMA=0`: never).
 pub fn matmul(
     device: &Device,
     matrix: &WeightMatrix<'_>,
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
+    let tokens = x.len() / matrix.cols.max(1);
+    if cublas_takes(device, matrix, tokens) {
+        return matmul_cublas(device, matrix, x, y);
+    }
     matmul_with(device, matrix, x, y, PrefillKernels::from_env())
 }
 
 /// [`matmul`] with the prompt kernels chosen by the caller (tests and benchmarks compare
-/// them); `Mma` falls back to the q8 kernels where [`mma_takes`] says no.
+/// them; never cuBLAS): `Mma` falls back to the q8 kernels where [`mma_takes`] says no.
 pub fn matmul_with(
     device: &Device,
     matrix: &WeightMatrix<'_>,
@@ -170,9 +175,6 @@ pub fn matmul_with(
 ) -> Result<(), CudaError> {
     let op = CudaOp::Matmul;
     let tokens = x.len() / matrix.cols.max(1);
-    if cublas_takes(device, matrix, tokens) {
-        return matmul_cublas(device, matrix, x, y);
-    }
     if kernels == PrefillKernels::Mma && mma_takes(device, matrix, tokens) {
         return matmul_mma(device, matrix, x, y);
     }

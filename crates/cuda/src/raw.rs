@@ -204,23 +204,24 @@ fn program_log(program: &Program) -> Result<String, CudaError> {
     Ok(String::from_utf8_lossy(&log[..end]).into_owned())
 }
 
-/// Launches `dequantize_kernel<B>(weights, out, total_items)`.
-pub(crate) fn launch_dequantize(
+/// Launches `dequantize_kernel<B>` or `dequantize_f16_kernel<B>` (weights, out, total_items).
+pub(crate) fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
     weights: &CudaView<'_, u8>,
-    out: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, T>,
     total_items: i64,
 ) -> Result<(), CudaError> {
-    let mut launch = stream.launch_builder(kernel);
+    let mut launch = layers::builder(stream, kernel);
     launch.arg(weights).arg(out).arg(&total_items);
-    // SAFETY: the arguments match dequantize.cu's signature in type and order; the op entry
-    // checked that `weights` holds total_items / ITEMS whole blocks and `out` their values,
-    // and threads at or past total_items return before touching memory.
-    unsafe { launch.launch(config) }
-        .map(|_| ())
-        .map_err(CudaError::driver("cuLaunchKernel(dequantize)"))
+    // SAFETY: the arguments match dequantize.cu's signatures in type and order (f32 out for
+    // dequantize_kernel, u16 for dequantize_f16_kernel: the caller names the kernel); the
+    // caller checked that `weights` holds total_items / ITEMS whole blocks and `out` their
+    // values, and threads at or past total_items return before touching memory.
+    layers::launched(stream, "cuLaunchKernel(dequantize)", unsafe {
+        launch.launch(config)
+    })
 }
 
 /// Launches `matvec_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`; the shape is

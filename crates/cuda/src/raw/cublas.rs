@@ -22,25 +22,6 @@ pub(crate) fn blas_handle(stream: &Arc<CudaStream>) -> Option<CudaBlas> {
     CudaBlas::new(stream.clone()).ok()
 }
 
-/// `dequantize_f16_kernel<B>(weights, out, total_items)`.
-pub(crate) fn launch_dequantize_f16(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    weights: &CudaView<'_, u8>,
-    out: &mut CudaViewMut<'_, u16>,
-    total_items: i64,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(weights).arg(out).arg(&total_items);
-    // SAFETY: the arguments match the kernel's signature; the caller checked that `weights`
-    // holds total_items / ITEMS whole blocks and `out` their values; threads past
-    // total_items return before touching memory.
-    launched(stream, "cuLaunchKernel(dequantize_f16)", unsafe {
-        launch.launch(config)
-    })
-}
-
 /// `to_f16_kernel(x, out, n)`.
 pub(crate) fn launch_to_f16(
     stream: &CudaStream,
