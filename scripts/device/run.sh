@@ -91,9 +91,8 @@ if stage parity; then
     REDLITE_PREFILL_CUBLAS=0 \
     "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-old.log" 2>&1
   note "cuda_parity, old prompt kernels: $(grep -E '^test result' "$OUT/parity-old.log" | tail -1)"
-  REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 \
-    "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-alt.log" 2>&1
-  note "cuda_parity, staged mma + cuBLAS: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
+  REDLITE_PREFILL_CUBLAS=1 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-alt.log" 2>&1
+  note "cuda_parity, cuBLAS from 16 tokens: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
 fi
 
@@ -252,32 +251,21 @@ fi
 
 if stage prefill; then
   # Issue 7: the prompt kernels against their switches (pp512 / 2048 / 8192; PREFILL_AB: the
-  # switches, one run each), with PREFILL_EXTRA=1 also the staged tensor-core tests, bench
-  # experts both ways and our dense prompt products per shape against cuBLAS.
+  # switches, one run each), with PREFILL_EXTRA=1 also bench experts and our dense prompt
+  # products per shape against cuBLAS.
   stamp "prefill A/B"
   pp() {
     env "$@" "$R" bench -m "$F" --device cuda -p "${PREFILL_PP:-512,2048,8192}" -n 0 -r 2 2>&1 \
       | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' '
   }
-  for v in REDLITE_UNUSED=0 ${PREFILL_AB:-REDLITE_MMA_STAGED=1 REDLITE_PREFILL_CUBLAS=1 \
+  for v in REDLITE_UNUSED=0 ${PREFILL_AB:-REDLITE_PREFILL_CUBLAS=0 REDLITE_MMA_WIDE_TILES=0 \
       REDLITE_PREFILL_GEMM=0 REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0}; do
     note "$v: $(pp "$v")"
   done
 fi
 if stage prefill && [ "${PREFILL_EXTRA:-1}" = 1 ]; then
-  REDLITE_MMA_STAGED=1 "$D/mma" --test-threads=1 > "$OUT/mma-staged.log" 2>&1
-  note "mma kernels, staged: $(grep -E '^test result|panicked' "$OUT/mma-staged.log" | head -3 | tr '\n' ' ')"
-  for st in 0 1; do
-    REDLITE_MMA_STAGED=$st "$R" bench experts -m "$F" -r 3 > "$OUT/experts-staged$st.json" 2>&1
-    note "bench experts, staged=$st: $(python3 -c '
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    print(json.dumps(d)[:600])
-except Exception as e:
-    print("unreadable:", e)
-' "$OUT/experts-staged$st.json")"
-  done
+  "$R" bench experts -m "$F" -r 3 > "$OUT/experts.json" 2>&1
+  note "bench experts: $(head -c 600 "$OUT/experts.json" | tr -s ' \n' ' ')"
   # Our dense prompt kernels per shape (synchronized launches) against cuBLAS at the same shapes.
   REDLITE_CUDA_PROFILE=1 "$R" bench -m "$F" --device cuda -p 512,2048 -n 0 -r 1 \
     > /dev/null 2> "$OUT/kernel-profile.txt"

@@ -74,43 +74,6 @@ static __host__ __device__ constexpr int mma_shared_bytes(int mats, int mt, int 
            + nt * MMA_SCALES * 4 + nt * 4 + 2 * nt * 4;    // x sums, d8, rows in / out
 }
 
-// STAGED kernels copy each row's next weight block into shared memory with cp.async while the
-// current one is decoded and multiplied, so the decode reads shared memory instead of waiting
-// on L2 per item. A block is copied as the 16-byte granules that cover it (blocks of 66, 84
-// or 210 bytes start anywhere on a 2-byte boundary): its bytes plus up to 15 on each side.
-static __host__ __device__ constexpr int mma_raw_stride(int block_bytes) {
-    return ((block_bytes + 15) / 16 + 1) * 16;
-}
-
-// Two stages of MATS x MT rows of raw granules, after the rest (16-byte aligned).
-static __host__ __device__ constexpr int mma_staged_bytes(int mats, int mt, int nt,
-                                                          int block_bytes) {
-    return (mma_shared_bytes(mats, mt, nt) + 15) / 16 * 16 +
-           2 * mats * mt * mma_raw_stride(block_bytes);
-}
-
-// Copies `bytes` (0..16) from global `src` to shared `dst` asynchronously, zero-filling the
-// rest of the 16; both 16-byte aligned.
-static __device__ __forceinline__ void mma_cp_async16(i8* dst, const u8* src, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    u32 d;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
-                 : "=r"(d) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
-#else
-    __trap();
-#endif
-}
-
-// Closes this thread's group of copies, then waits until at most the newest group is in
-// flight.
-static __device__ __forceinline__ void mma_cp_async_commit_wait1() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-
 // Y[out(j)][row] for the MT rows from blockIdx.x * MT and the NT tokens (pairs) of tile
 // blockIdx.y. WM x WN warps, each FM x FN fragments of 16 rows x 8 tokens. MATS = 2: gate
 // (w0) and up (w1) of the same rows, written as silu(gate) * up.
@@ -118,9 +81,7 @@ static __device__ __forceinline__ void mma_cp_async_commit_wait1() {
 // = (expert, first, count) into `pairs`, the (token, slot) pairs of that expert; in = pair /
 // in_div (the token for gate/up, the pair itself for down), out = pair; the expert's rows
 // start expert_bytes into w0 / w1.
-// STAGED: the weight blocks reach shared memory by cp.async one block ahead (see
-// mma_raw_stride); same codes, same sums.
-template <class B, int WM, int WN, int FM, int FN, int MATS, bool STAGED>
+template <class B, int WM, int WN, int FM, int FN, int MATS>
 // Two CTAs per multiprocessor at least: 128 registers per thread for the 8-warp dense shape
 // (Q2_K took 173 without the bound, one CTA of 8 warps per multiprocessor).
 __global__ void __launch_bounds__(WM * WN * WARP_SIZE, 2)
@@ -141,8 +102,6 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     float* d8 = xsum + NT * MMA_SCALES;
     int* row_in = reinterpret_cast<int*>(d8 + NT);
     int* row_out = row_in + NT;
-    constexpr int RAW = mma_raw_stride(B::BYTES);
-    i8* raw = reinterpret_cast<i8*>(mma_shared) + (mma_shared_bytes(MATS, MT, NT) + 15) / 16 * 16;
 
     // Not an array: indexed by a runtime matrix number it would live in local memory.
     const u8* w_gate = w0;
@@ -191,35 +150,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[m][f][n][i] = 0.0f;
 
-    // STAGED: the granules of block kb of the CTA's rows into raw stage kb % 2. Rows past
-    // `rows` are not copied (their codes are zeros below); a granule reads no byte past the
-    // end of the matrix (the copy zero-fills the rest).
-    const i64 matrix_bytes = i64(rows) * row_bytes;
-    auto stage_block = [&](int kb) {
-        constexpr int GRANULES = RAW / 16;
-        for (int u = threadIdx.x; u < MATS * MT * GRANULES; u += THREADS) {
-            const int mat = u / (MT * GRANULES), r = (u / GRANULES) % MT, gi = u % GRANULES;
-            const int row = m0 + r;
-            if (row >= rows) continue;
-            const u8* base = mat == 0 ? w_gate : w_up;
-            const u8* block = base + i64(row) * row_bytes + i64(kb) * B::BYTES;
-            const u8* granule = block - (reinterpret_cast<u64>(block) & 15) + 16 * gi;
-            if (granule >= block + B::BYTES) continue;
-            const i64 left = base + matrix_bytes - granule;
-            mma_cp_async16(raw + ((kb & 1) * MATS * MT + mat * MT + r) * RAW + 16 * gi, granule,
-                           int(left < 16 ? left : 16));
-        }
-    };
-    if (STAGED) stage_block(0);
-
     for (int kb = 0; kb < blocks; ++kb) {
-        if (STAGED) {
-            // Block kb + 1 goes into the stage block kb - 1 was decoded from (the barrier at
-            // the end of the last step ordered that decode before this copy).
-            if (kb + 1 < blocks) stage_block(kb + 1);
-            mma_cp_async_commit_wait1();
-            __syncthreads();  // every thread's copies of block kb are in
-        }
         // Stage the tokens' codes (zeros past `count`), their sums per 16 and scales.
         for (int u = threadIdx.x; u < NT * 16; u += THREADS) {
             const int j = u / 16, c = u % 16;
@@ -242,15 +173,8 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
             float* row_ds = ds + (mat * MT + r) * MMA_SCALES;
             float* row_dm = dm + (mat * MT + r) * MMA_SCALES;
             if (row < rows) {
-                const u8* block =
-                    (mat == 0 ? w_gate : w_up) + i64(row) * row_bytes + i64(kb) * B::BYTES;
-                if (STAGED) {
-                    // The same bytes in shared memory, at the same offset within 16.
-                    block = reinterpret_cast<const u8*>(raw) +
-                            ((kb & 1) * MATS * MT + mat * MT + r) * RAW +
-                            (reinterpret_cast<u64>(block) & 15);
-                }
-                D::decode(block, item, codes, row_ds, row_dm);
+                D::decode((mat == 0 ? w_gate : w_up) + i64(row) * row_bytes + i64(kb) * B::BYTES, item, codes,
+                          row_ds, row_dm);
             } else {
 #pragma unroll
                 for (int w = 0; w < 8; ++w) codes[w] = 0;

@@ -60,19 +60,6 @@ pub fn mma_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> b
         && arch_has_mma(device.arch())
 }
 
-/// The kernel of shape `s` for `kind` and its dynamic shared memory: the staged one (weight
-/// blocks copied to shared memory one block ahead with cp.async) with `REDLITE_MMA_STAGED=1`.
-fn mma_kernel(kind: WeightKind, s: MmaShape) -> (String, usize) {
-    static STAGED: OnceLock<bool> = OnceLock::new();
-    let staged = *STAGED.get_or_init(|| std::env::var("REDLITE_MMA_STAGED").as_deref() == Ok("1"));
-    let shared = if staged {
-        s.staged_bytes(kind.ty.block_bytes())
-    } else {
-        s.shared_bytes()
-    };
-    (source::mma_matmul_kernel(kind, s, staged), shared)
-}
-
 /// Fewer rows (the shared-expert gate's one, DeltaNet's beta / alpha) keep the q8 token
 /// tiles: a CTA of the dense shape decodes 128 rows, and such a matrix would run on
 /// tokens / 64 CTAs only. A guess, to measure.
@@ -163,10 +150,9 @@ pub fn matmul_mma(
     }
     let quantized = quantize(device, x)?;
     let s = MMA_DENSE;
-    let (kernel, shared) = mma_kernel(kind, s);
-    let kernel = device.kernel(&kernel)?;
+    let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
     let grid = (rows.div_ceil(s.rows()), tokens.div_ceil(s.tokens()), 1);
-    let cfg = config(grid, s.threads(), shared);
+    let cfg = config(grid, s.threads(), s.shared_bytes());
     crate::profile::label(|| format!("matmul mma {} {rows}x{cols} t{tokens}", kind.cuda_name));
     raw::launch_mma_matmul(
         device.stream(),
@@ -247,10 +233,9 @@ impl Grouped<'_, '_> {
     ) -> Result<(), CudaError> {
         let (kind, s, rows, cols) = (self.kind, self.shape, self.rows, self.cols);
         let quantized = quantize(device, x)?;
-        let (kernel, shared) = mma_kernel(kind, s);
-        let kernel = device.kernel(&kernel)?;
+        let kernel = device.kernel(&source::mma_matmul_kernel(kind, s))?;
         let grid = (rows.div_ceil(s.rows()), tiles.tiles, 1);
-        let cfg = config(grid, s.threads(), shared);
+        let cfg = config(grid, s.threads(), s.shared_bytes());
         let expert_bytes = rows * cols / kind.ty.block_values() * kind.ty.block_bytes();
         let name = self.name;
         crate::profile::label(|| format!("{name} mma {} {rows}x{cols}", kind.cuda_name));

@@ -118,13 +118,6 @@ impl MmaShape {
             + nt * SCALES * 4
             + 3 * nt * 4
     }
-
-    /// Dynamic shared memory of the STAGED kernel for weight blocks of `block_bytes`
-    /// (`mma_staged_bytes` in `mma.cu`): two stages of raw 16-byte granules after the rest.
-    pub const fn staged_bytes(self, block_bytes: usize) -> usize {
-        let stride = (block_bytes.div_ceil(16) + 1) * 16;
-        self.shared_bytes().next_multiple_of(16) + 2 * self.mats * self.rows() * stride
-    }
 }
 
 const fn mma_shape(
@@ -157,10 +150,9 @@ pub(crate) const MMA_GATE_UP_WIDE: MmaShape = mma_shape(4, 2, 1, 4, 2);
 pub(crate) const MMA_DOWN_WIDE: MmaShape = MMA_DENSE;
 const MMA_SHAPES: [MmaShape; 4] = [MMA_DENSE, MMA_GATE_UP, MMA_DOWN, MMA_GATE_UP_WIDE];
 
-/// `staged`: the weight blocks reach shared memory by cp.async one block ahead.
-pub(crate) fn mma_matmul_kernel(kind: WeightKind, s: MmaShape, staged: bool) -> String {
+pub(crate) fn mma_matmul_kernel(kind: WeightKind, s: MmaShape) -> String {
     format!(
-        "mma_matmul_kernel<{}, {}, {}, {}, {}, {}, {staged}>",
+        "mma_matmul_kernel<{}, {}, {}, {}, {}, {}>",
         kind.cuda_name, s.warps_m, s.warps_n, s.frags_m, s.frags_n, s.mats
     )
 }
@@ -574,11 +566,7 @@ pub fn modules() -> Vec<ModuleSource> {
             kernels: WEIGHT_KINDS
                 .into_iter()
                 .filter(|k| MMA_TYPES.contains(&k.ty))
-                .flat_map(|k| {
-                    MMA_SHAPES.into_iter().flat_map(move |s| {
-                        [false, true].map(|staged| mma_matmul_kernel(k, s, staged))
-                    })
-                })
+                .flat_map(|k| MMA_SHAPES.map(|s| mma_matmul_kernel(k, s)))
                 .chain(
                     [MMA_QUANTIZE_KERNEL, MMA_COMBINE_KERNEL, MMA_GROUP_KERNEL].map(String::from),
                 )

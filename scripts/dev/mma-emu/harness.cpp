@@ -51,12 +51,6 @@ double ref_dot(const u8* row, const i8* xq, const float* xd, int cols) {
     return s;
 }
 
-// Both variants of each shape: weights read from global memory, or staged (cp.async).
-bool staged = false;
-#define MMA_KERNEL(B, WM, WN, FM, FN, MATS) \
-    (staged ? mma_matmul_kernel<B, WM, WN, FM, FN, MATS, true> \
-            : mma_matmul_kernel<B, WM, WN, FM, FN, MATS, false>)
-
 int failures = 0;
 void check(const char* what, const std::vector<double>& ref, const std::vector<float>& y, int width) {
     for (size_t t = 0; t * width < ref.size(); ++t) {
@@ -85,7 +79,7 @@ void dense(const char* name, int rows, int cols, int tokens) {
     std::vector<float> y((size_t)tokens * rows, NAN);
     constexpr int MT = 128, NT = 64;
     launch({(unsigned)((rows + MT - 1) / MT), (unsigned)((tokens + NT - 1) / NT), 0}, 256, [&] {
-        MMA_KERNEL(B, 4, 2, 2, 4, 1)(w.data(), nullptr, 0, nullptr, nullptr, 1, xq.data(),
+        mma_matmul_kernel<B, 4, 2, 2, 4, 1>(w.data(), nullptr, 0, nullptr, nullptr, 1, xq.data(),
                                             xd.data(), y.data(), rows, cols, tokens);
     });
     size_t rb = (size_t)cols / 256 * B::BYTES;
@@ -175,7 +169,7 @@ void experts(const char* name, int tokens, bool on_device, bool wide = false) {
     size_t rb = (size_t)cols / 256 * B::BYTES;
     long long expert_bytes = (long long)ff * rb;
     launch({(unsigned)((ff + 63) / 64), (unsigned)n_tiles, 0}, wide ? 256 : 128, [&] {
-        auto kernel = wide ? MMA_KERNEL(B, 4, 2, 1, 4, 2) : MMA_KERNEL(B, 4, 1, 1, 2, 2);
+        auto kernel = wide ? mma_matmul_kernel<B, 4, 2, 1, 4, 2> : mma_matmul_kernel<B, 4, 1, 1, 2, 2>;
         kernel(gate.data(), up.data(), expert_bytes, info.data(), pairs.data(), used, xq.data(),
                xd.data(), act.data(), ff, cols, tokens);
     });
@@ -221,7 +215,7 @@ void down(const char* name, int tokens, bool wide = false) {
     std::vector<float> per_pair((size_t)tokens * used * rows, NAN);
     size_t rb = (size_t)ff / 256 * B::BYTES;
     launch({(unsigned)((rows + 127) / 128), (unsigned)(info.size() / 3), 0}, wide ? 256 : 128, [&] {
-        auto kernel = wide ? MMA_KERNEL(B, 4, 2, 2, 4, 1) : MMA_KERNEL(B, 4, 1, 2, 2, 1);
+        auto kernel = wide ? mma_matmul_kernel<B, 4, 2, 2, 4, 1> : mma_matmul_kernel<B, 4, 1, 2, 2, 1>;
         kernel(w.data(), nullptr, (long long)rows * rb, info.data(), pairs.data(), 1, aq.data(),
                ad.data(), per_pair.data(), rows, ff, tokens * used);
     });
@@ -261,17 +255,13 @@ int main() {
     grouping(300, 70);
     grouping(1000, 33);
     grouping(3000, 33, 64);
-    for (bool s : {false, true}) {
-        staged = s;
-        printf("-- weights %s\n", s ? "staged by cp.async" : "read from global memory");
-        all<IQ2XXS>("IQ2_XXS");
-        all<Q2K>("Q2_K");
-        all<Q4K>("Q4_K");
-        all<Q5K>("Q5_K");
-        all<Q6K>("Q6_K");
-        all<IQ2XS>("IQ2_XS");
-        all<IQ1M>("IQ1_M");
-    }
+    all<IQ2XXS>("IQ2_XXS");
+    all<Q2K>("Q2_K");
+    all<Q4K>("Q4_K");
+    all<Q5K>("Q5_K");
+    all<Q6K>("Q6_K");
+    all<IQ2XS>("IQ2_XS");
+    all<IQ1M>("IQ1_M");
     printf("%d failures\n", failures);
     return failures != 0;
 }

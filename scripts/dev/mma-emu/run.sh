@@ -21,9 +21,6 @@ s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));', 'bits 
 s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(p \+ at\)\);', '(void)p;', s)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', 'emu_mma_k32(c, a, b0, b1);', s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', 'emu_mma_k16(c, a0, a1, b0);', s, flags=re.S)
-s = re.sub(r'asm volatile\("\{ \.reg \.u64 a; cvta\.to\.shared.*?\);', 'd = 0;', s, flags=re.S)
-s = re.sub(r'asm volatile\("cp\.async\.cg\.shared\.global.*?\);', 'emu_cp_async16(dst, src, bytes);', s, flags=re.S)
-s = re.sub(r'asm volatile\("cp\.async\.(commit|wait)_group[^)]*\);', ';', s)
 s = re.sub(r'__launch_bounds__\([^)]*\)', '', s)
 s = s.replace('extern __shared__', 'extern')
 if re.search(r'\basm\b', s):

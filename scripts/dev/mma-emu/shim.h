@@ -145,11 +145,6 @@ inline void emu_mma_k16(int (&c)[4], unsigned a0, unsigned a1, unsigned b0) {
     unsigned a[2] = {a0, a1}, b[1] = {b0};
     emu_mma(c, a, 2, b, 1, 16);
 }
-// cp.async done at once: the copy is complete before the thread's next statement.
-inline void emu_cp_async16(signed char* dst, const unsigned char* src, int bytes) {
-    memcpy(dst, src, bytes);
-    memset(dst + bytes, 0, 16 - bytes);
-}
 float4 mma_shared[1 << 15];
 int group_shared[3 * 4096];
 void launch(Dim grid, int threads, const std::function<void()>& body) {
