@@ -13,7 +13,7 @@
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
 #   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
 #                                         # grouped serve ab mtp demo profile sanitize compare offload
-#                                         # prefill ncu mmaab llamabuild
+#                                         # prefill ncu mmaab llamabuild decode
 #                                         # (default: all but sanitize and offload; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
@@ -50,7 +50,7 @@ note "libcublas: ${blas_lib:-not found}"
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
 M="$W/full-IQ2_XXS-mtp.gguf"
-for s in grouped serve ab mtp profile compare prefill ncu pairdrift; do
+for s in grouped serve ab mtp profile compare prefill ncu decode pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
@@ -94,6 +94,9 @@ if stage parity; then
   REDLITE_PREFILL_CUBLAS=1 "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-alt.log" 2>&1
   note "cuda_parity, cuBLAS from 16 tokens: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
+  note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
+  REDLITE_PDL=0 "$D/cuda_parity" --test-threads=1 > "$OUT/parity-nopdl.log" 2>&1
+  note "cuda_parity, no PDL: $(grep -E '^test result' "$OUT/parity-nopdl.log" | tail -1)"
 fi
 
 if stage cache; then
@@ -193,6 +196,30 @@ if stage ab; then
   note "no token tiles:         $(tg REDLITE_PREFILL_TILES=0)"
   note "fused prompt down:      $(tg REDLITE_MOE_PAIR_DOWN=0)"
   note "exact (f32 activations): $(tg REDLITE_CUDA_EXACT=1)"
+fi
+
+if stage decode; then
+  # Issue 6: decode with and without programmatic dependent launch (tg128 at depth 0 and 4096),
+  # then Nsight Compute's kernel durations over graph-replayed decode steps (the kernels' own
+  # time per token, against the token's wall time: the rest is gaps between kernels).
+  stamp "decode A/B"
+  dec() {
+    env "$@" "$R" bench -m "$F" --device cuda -p 0 -n 128 -d 0,4096 -r "${DECODE_R:-3}" 2>&1 \
+      | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
+  }
+  for v in REDLITE_UNUSED=0 REDLITE_PDL=0 ${DECODE_AB:-}; do note "decode $v: $(dec "$v")"; done
+  if command -v ncu > /dev/null; then
+    for v in REDLITE_UNUSED=0 REDLITE_PDL=0; do
+      env "$v" timeout 240 ncu --clock-control none --graph-profiling node \
+        --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
+        --launch-count "${NCU_LAUNCHES:-2500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \
+        > "$OUT/ncu-decode-$v.csv" 2> "$OUT/ncu-decode-$v.err"
+      python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$v.csv" embed_kernel \
+        > "$OUT/ncu-decode-$v.txt" 2>&1
+      note "ncu decode ($v): $(tail -1 "$OUT/ncu-decode-$v.txt")"
+    done
+    head -25 "$OUT/ncu-decode-REDLITE_UNUSED=0.txt" | tee -a "$SUMMARY"
+  fi
 fi
 
 if stage profile; then

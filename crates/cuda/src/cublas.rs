@@ -7,8 +7,10 @@
 //! take it (`REDLITE_PREFILL_CUBLAS=0`: never; `=1`: from 16).
 //! Not the q8 kernels' numbers: f16 weights and activations instead of Q8_K activation codes,
 //! closer to exact f32 (on the tiny Q4_K_M model its logits sit 0.13 from the CPU's Q8_K ones,
-//! as the CPU's own exact logits do). Only for the types with q8 dots under `Dots::Q8K` (the
-//! exact precision keeps f32 activations), and only where libcublas loads.
+//! as the CPU's own exact logits do). Under the exact precision (`Dots::F32`) the weights are
+//! dequantized to f32 and the GEMM runs on f32 inputs (no TF32): the exact math in another
+//! summation order, which the parity tests hold to the CPU's exact logits (1e-4). Only for the
+//! low-bit block types, and only where libcublas loads.
 
 use std::sync::OnceLock;
 
@@ -18,8 +20,8 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::layer_ops::product_tokens;
-use crate::ops::{check_matrix, WeightMatrix};
-use crate::raw;
+use crate::ops::{check_matrix, Dots, WeightMatrix};
+use crate::raw::{self, GemmInput};
 use crate::source::{self, TO_F16_KERNEL};
 
 /// Fewest tokens for the cuBLAS products: `REDLITE_PREFILL_CUBLAS_MIN_TOKENS`, else 16 with
@@ -45,9 +47,12 @@ pub fn cublas_min_tokens() -> usize {
 const CONVERT_THREADS: u32 = 256;
 
 /// Whether the product of `matrix` with `tokens` tokens goes through cuBLAS: at least
-/// [`cublas_min_tokens`] tokens, a type with q8 dots under `Dots::Q8K`, libcublas found.
+/// [`cublas_min_tokens`] tokens, a type of [`crate::Q8_DOT_TYPES`] (the low-bit blocks; f16 and
+/// f32 under `Dots::Q8K`, f32 under the exact `Dots::F32`), libcublas found.
 pub fn cublas_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -> bool {
-    tokens >= cublas_min_tokens() && matrix.dots.quantizes(matrix.ty) && device.blas().is_some()
+    tokens >= cublas_min_tokens()
+        && crate::source::Q8_DOT_TYPES.contains(&matrix.ty)
+        && device.blas().is_some()
 }
 
 /// y[t] = W x[t] through cuBLAS (see the module comment); `x` is tokens x cols, `y` tokens x
@@ -70,6 +75,23 @@ pub fn matmul_cublas(
         message: "libcublas could not be loaded".into(),
     })?;
     let stream = device.stream();
+    let shape = (to_i32(rows), to_i32(cols), to_i32(tokens));
+    let label = |input: &str| {
+        format!(
+            "matmul cublas {input} {} {rows}x{cols} t{tokens}",
+            kind.cuda_name
+        )
+    };
+    if matrix.dots == Dots::F32 {
+        // The exact precision: f32 weights and activations, only the summation order moves.
+        let mut w32 = raw::scratch::<f32>(stream, rows * cols)?;
+        crate::ops::dequantize(device, matrix, &mut w32.as_view_mut())?;
+        crate::profile::label(|| label("f32"));
+        crate::profile::before(stream);
+        raw::gemm(stream, blas, GemmInput::F32, &w32.as_view(), x, y, shape)?;
+        crate::profile::after(stream, "cublasGemmEx");
+        return Ok(());
+    }
     let mut w16 = raw::scratch::<u16>(stream, rows * cols)?;
     let kernel = device.kernel(&source::dequantize_f16_kernel(kind))?;
     // Each CTA decodes CONVERT_THREADS items (DEQUANT_F16_THREADS in dequantize.cu).
@@ -92,10 +114,17 @@ pub fn matmul_cublas(
         0,
     );
     raw::launch_to_f16(stream, kernel, cfg, x, &mut x16.as_view_mut())?;
-    crate::profile::label(|| format!("matmul cublas {} {rows}x{cols} t{tokens}", kind.cuda_name));
+    crate::profile::label(|| label("f16"));
     crate::profile::before(stream);
-    let shape = (to_i32(rows), to_i32(cols), to_i32(tokens));
-    raw::gemm_f16(stream, blas, &w16.as_view(), &x16.as_view(), y, shape)?;
+    raw::gemm(
+        stream,
+        blas,
+        GemmInput::F16,
+        &w16.as_view(),
+        &x16.as_view(),
+        y,
+        shape,
+    )?;
     crate::profile::after(stream, "cublasGemmEx");
     Ok(())
 }

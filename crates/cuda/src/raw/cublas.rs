@@ -39,23 +39,48 @@ pub(crate) fn launch_to_f16(
     })
 }
 
-/// y[t][r] = Σ_c w[r][c] x[t][c] for row-major f16 `w` (rows x cols) and `x` (tokens x cols),
-/// f32 `y` (tokens x rows), f32 accumulation: in cuBLAS's column-major terms
+/// The element type of a cuBLAS product's weights and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemmInput {
+    /// f16 (`u16` bits): the Q8_K precision's products.
+    F16,
+    /// f32: the exact precision's products (no TF32: `CUBLAS_COMPUTE_32F` on a handle in the
+    /// default math mode).
+    F32,
+}
+
+/// y[t][r] = Σ_c w[r][c] x[t][c] for row-major `w` (rows x cols) and `x` (tokens x cols) of
+/// `input`'s type, f32 `y` (tokens x rows), f32 accumulation: in cuBLAS's column-major terms
 /// y (rows x tokens) = wᵀ · x with w read as cols x rows.
-pub(crate) fn gemm_f16(
+pub(crate) fn gemm<T>(
     stream: &CudaStream,
     handle: &CudaBlas,
-    w: &CudaView<'_, u16>,
-    x: &CudaView<'_, u16>,
+    input: GemmInput,
+    w: &CudaView<'_, T>,
+    x: &CudaView<'_, T>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (i32, i32, i32),
 ) -> Result<(), CudaError> {
+    let data_type = match input {
+        GemmInput::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        GemmInput::F32 => sys::cudaDataType_t::CUDA_R_32F,
+    };
+    if std::mem::size_of::<T>() != if input == GemmInput::F16 { 2 } else { 4 } {
+        return Err(CudaError::Blas {
+            call: "cublasGemmEx",
+            message: format!(
+                "{input:?} inputs in a buffer of {}-byte elements",
+                std::mem::size_of::<T>()
+            ),
+        });
+    }
     let (w_ptr, _w_sync) = w.device_ptr(stream);
     let (x_ptr, _x_sync) = x.device_ptr(stream);
     let (y_ptr, _y_sync) = y.device_ptr_mut(stream);
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: the caller checked w = rows x cols, x = tokens x cols and y = tokens x rows
-    // elements; the leading dimensions are the row lengths of those row-major arrays; alpha
+    // elements of `data_type` (element size checked above); the leading dimensions are the
+    // row lengths of those row-major arrays; alpha
     // and beta are f32 as CUBLAS_COMPUTE_32F requires; the handle's stream orders the call
     // after the conversions that wrote w and x.
     unsafe {
@@ -68,10 +93,10 @@ pub(crate) fn gemm_f16(
             cols,
             (&alpha as *const f32).cast::<c_void>(),
             w_ptr as *const c_void,
-            sys::cudaDataType_t::CUDA_R_16F,
+            data_type,
             cols,
             x_ptr as *const c_void,
-            sys::cudaDataType_t::CUDA_R_16F,
+            data_type,
             cols,
             (&beta as *const f32).cast::<c_void>(),
             y_ptr as *mut c_void,

@@ -1,0 +1,177 @@
+//! Kernel launches through `cuLaunchKernelEx`, so that on sm_90 and later each launch may
+//! carry programmatic dependent launch (PDL): the next kernel on the stream is scheduled
+//! while the previous one drains, and waits in `griddepcontrol.wait` (`common.cuh`'s
+//! `await_previous_kernel`, the first statement of every kernel) until that one has finished
+//! and its writes are visible. A decode step is ~900 small kernels in a row, so the launch
+//! latency each one pays after its predecessor is a large part of the step.
+//! `REDLITE_PDL=0` launches without the attribute (the kernels' wait is then a no-op).
+//!
+//! Arguments are pushed as with cudarc's `LaunchArgs` (`PushKernelArg`); cudarc's own launch
+//! has no way to pass launch attributes.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{
+    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    DriverError, LaunchConfig, PushKernelArg,
+};
+
+/// More arguments than any kernel of the crate takes.
+const MAX_ARGS: usize = 32;
+
+/// Whether the device supports PDL (set once by `Device::open` from its compute capability).
+static DEVICE_HAS_PDL: AtomicBool = AtomicBool::new(false);
+
+/// Records whether the opened device is sm_90 or later.
+pub(crate) fn set_device_has_pdl(major: i32) {
+    DEVICE_HAS_PDL.store(major >= 9, Ordering::Relaxed);
+}
+
+/// Whether launches carry the PDL attribute: the device has it and `REDLITE_PDL` is not `0`.
+pub fn pdl_enabled() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("REDLITE_PDL").as_deref() == Ok("0"));
+    !off && DEVICE_HAS_PDL.load(Ordering::Relaxed)
+}
+
+enum Param {
+    /// Index into `Launch::addresses`: a buffer's device address.
+    Address(usize),
+    /// A scalar argument, borrowed for the launch's lifetime.
+    Value(*const c_void),
+}
+
+/// One kernel launch being built: arguments in the kernel's order, then [`Launch::launch`].
+pub(crate) struct Launch<'a> {
+    stream: &'a CudaStream,
+    kernel: &'a CudaFunction,
+    /// The parameter array points into this at launch time; `&mut self` keeps it in place.
+    addresses: [u64; MAX_ARGS],
+    params: Vec<Param>,
+    _borrows: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Launch<'a> {
+    pub(crate) fn new(stream: &'a CudaStream, kernel: &'a CudaFunction) -> Self {
+        Launch {
+            stream,
+            kernel,
+            addresses: [0; MAX_ARGS],
+            params: Vec::with_capacity(16),
+            _borrows: std::marker::PhantomData,
+        }
+    }
+
+    fn push_address(&mut self, address: u64) -> &mut Self {
+        let slot = self.params.len();
+        if slot < MAX_ARGS {
+            self.addresses[slot] = address;
+        }
+        self.params.push(Param::Address(slot));
+        self
+    }
+
+    /// Launches the kernel with the pushed arguments.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and type, and the
+    /// grid must only touch memory the buffers hold (cudarc's `LaunchArgs::launch` contract).
+    /// The kernel must call `await_previous_kernel()` before it touches global memory, as
+    /// every kernel of the crate does.
+    pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+        if self.params.len() > MAX_ARGS {
+            return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        self.stream.context().bind_to_thread()?;
+        let mut pointers: Vec<*mut c_void> = self
+            .params
+            .iter()
+            .map(|param| match *param {
+                Param::Address(slot) => (&self.addresses[slot]) as *const u64 as *mut c_void,
+                Param::Value(value) => value as *mut c_void,
+            })
+            .collect();
+        let mut attribute = CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: u32::from(pdl_enabled()),
+        };
+        // SAFETY: `config` and `attribute` live across the call; `pointers` holds one valid
+        // pointer per kernel parameter (the caller's contract), each to a value that outlives
+        // the call (`self.addresses`, or a scalar borrowed for 'a).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.kernel.cu_function(),
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+    }
+}
+
+// SAFETY (all impls): a scalar is passed by a pointer to the caller's value, borrowed for
+// the launch builder's lifetime; a buffer by its device address, copied into the builder.
+// The crate's stream has cudarc's event tracking off (`single_stream`), so taking the
+// address records nothing.
+// Scalars one by one: a blanket impl over `DeviceRepr` would overlap the buffer impls below
+// (cudarc, which owns that trait, may implement it for its buffers).
+macro_rules! scalar_args {
+    ($($scalar:ty),*) => {$(
+        unsafe impl<'a, 'b: 'a> PushKernelArg<&'b $scalar> for Launch<'a> {
+            fn arg(&mut self, arg: &'b $scalar) -> &mut Self {
+                self.params.push(Param::Value(arg as *const $scalar as *const c_void));
+                self
+            }
+        }
+    )*};
+}
+scalar_args!(i32, u32, i64, u64, f32);
+
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b CudaSlice<T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b CudaSlice<T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut CudaSlice<T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b mut CudaSlice<T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr_mut(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaViewMut<'c, T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b mut CudaViewMut<'c, T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr_mut(self.stream);
+        self.push_address(address)
+    }
+}
