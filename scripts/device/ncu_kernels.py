@@ -22,7 +22,7 @@ def main(path, per_token):
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        name = row["Kernel Name"].split("(")[0].split("<")[0]
+        name = row["Kernel Name"].split("(")[0].split("<")[0].removeprefix("void ")
         rows.append((name, float(row["Metric Value"].replace(",", ""))))
     if not rows:
         print("no gpu__time_duration rows found")

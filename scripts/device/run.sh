@@ -95,8 +95,8 @@ if stage parity; then
   note "cuda_parity, cuBLAS from 16 tokens: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
-  REDLITE_PDL=0 "$D/cuda_parity" --test-threads=1 > "$OUT/parity-nopdl.log" 2>&1
-  note "cuda_parity, no PDL: $(grep -E '^test result' "$OUT/parity-nopdl.log" | tail -1)"
+  REDLITE_FUSED_DELTANET=0 "$D/cuda_parity" --test-threads=1 > "$OUT/parity-unfused.log" 2>&1
+  note "cuda_parity, DeltaNet step unfused: $(grep -E '^test result' "$OUT/parity-unfused.log" | tail -1)"
 fi
 
 if stage cache; then
@@ -199,26 +199,32 @@ if stage ab; then
 fi
 
 if stage decode; then
-  # Issue 6: decode with and without programmatic dependent launch (tg128 at depth 0 and 4096),
-  # then Nsight Compute's kernel durations over graph-replayed decode steps (the kernels' own
-  # time per token, against the token's wall time: the rest is gaps between kernels).
+  # Issue 6: decode with the defaults and the switches in DECODE_AB (tg128 at depth 0 and
+  # 4096), then Nsight Compute's kernel durations over graph-replayed decode steps, caches
+  # left warm (the kernels' own time per token, against the token's wall time), and the
+  # stall sections of the three largest decode kernels.
   stamp "decode A/B"
   dec() {
     env "$@" "$R" bench -m "$F" --device cuda -p 0 -n 128 -d 0,4096 -r "${DECODE_R:-3}" 2>&1 \
       | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
   }
-  for v in REDLITE_UNUSED=0 REDLITE_PDL=0 ${DECODE_AB:-}; do note "decode $v: $(dec "$v")"; done
+  for v in REDLITE_UNUSED=0 ${DECODE_AB:-}; do note "decode $v: $(dec "$v")"; done
   if command -v ncu > /dev/null; then
-    for v in REDLITE_UNUSED=0 REDLITE_PDL=0; do
-      env "$v" timeout 240 ncu --clock-control none --graph-profiling node \
-        --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
-        --launch-count "${NCU_LAUNCHES:-2500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \
-        > "$OUT/ncu-decode-$v.csv" 2> "$OUT/ncu-decode-$v.err"
-      python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$v.csv" embed_kernel \
-        > "$OUT/ncu-decode-$v.txt" 2>&1
-      note "ncu decode ($v): $(tail -1 "$OUT/ncu-decode-$v.txt")"
+    timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
+      --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
+      --launch-count "${NCU_LAUNCHES:-1500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \
+      > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
+    python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode.csv" embed_kernel \
+      > "$OUT/ncu-decode.txt" 2>&1
+    head -25 "$OUT/ncu-decode.txt" | tee -a "$SUMMARY"
+    sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats)
+    for k in matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_kernel; do
+      timeout 120 ncu --clock-control none --cache-control none --graph-profiling node \
+        -k "regex:$k" --launch-skip 60 --launch-count 3 "${sections[@]}" \
+        "$R" bench -m "$F" --device cuda -p 0 -n 8 -r 1 > "$OUT/ncu-$k.txt" 2>&1
+      note "ncu $k: $(grep -E 'matmul|moe_|Duration|Throughput|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Block Limit|Grid Size|Waves' "$OUT/ncu-$k.txt" | head -30 | tr -s ' ' | tr '\n' ';')"
     done
-    head -25 "$OUT/ncu-decode-REDLITE_UNUSED=0.txt" | tee -a "$SUMMARY"
   fi
 fi
 

@@ -20,7 +20,6 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
                                  KV* __restrict__ k_cache, KV* __restrict__ v_cache,
                                  const u32* __restrict__ pos_dev, int pos0, int heads,
                                  int kv_heads, int hd, int rope_dim, float rope_base, float eps) {
-    await_previous_kernel();
     extern __shared__ float buf[];
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, y = blockIdx.y, lane = threadIdx.x;
@@ -67,7 +66,6 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
                  const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
                  float* __restrict__ o, const u32* __restrict__ pos_dev, int pos0, int heads,
                  int kv_heads, float scale) {
-    await_previous_kernel();
     constexpr int HD = VPL * WARP_SIZE;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     __shared__ float m_part[WARPS], l_part[WARPS];
@@ -137,7 +135,6 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                        const KV* __restrict__ v_cache, float* __restrict__ partials,
                        const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
                        int chunk, int min_chunk, float scale) {
-    await_previous_kernel();
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     if (chunk <= 0) {
@@ -231,29 +228,45 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     }
 }
 
-// Flash-decoding, step 2 of 2. Grid (tokens, heads), any block size: merges the splits'
-// partials (split 0 always holds position 0, so the overall max is finite) and applies the
-// sigmoid gate: o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
+// Flash-decoding, step 2 of 2. Grid (tokens, heads), any block size, dynamic shared memory
+// `splits` floats: merges the splits' partials (split 0 always holds position 0, so the
+// overall max is finite) and applies the sigmoid gate:
+// o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
+// Each split's factor e^(m_s - m) is computed once into shared memory (-1: an empty split,
+// whose partials are not read); the sums run over s in order, as before.
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,
                                          int heads, int hd, int splits) {
-    await_previous_kernel();
+    extern __shared__ float factor[];
+    __shared__ float m_shared;
     const int t = blockIdx.x, h = blockIdx.y;
     const float* part = partials + (i64(t) * heads + h) * splits * (hd + 2);
-    float m_all = -INFINITY;
-    for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, part[s * (hd + 2) + hd]);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) factor[s] = part[s * (hd + 2) + hd];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m_all = -INFINITY;
+        for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, factor[s]);
+        m_shared = m_all;
+    }
+    __syncthreads();
+    const float m_all = m_shared;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float l = part[s * (hd + 2) + hd + 1];
+        factor[s] = l == 0.0f ? -1.0f : expf(factor[s] - m_all);
+    }
+    __syncthreads();
     float l_all = 0.0f;
     for (int s = 0; s < splits; ++s) {
-        const float* p = part + s * (hd + 2);
-        l_all += p[hd + 1] == 0.0f ? 0.0f : p[hd + 1] * expf(p[hd] - m_all);
+        const float e = factor[s];
+        l_all += e < 0.0f ? 0.0f : part[s * (hd + 2) + hd + 1] * e;
     }
     const float* gate = qg + (i64(t) * heads + h) * 2 * hd + hd;
     float* out = o + (i64(t) * heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float total = 0.0f;
         for (int s = 0; s < splits; ++s) {
-            const float* p = part + s * (hd + 2);
-            total += p[hd + 1] == 0.0f ? 0.0f : p[i] * expf(p[hd] - m_all);
+            const float e = factor[s];
+            total += e < 0.0f ? 0.0f : part[s * (hd + 2) + i] * e;
         }
         out[i] = total / l_all * sigmoidf(gate[i]);
     }

@@ -42,16 +42,3 @@ static __device__ __forceinline__ u32 load_u32(const u8* p) {
 static __device__ __forceinline__ uint4 load_u128(const u8* p) {
     return *reinterpret_cast<const uint4*>(p);
 }
-
-// Programmatic dependent launch (sm_90 and later; the host's `REDLITE_PDL`): a kernel may be
-// scheduled while the previous kernel on the stream is still running. This waits until that
-// kernel has finished and its writes are visible, then lets the next kernel be scheduled in
-// turn. Every kernel calls it before it touches global memory written by another kernel, and
-// before any return, so that a grid's completion still implies its predecessors'. Without
-// the launch attribute (older GPUs, `REDLITE_PDL=0`) both instructions return at once.
-static __device__ __forceinline__ void await_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}

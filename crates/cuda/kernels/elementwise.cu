@@ -6,7 +6,6 @@
 template <class B>
 __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict__ tokens,
                              float* __restrict__ x, int rows, int cols) {
-    await_previous_kernel();
     B::prepare();
     const int t = blockIdx.x;
     const int blocks_per_row = cols / B::VALUES;
@@ -89,14 +88,12 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
 // thread reads its values before writing them).
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out,
                                 int cols, float eps) {
-    await_previous_kernel();
     norm_row(const_cast<float*>(x) + i64(blockIdx.x) * cols, nullptr, w,
              out + i64(blockIdx.x) * cols, cols, eps);
 }
 
 // x += y over n values.
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int n) {
-    await_previous_kernel();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -107,7 +104,6 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ y,
                                     const float* __restrict__ w, float* __restrict__ out,
                                     int cols, float eps) {
-    await_previous_kernel();
     norm_row(x + i64(blockIdx.x) * cols, y + i64(blockIdx.x) * cols, w,
              out + i64(blockIdx.x) * cols, cols, eps);
 }

@@ -29,7 +29,6 @@ __global__ void expert_cache_lookup_kernel(
     int* __restrict__ expert_of, u32* __restrict__ stamp, u32* __restrict__ clock,
     int* __restrict__ slot_ids, int* __restrict__ fills, int* __restrict__ fill_count,
     u64* __restrict__ stats) {
-    await_previous_kernel();
     __shared__ u8 need[CACHE_MAX_THREADS];
     __shared__ int missing[CACHE_MAX_THREADS];
     __shared__ u32 keys[CACHE_MAX_THREADS];
@@ -134,7 +133,6 @@ __global__ void expert_cache_fill_kernel(
     const int* __restrict__ fills, const int* __restrict__ fill_count, const u8* __restrict__ host_gate,
     const u8* __restrict__ host_up, const u8* __restrict__ host_down, u8* __restrict__ gate,
     u8* __restrict__ up, u8* __restrict__ down, i64 gate_bytes, i64 down_bytes, i64 chunk, int wide) {
-    await_previous_kernel();
     const int fill = blockIdx.y;
     if (fill >= *fill_count) return;
     const i64 expert = fills[2 * fill], slot = fills[2 * fill + 1];

@@ -7,7 +7,6 @@ template <class B, int WARPS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
               float* __restrict__ y, int rows, int cols) {
-    await_previous_kernel();
     B::prepare();
     extern __shared__ float x_shared[];
     const float* xs = x + i64(blockIdx.y) * cols;
@@ -33,7 +32,6 @@ template <class B, int WARPS, int ROWS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
-    await_previous_kernel();
     B::prepare();
     extern __shared__ float4 x_shared4[];
     const float* xs = x + i64(blockIdx.y) * cols;
@@ -87,19 +85,17 @@ template <class B, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    float* xd = reinterpret_cast<float*>(q8_shared);
+    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
     const int valid = min(ROWS, rows - row0);
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + i64(row0) * row_bytes;
-    // The warp's rows are contiguous and no kernel writes them: ask L2 for them before
-    // waiting for x (under PDL while the previous kernel still runs) and quantizing it.
+    // The warp's rows are contiguous: ask L2 for them while x is quantized.
     if (row0 < rows && blockIdx.y == 0) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
-    await_previous_kernel();
-    q8_prepare<B>();
-    extern __shared__ float4 q8_shared[];
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
     quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;
@@ -133,7 +129,6 @@ template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_splitk_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                      float* __restrict__ y, int rows, int cols) {
-    await_previous_kernel();
     B::prepare();
     __shared__ float scratch[32];
     const int row = blockIdx.x;
@@ -149,16 +144,15 @@ template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                         float* __restrict__ y, int rows, int cols) {
-    const int row = blockIdx.x;
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const u8* w = weights + row * row_bytes;
-    if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
-    await_previous_kernel();
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     __shared__ float scratch[32];
     float* xd = reinterpret_cast<float*>(q8_shared);
     i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    const int row = blockIdx.x;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + row * row_bytes;
+    if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
     quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
     const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
@@ -176,19 +170,18 @@ template <class B, int WARPS, int ROWS, int NT>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                        float* __restrict__ y, int rows, int cols, int tokens) {
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
-    const int valid = min(ROWS, rows - row0);
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const u8* w = weights + i64(row0) * row_bytes;
-    if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
-    await_previous_kernel();
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t0 = blockIdx.y * NT, nt = min(NT, tokens - t0);
     const int nb = cols / Q8K_VALUES;
     float* xd = reinterpret_cast<float*>(q8_shared);
     i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(NT * cols);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    const int valid = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + i64(row0) * row_bytes;
+    if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
     quantize_q8k_shared(x + i64(t0) * cols, nt * cols, nullptr, 0, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;

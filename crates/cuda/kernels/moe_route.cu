@@ -39,7 +39,6 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
                                  const float* __restrict__ shared_logit, int* __restrict__ ids,
                                  float* __restrict__ weights, float* __restrict__ shared_weight,
                                  int n_expert, int used) {
-    await_previous_kernel();
     extern __shared__ float p[];
     __shared__ float scratch[32];
     __shared__ float best_value[32];
@@ -110,7 +109,6 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     const float* __restrict__ shared_logit,
                                     int* __restrict__ ids, float* __restrict__ weights,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
-    await_previous_kernel();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + i64(t) * n_expert;
     float p[PER];

@@ -4,7 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{config, to_i32, AttnDims};
+use crate::layer_launch::{combine_config, config, to_i32, AttnDims};
 use crate::ops::fits;
 use crate::raw;
 use crate::source::{
@@ -106,7 +106,7 @@ pub(crate) fn attention_prefill<T: DeviceRepr>(
         return Ok(());
     }
     let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
-    let cfg = config((d.tokens, d.heads, 1), 128, 0);
+    let cfg = combine_config(d.tokens, d.heads, splits);
     let dims = [d.heads, d.head_dim, splits].map(to_i32);
     raw::launch_attention_combine(
         device.stream(),

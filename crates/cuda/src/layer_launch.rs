@@ -40,6 +40,12 @@ pub(crate) fn config(grid: (usize, usize, usize), threads: u32, shared: usize) -
     }
 }
 
+/// `attention_combine_kernel`'s launch: a CTA per (token, head), one factor per split in
+/// shared memory.
+pub(crate) fn combine_config(tokens: usize, heads: usize, splits: usize) -> LaunchConfig {
+    config((tokens, heads, 1), 128, splits * size_of::<f32>())
+}
+
 fn warps_grid(rows: usize) -> usize {
     rows.div_ceil(LAYER_WARPS as usize)
 }
@@ -612,7 +618,7 @@ pub(crate) fn attention<T: DeviceRepr>(
             scale,
         )?;
         let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
-        let cfg = config((d.tokens, d.heads, 1), 128, 0);
+        let cfg = combine_config(d.tokens, d.heads, splits);
         let dims = [d.heads, d.head_dim, splits].map(to_i32);
         return raw::launch_attention_combine(
             device.stream(),

@@ -77,7 +77,6 @@ pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
-pub use raw::pdl_enabled;
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES, WEIGHT_KINDS,
 };

@@ -235,26 +235,25 @@ pub(crate) fn launch_matvec(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols): (i32, i32),
 ) -> Result<(), CudaError> {
-    let mut launch = launcher::Launch::new(stream, kernel);
+    let mut launch = stream.launch_builder(kernel);
     launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
     // SAFETY: the arguments match matvec.cu's signature in type and order; the op entry
     // checked rows x cols against the byte length of `weights`, cols against `x` and rows
     // against `y`, and the launcher gives X_SHARED kernels cols * 4 bytes of shared memory.
-    unsafe { launch.launch(config) }.map_err(CudaError::driver("cuLaunchKernel(matvec)"))
+    unsafe { launch.launch(config) }
+        .map(|_| ())
+        .map_err(CudaError::driver("cuLaunchKernel(matvec)"))
 }
 
 mod attention_prefill;
 mod cublas;
 mod expert_cache;
-mod launcher;
 mod layers;
 mod mma;
 mod moe;
 pub(crate) use attention_prefill::*;
 pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
-pub use launcher::pdl_enabled;
-pub(crate) use launcher::set_device_has_pdl;
 pub(crate) use layers::*;
 pub(crate) use mma::*;
 pub(crate) use moe::*;

@@ -4,21 +4,24 @@
 //! grid implies, and the launchers in `layer_launch` sized the grid and the dynamic shared
 //! memory.
 
-use super::launcher::Launch;
 use crate::error::CudaError;
 use crate::profile;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 
 pub(super) fn launched(
     stream: &CudaStream,
     call: &'static str,
-    result: Result<(), cudarc::driver::DriverError>,
+    result: Result<
+        Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+        cudarc::driver::DriverError,
+    >,
 ) -> Result<(), CudaError> {
     profile::after(stream, call);
-    result.map_err(CudaError::driver(call))
+    result.map(|_| ()).map_err(CudaError::driver(call))
 }
 
 /// Lets `kernel` take the dynamic shared memory `config` asks for (above the default 48 KiB
@@ -33,16 +36,16 @@ pub(super) fn allow_shared(kernel: &CudaFunction, config: LaunchConfig) -> Resul
         .map_err(CudaError::driver("cuFuncSetAttribute"))
 }
 
-pub(super) fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> Launch<'a> {
+pub(super) fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'a> {
     profile::before(stream);
-    Launch::new(stream, kernel)
+    stream.launch_builder(kernel)
 }
 
 /// The null device pointer kernels take for "no position in device memory".
 pub(super) static NO_POS: u64 = 0;
 
 /// Pushes the `const u32* pos_dev` argument: the device scalar, or null.
-fn push_pos<'a>(launch: &mut Launch<'a>, pos: Option<&'a CudaView<'_, u32>>) {
+fn push_pos<'a>(launch: &mut LaunchArgs<'a>, pos: Option<&'a CudaView<'_, u32>>) {
     match pos {
         Some(view) => launch.arg(view),
         None => launch.arg(&NO_POS),
