@@ -49,11 +49,14 @@ note "libcublas: ${blas_lib:-not found}"
 { stage compare || stage offload || stage llamabuild; } && bash "$S" build
 # The MTP file (the full model plus its MTP block) serves every redlite check; llama.cpp (whose
 # pinned sources predate its MTP support) is compared on the files without the block.
-M="$W/full-IQ2_XXS-mtp.gguf"
+# PLAIN=1: the file without the MTP block instead (the compare stage's own file, so a later
+# call on the warm machine finds it written).
+M="$W/full-IQ2_XXS-mtp.gguf"; MTP_FLAG=--mtp
+[ "${PLAIN:-0}" = 1 ] && M="$W/full-IQ2_XXS.gguf" && MTP_FLAG=
 for s in grouped serve ab mtp profile compare prefill ncu decode pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
-    [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1
+    [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS $MTP_FLAG 2>&1 | tail -1
     break
   fi
 done
@@ -95,8 +98,13 @@ if stage parity; then
   note "cuda_parity, cuBLAS from 16 tokens: $(grep -E '^test result' "$OUT/parity-alt.log" | tail -1)"
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
-  REDLITE_FUSED_DELTANET=0 "$D/cuda_parity" --test-threads=1 > "$OUT/parity-unfused.log" 2>&1
-  note "cuda_parity, DeltaNet step unfused: $(grep -E '^test result' "$OUT/parity-unfused.log" | tail -1)"
+  # The decode kernels' alternatives (each switch's path against the CPU).
+  for v in REDLITE_FUSED_DELTANET=0 REDLITE_MOE_DOWN_SPREAD=1 REDLITE_ROUTER_TOPK=0 \
+      REDLITE_ROUTER_SHARED_ROW=0; do
+    env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
+    note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
+  done
+  note "  worst q8 (spread down): $(grep -h 'Ggml' "$OUT/parity-REDLITE_MOE_DOWN_SPREAD=1.log" | sort -k8 -g | tail -1)"
 fi
 
 if stage cache; then
@@ -173,17 +181,8 @@ if stage pairdrift; then
     REDLITE_MOE_PAIR_DOWN=$pd "$R" logits -m "$DRIFT_FILE" --device cuda --tokens "$ids" \
       --out "$W/logits-pairdown$pd.bin" > "$OUT/logits-pairdown$pd.log" 2>&1
   done
-  note "prompt logits, per-pair vs fused down: $(python3 -c '
-import sys, array, math
-a, b = (array.array("f", open(f, "rb").read()) for f in sys.argv[1:3])
-v = 151936; rows = len(a) // v; worst = 0.0; same = 0
-for r in range(rows):
-    x, y = a[r*v:(r+1)*v], b[r*v:(r+1)*v]
-    num = sum((p - q) ** 2 for p, q in zip(x, y)); den = sum(p * p for p in x)
-    worst = max(worst, math.sqrt(num / max(den, 1e-30)))
-    same += max(range(v), key=x.__getitem__) == max(range(v), key=y.__getitem__)
-print(f"max rel L2 {worst:.2e} over {rows} positions, same argmax {same}/{rows}")
-' "$W/logits-pairdown1.bin" "$W/logits-pairdown0.bin")"
+  note "prompt logits, per-pair vs fused down: $(python3 "$ROOT/scripts/device/logits_drift.py" \
+    "$W/logits-pairdown1.bin" "$W/logits-pairdown0.bin")"
 fi
 
 stage ab && stamp "redlite A/B"
@@ -208,7 +207,30 @@ if stage decode; then
     env "$@" "$R" bench -m "$F" --device cuda -p 0 -n 128 -d 0,4096 -r "${DECODE_R:-3}" 2>&1 \
       | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
   }
-  for v in REDLITE_UNUSED=0 ${DECODE_AB:-}; do note "decode $v: $(dec "$v")"; done
+  for v in REDLITE_UNUSED=0 ${DECODE_AB:-}; do
+    line="$(dec "$v")"; note "decode $v: $line"
+    echo "$v $(echo "$line" | sed -n 's/^| tg128 | \([0-9.]*\).*/\1/p')" >> "$W/decode-ab.txt"
+  done
+  # A switch that beats the defaults' tg128 by more than 1 % is kept for the compare stage
+  # of this machine (a later call while it is warm), and said so.
+  python3 - "$W/decode-ab.txt" > "$W/compare.env" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 2]
+base = next((float(v) for k, v in rows if k == "REDLITE_UNUSED=0"), None)
+for k, v in rows:
+    if base and k != "REDLITE_UNUSED=0" and k.endswith("=1") and float(v) > 1.01 * base:
+        print(f"export {k}")
+PY
+  note "switches kept for the comparison: $(cat "$W/compare.env" | tr '\n' ' ')"
+  # The decode path's logits (one-token steps) with the switches that change sums, against
+  # the defaults: the drift each one brings.
+  ids=$(seq -s, 11 37 1200)
+  for v in REDLITE_UNUSED=0 REDLITE_MOE_DOWN_SPREAD=1; do
+    env "$v" "$R" logits -m "$F" --device cuda --chunk 1 --tokens "$ids" \
+      --out "$W/logits-decode-$v.bin" > "$OUT/logits-decode-$v.log" 2>&1
+  done
+  note "decode logits, spread down vs default: $(python3 "$ROOT/scripts/device/logits_drift.py" \
+    "$W/logits-decode-REDLITE_UNUSED=0.bin" "$W/logits-decode-REDLITE_MOE_DOWN_SPREAD=1.bin")"
   if command -v ncu > /dev/null; then
     timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
       --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
@@ -266,6 +288,7 @@ done
 
 if stage compare; then
   stamp "same-run comparison"
+  [ -f "$W/compare.env" ] && . "$W/compare.env" && note "compare with: $(cat "$W/compare.env" | tr '\n' ' ')"
   RECIPE=IQ2_XXS ROUNDS=1 PP="${COMPARE_PP:-512,2048,8192}" bash "$S" bench > "$OUT/vs-IQ2_XXS.txt" 2>&1
   RECIPE=IQ1_M ROUNDS=1 DEPTHS=0 PP=512,2048 OUT="$OUT/iq1m" bash "$S" bench > "$OUT/vs-IQ1_M.txt" 2>&1
   note ""; note "IQ2_XXS, llama.cpp and redlite in the same run:"; grep -E '^\|' "$OUT/vs-IQ2_XXS.txt" | tee -a "$SUMMARY"

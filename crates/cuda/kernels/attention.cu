@@ -229,44 +229,60 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
 }
 
 // Flash-decoding, step 2 of 2. Grid (tokens, heads), any block size, dynamic shared memory
-// `splits` floats: merges the splits' partials (split 0 always holds position 0, so the
-// overall max is finite) and applies the sigmoid gate:
+// `splits` floats and `splits` ints: merges the splits' partials (split 0 always holds
+// position 0, so the overall max is finite; a split past the token's last position holds
+// (0, -inf, 0)) and applies the sigmoid gate:
 // o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
-// Each split's factor e^(m_s - m) is computed once into shared memory (-1: an empty split,
-// whose partials are not read); the sums run over s in order, as before.
+// The first warp finds m, each split's factor e^(m_s - m) and the list of non-empty splits
+// in increasing order; the sums then run over those splits only, in that order (an empty
+// split adds nothing). A graph launches every split at every position, so at short depths
+// most are empty.
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,
                                          int heads, int hd, int splits) {
     extern __shared__ float factor[];
-    __shared__ float m_shared;
-    const int t = blockIdx.x, h = blockIdx.y;
+    int* live = reinterpret_cast<int*>(factor + splits);
+    __shared__ float l_shared;
+    __shared__ int n_live;
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP_SIZE;
     const float* part = partials + (i64(t) * heads + h) * splits * (hd + 2);
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) factor[s] = part[s * (hd + 2) + hd];
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < WARP_SIZE) {
         float m_all = -INFINITY;
-        for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, factor[s]);
-        m_shared = m_all;
+        for (int s = lane; s < splits; s += WARP_SIZE) {
+            factor[s] = part[s * (hd + 2) + hd];
+            m_all = fmaxf(m_all, factor[s]);
+        }
+        m_all = warp_reduce_max(m_all);
+        int count = 0;
+        for (int base = 0; base < splits; base += WARP_SIZE) {
+            const int s = base + lane;
+            const float l = s < splits ? part[s * (hd + 2) + hd + 1] : 0.0f;
+            if (s < splits) factor[s] = l == 0.0f ? -1.0f : expf(factor[s] - m_all);
+            const unsigned mask = __ballot_sync(0xffffffffu, l != 0.0f);
+            if (l != 0.0f) live[count + __popc(mask & ((1u << lane) - 1u))] = s;
+            count += __popc(mask);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            float l_all = 0.0f;
+            for (int j = 0; j < count; ++j) {
+                const int s = live[j];
+                l_all += part[s * (hd + 2) + hd + 1] * factor[s];
+            }
+            l_shared = l_all;
+            n_live = count;
+        }
     }
     __syncthreads();
-    const float m_all = m_shared;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float l = part[s * (hd + 2) + hd + 1];
-        factor[s] = l == 0.0f ? -1.0f : expf(factor[s] - m_all);
-    }
-    __syncthreads();
-    float l_all = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const float e = factor[s];
-        l_all += e < 0.0f ? 0.0f : part[s * (hd + 2) + hd + 1] * e;
-    }
+    const float l_all = l_shared;
+    const int count = n_live;
     const float* gate = qg + (i64(t) * heads + h) * 2 * hd + hd;
     float* out = o + (i64(t) * heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float total = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float e = factor[s];
-            total += e < 0.0f ? 0.0f : part[s * (hd + 2) + i] * e;
+        for (int j = 0; j < count; ++j) {
+            const int s = live[j];
+            total += part[s * (hd + 2) + i] * factor[s];
         }
         out[i] = total / l_all * sigmoidf(gate[i]);
     }

@@ -512,6 +512,84 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
     }
 }
 
+// The q8 down product of a few tokens with every selected expert's items spread over the
+// warp's lanes (`REDLITE_MOE_DOWN_SPREAD=1`): moe_down_q8_kernel's lane groups walk their
+// experts one after the other (a chain of `used` dependent item loads per lane, at ~12 %
+// occupancy on the H200); here one warp takes one row and lane i the items i, i + 32, ... of
+// the flattened (expert, item) list, so a lane's loads are independent. Grid (ceil(rows /
+// WARPS), tokens); the same shared-memory staging as moe_down_q8_kernel. Each term is scaled
+// by its expert's weight before the lane sum: another summation order than that kernel's.
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_q8_spread_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                          const float* __restrict__ weights, const float* __restrict__ act,
+                          float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                          int accumulate, const u8* __restrict__ shared_down,
+                          const float* __restrict__ shared_weight,
+                          const float* __restrict__ act_shared, int shared_ff) {
+    if (skipped_token(ids, blockIdx.y, used)) return;
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int t = blockIdx.y;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row = blockIdx.x * WARPS + warp;
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
+    const int* id = ids + i64(t) * used;
+    const bool with_shared = shared_down != nullptr;
+    const int terms = used + (with_shared ? 1 : 0);
+    if (row < rows && lane < terms) {
+        if (lane == used) {
+            prefetch_l2(shared_down + i64(row) * shared_row_bytes, shared_row_bytes, 0, 1);
+        } else if (id[lane] >= 0 && id[lane] < n_expert) {
+            prefetch_l2(down + (i64(id[lane]) * rows + row) * row_bytes, row_bytes, 0, 1);
+        }
+    }
+    const int routed = used * ff;
+    const int staged = routed + (with_shared ? shared_ff : 0);
+    float* ad = reinterpret_cast<float*>(q8_shared);
+    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(staged);
+    quantize_q8k_shared(act + i64(t) * routed, routed,
+                        with_shared ? act_shared + i64(t) * shared_ff : nullptr,
+                        staged - routed, ad, aq);
+    if (row >= rows) return;
+    const int per_expert = ff / B::VALUES * B::ITEMS;
+    const int routed_items = used * per_expert;
+    const int items = routed_items + (with_shared ? shared_ff / B::VALUES * B::ITEMS : 0);
+    float acc = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < items; i += WARP_SIZE) {
+        const u8* w;
+        const i8* qb;
+        float db, scale;
+        int item;
+        if (i < routed_items) {
+            const int k = i / per_expert, j = i % per_expert;
+            const i64 expert = id[k];
+            if (expert < 0 || expert >= n_expert) continue;
+            const int block = j / B::ITEMS;
+            item = j % B::ITEMS;
+            w = down + (expert * rows + row) * row_bytes + i64(block) * B::BYTES;
+            qb = aq + k * ff + block * B::VALUES;
+            db = ad[k * (ff / B::VALUES) + block];
+            scale = weights[i64(t) * used + k];
+        } else {
+            const int j = i - routed_items, block = j / B::ITEMS;
+            item = j % B::ITEMS;
+            w = shared_down + i64(row) * shared_row_bytes + i64(block) * B::BYTES;
+            qb = aq + routed + block * B::VALUES;
+            db = ad[used * (ff / B::VALUES) + block];
+            scale = shared_weight[t];
+        }
+        acc += scale * Q8Dot<B>::dot(w, item, qb, db);
+    }
+    const float total = warp_reduce_sum(acc);
+    if (lane == 0) {
+        float* o = out + i64(t) * rows + row;
+        *o = (accumulate ? *o : 0.0f) + total;
+    }
+}
+
 // out[t] = sum over k of weights[t][k] * y[t][k] (k in order, from 0): the routed experts'
 // down products of a prompt, computed per pair (`y`: [tokens][used][rows]) by launches that
 // may each cover some of the pairs, summed in one fixed order, so the result does not depend

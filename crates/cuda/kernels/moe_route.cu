@@ -103,14 +103,13 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
 // Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
 // warp per token, no block barrier, and p in registers (PER per lane: n_expert ≤ 32 PER).
 // The same selection (largest p first, ties to the lower index); the softmax sums run in
-// warp order. Lane k keeps the k-th choice until the end. No dynamic shared memory.
+// warp order. Lane k keeps the k-th choice until the end. One token's routing by one warp:
+// `l` its n_expert logits, `ids` / `weights` its `used` outputs.
 template <int PER>
-__global__ void moe_route_v2_kernel(const float* __restrict__ logits,
-                                    const float* __restrict__ shared_logit,
-                                    int* __restrict__ ids, float* __restrict__ weights,
-                                    float* __restrict__ shared_weight, int n_expert, int used) {
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + i64(t) * n_expert;
+static __device__ __forceinline__ void route_token_v2(const float* l, float shared_logit,
+                                                      int* ids, float* weights,
+                                                      float* shared_weight, int n_expert,
+                                                      int used, int lane) {
     float p[PER];
     float m = -INFINITY;
 #pragma unroll
@@ -158,12 +157,60 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
             // Lanes flush their choices every 32 picks (used > 32 is allowed).
             const int slot = k - k % WARP_SIZE + lane;
             if (slot <= k) {
-                ids[t * used + slot] = route_spread(mine_index, l, n_expert);
-                weights[t * used + slot] = mine;
+                ids[slot] = route_spread(mine_index, l, n_expert);
+                weights[slot] = mine;
             }
         }
     }
     __syncwarp();
-    for (int k = lane; k < used; k += WARP_SIZE) weights[t * used + k] /= total;
-    if (lane == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+    for (int k = lane; k < used; k += WARP_SIZE) weights[k] /= total;
+    if (lane == 0) *shared_weight = sigmoidf(shared_logit);
+}
+
+template <int PER>
+__global__ void moe_route_v2_kernel(const float* __restrict__ logits,
+                                    const float* __restrict__ shared_logit,
+                                    int* __restrict__ ids, float* __restrict__ weights,
+                                    float* __restrict__ shared_weight, int n_expert, int used) {
+    const int t = blockIdx.x;
+    route_token_v2<PER>(logits + i64(t) * n_expert, shared_logit[t], ids + i64(t) * used,
+                        weights + i64(t) * used, shared_weight + t, n_expert, used, threadIdx.x);
+}
+
+// One decode token's router and routing in one launch (`REDLITE_ROUTER_TOPK=0`: the
+// router's split-K matmul, then moe_route_v2_kernel). `w`: the F32 router with the
+// shared expert's gate row after its n_expert rows; grid n_expert + 1 CTAs of WARPS warps,
+// CTA r reducing row r as matmul_splitk_kernel<F32x4, WARPS> does (same lanes, same order)
+// into logits[r]. The last CTA to finish (a ticket counter that it resets for the next
+// launch) copies the logits to shared memory and its first warp routes as
+// moe_route_v2_kernel does: the same bits as the two launches.
+template <int PER, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+router_topk_kernel(const u8* __restrict__ w, const float* __restrict__ x,
+                   float* __restrict__ logits, int* __restrict__ ticket, int* __restrict__ ids,
+                   float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
+                   int n_expert, int used) {
+    __shared__ float scratch[32];
+    __shared__ float l[32 * PER + 1];
+    __shared__ bool last;
+    const int row = blockIdx.x;
+    const i64 row_bytes = i64(cols / F32x4::VALUES) * F32x4::BYTES;
+    const float part =
+        row_dot_lane<F32x4, WARPS * WARP_SIZE>(w + row * row_bytes, x, cols, threadIdx.x);
+    const float sum = block_reduce_sum(part, scratch);
+    if (threadIdx.x == 0) {
+        logits[row] = sum;
+        __threadfence();
+        last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i <= n_expert; i += blockDim.x) l[i] = __ldcg(logits + i);
+    __syncthreads();
+    if (threadIdx.x == 0) *ticket = 0;
+    if (threadIdx.x < WARP_SIZE) {
+        route_token_v2<PER>(l, l[n_expert], ids, weights, shared_weight, n_expert, used,
+                            threadIdx.x);
+    }
 }

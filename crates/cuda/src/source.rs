@@ -312,6 +312,14 @@ pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) ->
     )
 }
 
+/// The q8 down with every expert's items spread over a warp's lanes (one row per warp).
+pub(crate) fn moe_down_q8_spread_kernel(kind: WeightKind) -> String {
+    format!(
+        "moe_down_q8_spread_kernel<{}, {LAYER_WARPS}>",
+        kind.cuda_name
+    )
+}
+
 /// The block structs the version-2 matmul is instantiated for.
 fn matmul_v2_blocks() -> Vec<&'static str> {
     WEIGHT_KINDS
@@ -351,6 +359,11 @@ pub(crate) const ROUTE_V2_PER_LANE: usize = 16;
 
 pub(crate) fn route_v2_kernel() -> String {
     format!("moe_route_v2_kernel<{ROUTE_V2_PER_LANE}>")
+}
+
+/// The fused decode router and routing (`router_topk.rs`).
+pub(crate) fn router_topk_kernel() -> String {
+    format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}>")
 }
 
 /// Warps (rows) per CTA of the version-3 expert matvecs.
@@ -553,9 +566,11 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
                 }))
+                .chain(q8_kinds().map(moe_down_q8_spread_kernel))
                 .chain([
                     "moe_route_kernel".to_string(),
                     route_v2_kernel(),
+                    router_topk_kernel(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
                 .collect(),

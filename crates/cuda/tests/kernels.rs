@@ -4,7 +4,8 @@
 
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
-    CudaError, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
+    moe_route, router_topk, CudaError, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE,
+    Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -254,6 +255,76 @@ fn cublas_prompt_products_match_the_cpu() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The fused decode router (router rows and the shared gate row reduced a CTA per row, the
+/// last CTA routing) against the split-K matmul then the routing kernel, bit for bit: logits,
+/// expert ids, weights and the shared expert's weight; three launches in a row, so the
+/// ticket counter is seen to reset. The model's shape (512 experts, top 10) and a small one.
+#[test]
+fn fused_router_equals_matmul_then_routing() {
+    let Some(device) = device("fused_router_equals_matmul_then_routing") else {
+        return;
+    };
+    let mut rng = Rng(5);
+    for (n_expert, cols, used) in [(512, 2048, 10), (40, 256, 3)] {
+        let rows = n_expert + 1;
+        let bytes = random_matrix(GgmlType::F32, rows, cols, &mut rng);
+        let weights = device.upload(&bytes).unwrap();
+        let router = WeightMatrix {
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            bytes: weights.as_view(),
+            dots: Dots::Q8K,
+        };
+        let mut ticket = device.alloc_zeros::<i32>(1).unwrap();
+        for round in 0..3 {
+            let x: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
+            let x = device.upload(&x).unwrap();
+            let mut logits = device.alloc_zeros::<f32>(rows).unwrap();
+            matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
+            let mut want_ids = device.alloc_zeros::<i32>(used).unwrap();
+            let mut want_w = device.alloc_zeros::<f32>(used).unwrap();
+            let mut want_shared = device.alloc_zeros::<f32>(1).unwrap();
+            moe_route(
+                &device,
+                &logits.slice(..n_expert),
+                &logits.slice(n_expert..),
+                &mut want_ids.as_view_mut(),
+                &mut want_w.as_view_mut(),
+                &mut want_shared.as_view_mut(),
+            )
+            .unwrap();
+            let mut fused_logits = device.alloc_zeros::<f32>(rows).unwrap();
+            let mut ids = device.alloc_zeros::<i32>(used).unwrap();
+            let mut w = device.alloc_zeros::<f32>(used).unwrap();
+            let mut shared = device.alloc_zeros::<f32>(1).unwrap();
+            router_topk(
+                &device,
+                &router,
+                &x.as_view(),
+                &mut fused_logits.as_view_mut(),
+                &mut ticket.as_view_mut(),
+                &mut ids.as_view_mut(),
+                &mut w.as_view_mut(),
+                &mut shared.as_view_mut(),
+            )
+            .unwrap();
+            let case = format!("{n_expert} experts x {cols}, top {used}, round {round}");
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            let get = |b: &redlite_cuda::CudaSlice<f32>| bits(device.download(b).unwrap());
+            assert_eq!(get(&logits), get(&fused_logits), "{case}: logits");
+            assert_eq!(
+                device.download(&want_ids).unwrap(),
+                device.download(&ids).unwrap(),
+                "{case}: ids"
+            );
+            assert_eq!(get(&want_w), get(&w), "{case}: weights");
+            assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
+            assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
         }
     }
 }

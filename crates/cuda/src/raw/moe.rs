@@ -39,6 +39,43 @@ pub(crate) fn launch_moe_route(
     })
 }
 
+/// `router_topk_kernel(w, x, logits, ticket, ids, weights, shared_weight, cols, n_expert,
+/// used)`, one CTA per router row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_router_topk(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (w, x): (&CudaView<'_, u8>, &CudaView<'_, f32>),
+    logits: &mut CudaViewMut<'_, f32>,
+    ticket: &mut CudaViewMut<'_, i32>,
+    (ids, weights, shared_weight): (
+        &mut CudaViewMut<'_, i32>,
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+    ),
+    (cols, n_expert, used): (i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(w)
+        .arg(x)
+        .arg(logits)
+        .arg(ticket)
+        .arg(ids)
+        .arg(weights)
+        .arg(shared_weight)
+        .arg(&cols)
+        .arg(&n_expert)
+        .arg(&used);
+    // SAFETY: arguments match the signature; w holds grid.x = n_expert + 1 F32 rows of cols
+    // (a multiple of 4, 16-byte aligned rows), x cols values, logits n_expert + 1, ticket one
+    // (zero between launches), ids/weights `used` (≤ n_expert ≤ 32 x PER), shared_weight one.
+    launched(stream, "cuLaunchKernel(router_topk)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `moe_gate_up_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_moe_gate_up(

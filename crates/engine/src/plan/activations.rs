@@ -57,7 +57,7 @@ fn scratch_values_per_row(c: &HybridConfig) -> u64 {
         attn,                             // q
         kv,                               // k
         kv,                               // v
-        c.n_expert,                       // router
+        c.n_expert + 1,                   // router (+ the shared gate's logit in decode)
         1,                                // shared_logit
         1,                                // shared_weight
         c.n_expert_used,                  // ids

@@ -20,8 +20,8 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
-    moe_gate_up_mma, moe_route, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups,
-    PrefillKernels, SharedGateUp,
+    moe_gate_up_mma, moe_route, router_topk, router_topk_takes, CudaView, CudaViewMut, Device,
+    ExpertTiles, MmaGroups, PrefillKernels, SharedGateUp,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -47,22 +47,61 @@ pub fn forward(
     let e = c.n_embd;
     let t = h.len() / e;
     let used = c.n_expert_used;
-    let mut router = s.router.slice_mut(..t * c.n_expert);
-    let mut shared_logit = s.shared_logit.slice_mut(..t);
     device.mark("router");
-    matmul(device, &w.router.view(), h, &mut router)?;
-    matmul(device, &w.shared_gate_inp.view(), h, &mut shared_logit)?;
     let mut ids = s.ids.slice_mut(..t * used);
     let mut weights = s.weights.slice_mut(..t * used);
     let mut shared_weight = s.shared_weight.slice_mut(..t);
-    moe_route(
-        device,
-        &router.as_view(),
-        &shared_logit.as_view(),
-        &mut ids,
-        &mut weights,
-        &mut shared_weight,
-    )?;
+    // One token: the router and the shared expert's gate row (stored together,
+    // `DeviceMatrix::router`) in one launch, with the routing in its last CTA where the
+    // router is F32; each row's dot and the routing are the same, so are the bits.
+    let merged = w
+        .router
+        .view_with_extra_rows()
+        .filter(|_| t == 1 && router_with_shared_row());
+    match merged {
+        Some(both) if router_topk_takes(&both) => {
+            let mut logits = s.router.slice_mut(..c.n_expert + 1);
+            let mut ticket = s.route_ticket.slice_mut(..1);
+            router_topk(
+                device,
+                &both,
+                h,
+                &mut logits,
+                &mut ticket,
+                &mut ids,
+                &mut weights,
+                &mut shared_weight,
+            )?;
+        }
+        Some(both) => {
+            let mut logits = s.router.slice_mut(..c.n_expert + 1);
+            matmul(device, &both, h, &mut logits)?;
+            let router = s.router.slice(..c.n_expert);
+            let shared_logit = s.router.slice(c.n_expert..c.n_expert + 1);
+            moe_route(
+                device,
+                &router,
+                &shared_logit,
+                &mut ids,
+                &mut weights,
+                &mut shared_weight,
+            )?;
+        }
+        None => {
+            let mut router = s.router.slice_mut(..t * c.n_expert);
+            matmul(device, &w.router.view(), h, &mut router)?;
+            let mut shared_logit = s.shared_logit.slice_mut(..t);
+            matmul(device, &w.shared_gate_inp.view(), h, &mut shared_logit)?;
+            moe_route(
+                device,
+                &router.as_view(),
+                &shared_logit.as_view(),
+                &mut ids,
+                &mut weights,
+                &mut shared_weight,
+            )?;
+        }
+    }
     if t > 1 && (cache.is_some() || pair_down()) {
         let buffers = PairBuffers {
             act: &mut s.act,
@@ -324,4 +363,11 @@ fn fold_shared(w: &MoeWeights) -> bool {
         && moe_folds_shared(&w.gate_exps.view(), &w.shared_gate.view())
         && moe_folds_shared(&w.up_exps.view(), &w.shared_up.view())
         && moe_folds_shared(&w.down_exps.view(), &w.shared_down.view())
+}
+
+/// Whether one-token steps compute the router and the shared expert's gate row in one launch
+/// (`REDLITE_ROUTER_SHARED_ROW=0`: two launches, as prompts do).
+fn router_with_shared_row() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_SHARED_ROW").as_deref() != Ok("0"))
 }

@@ -36,7 +36,8 @@ pub struct Scratch {
     /// Flash-decoding partial sums, sized for one token:
     /// `[heads][ATTENTION_MAX_SPLITS][hd + 2]` (prefill batches use fewer splits or none).
     pub attn_partials: CudaSlice<f32>,
-    /// MoE: router logits `[T][n_expert]`, shared-expert gate logit and weight `[T]`,
+    /// MoE: router logits `[T][n_expert + 1]` (one token: the shared-expert gate's logit
+    /// after the router's), shared-expert gate logit and weight `[T]`,
     /// selected experts and their weights `[T][used]`, SwiGLU activations `[T][used][ff]`
     /// and `[T][shared_ff]`.
     pub router: CudaSlice<f32>,
@@ -53,6 +54,8 @@ pub struct Scratch {
     pub slot_ids: CudaSlice<i32>,
     pub fills: CudaSlice<i32>,
     pub fill_count: CudaSlice<i32>,
+    /// The fused decode router's ticket counter (one i32, zero between launches).
+    pub route_ticket: CudaSlice<i32>,
     /// Prompts: one wave's ids `[T][used]`, each pair's down product `[T][used][n_embd]`, and
     /// `[T][used]` ones (the weight of a per-pair down launch).
     pub wave_ids: CudaSlice<i32>,
@@ -86,7 +89,7 @@ impl Scratch {
             k: f(kv)?,
             v: f(kv)?,
             attn_partials: device.alloc_zeros(attention_partials_len(1, c.n_head, c.head_dim))?,
-            router: f(c.n_expert)?,
+            router: f(c.n_expert + 1)?,
             shared_logit: f(1)?,
             shared_weight: f(1)?,
             ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
@@ -97,6 +100,7 @@ impl Scratch {
             slot_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
             fill_count: device.alloc_zeros(1)?,
+            route_ticket: device.alloc_zeros(1)?,
             wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             // A one-token batch decodes with the fused down: no per-pair products.
             pair_out: f(if tokens > 1 {

@@ -17,7 +17,14 @@ pub struct DeviceMatrix {
     pub cols: usize,
     bytes: CudaSlice<u8>,
     dots: Dots,
+    /// Rows stored after `rows` in the same buffer: a router holds the shared expert's gate
+    /// row there (see [`ROUTER`]), so that decode computes both in one launch.
+    extra_rows: usize,
 }
+
+/// The router's tensor name suffix, and the shared-expert gate row stored after it.
+const ROUTER: &str = "ffn_gate_inp.weight";
+const SHARED_GATE: &str = "ffn_gate_inp_shexp.weight";
 
 impl DeviceMatrix {
     fn load(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
@@ -31,6 +38,29 @@ impl DeviceMatrix {
             cols: info.row_len() as usize,
             bytes: device.upload(gguf.data(loc))?,
             dots,
+            extra_rows: 0,
+        })
+    }
+
+    /// A router with the block's shared-expert gate row appended when both have the same
+    /// type and row length (F32 in every known file); otherwise the router alone.
+    fn router(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
+        let shared_name = name.replace(ROUTER, SHARED_GATE);
+        let (Some(router), Some(shared)) = (gguf.locate(name), gguf.locate(&shared_name)) else {
+            return DeviceMatrix::load(device, gguf, name, dots);
+        };
+        let (r, g) = (gguf.info(router), gguf.info(shared));
+        if r.ty != g.ty || r.row_len() != g.row_len() || g.rows() != 1 {
+            return DeviceMatrix::load(device, gguf, name, dots);
+        }
+        let bytes = [gguf.data(router), gguf.data(shared)].concat();
+        Ok(DeviceMatrix {
+            ty: r.ty,
+            rows: r.rows() as usize,
+            cols: r.row_len() as usize,
+            bytes: device.upload(&bytes)?,
+            dots,
+            extra_rows: 1,
         })
     }
 
@@ -57,6 +87,7 @@ impl DeviceMatrix {
             cols: info.row_len() as usize,
             bytes: device.alloc_zeros(info.bytes as usize / n * slots)?,
             dots,
+            extra_rows: 0,
         })
     }
 
@@ -66,13 +97,30 @@ impl DeviceMatrix {
     }
 
     pub fn view(&self) -> WeightMatrix<'_> {
+        let bytes = self.row_bytes() * self.rows;
         WeightMatrix {
             ty: self.ty,
             rows: self.rows,
             cols: self.cols,
-            bytes: self.bytes.as_view(),
+            bytes: self.bytes.slice(..bytes),
             dots: self.dots,
         }
+    }
+
+    /// The matrix with the rows stored after it (a router with the shared-expert gate row),
+    /// or `None` when there are none.
+    pub fn view_with_extra_rows(&self) -> Option<WeightMatrix<'_>> {
+        (self.extra_rows > 0).then(|| WeightMatrix {
+            ty: self.ty,
+            rows: self.rows + self.extra_rows,
+            cols: self.cols,
+            bytes: self.bytes.as_view(),
+            dots: self.dots,
+        })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_values() * self.ty.block_bytes()
     }
 }
 
@@ -108,6 +156,7 @@ fn matrix(
         ExpertResidency::Cache { slots } if is_expert_stack(name) => {
             DeviceMatrix::slot_stack(device, g, name, dots, (slots, config.n_expert), host)
         }
+        _ if name.ends_with(ROUTER) => DeviceMatrix::router(device, g, name, dots),
         _ => DeviceMatrix::load(device, g, name, dots),
     }
 }
