@@ -21,7 +21,8 @@ export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRA
 
 case "${1:-all}" in
 build)
-  if [ ! -x "$WORK/llama/build/bin/llama-bench" ]; then
+  # Not again while an earlier call's build runs on this machine (its log exists).
+  if [ ! -x "$WORK/llama/build/bin/llama-bench" ] && [ ! -f "$WORK/llama/build.log" ]; then
     mkdir -p "$WORK/llama" && tar xzf "$ROOT/.cache/device/llama-src.tgz" -C "$WORK/llama"
     echo 'add_subdirectory(llama-bench)' > "$WORK/llama/tools/CMakeLists.txt"
     (cd "$WORK/llama" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -99,12 +99,10 @@ if stage parity; then
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   # The decode kernels' alternatives (each switch's path against the CPU).
-  for v in REDLITE_FUSED_DELTANET=0 REDLITE_MOE_DOWN_SPREAD=1 REDLITE_ROUTER_TOPK=0 \
-      REDLITE_ROUTER_SHARED_ROW=0; do
+  for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0; do
     env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
     note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
   done
-  note "  worst q8 (spread down): $(grep -h 'Ggml' "$OUT/parity-REDLITE_MOE_DOWN_SPREAD=1.log" | sort -k8 -g | tail -1)"
 fi
 
 if stage cache; then
@@ -222,16 +220,18 @@ for k, v in rows:
         print(f"export {k}")
 PY
   note "switches kept for the comparison: $(cat "$W/compare.env" | tr '\n' ' ')"
-  # The decode path's logits (one-token steps) with the switches that change sums, against
-  # the defaults: the drift each one brings.
-  ids=$(seq -s, 11 37 1200)
-  for v in REDLITE_UNUSED=0 REDLITE_MOE_DOWN_SPREAD=1; do
-    env "$v" "$R" logits -m "$F" --device cuda --chunk 1 --tokens "$ids" \
-      --out "$W/logits-decode-$v.bin" > "$OUT/logits-decode-$v.log" 2>&1
-  done
-  note "decode logits, spread down vs default: $(python3 "$ROOT/scripts/device/logits_drift.py" \
-    "$W/logits-decode-REDLITE_UNUSED=0.bin" "$W/logits-decode-REDLITE_MOE_DOWN_SPREAD=1.bin")"
-  if command -v ncu > /dev/null; then
+  # DRIFT_SWITCH (one that changes sums): the decode path's logits (one-token steps) with it
+  # against the defaults.
+  if [ -n "${DRIFT_SWITCH:-}" ]; then
+    ids=$(seq -s, 11 37 1200)
+    for v in REDLITE_UNUSED=0 "$DRIFT_SWITCH"; do
+      env "$v" "$R" logits -m "$F" --device cuda --chunk 1 --tokens "$ids" \
+        --out "$W/logits-decode-$v.bin" > "$OUT/logits-decode-$v.log" 2>&1
+    done
+    note "decode logits, $DRIFT_SWITCH vs default: $(python3 "$ROOT/scripts/device/logits_drift.py" \
+      "$W/logits-decode-REDLITE_UNUSED=0.bin" "$W/logits-decode-$DRIFT_SWITCH.bin")"
+  fi
+  if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
     timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
       --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
       --launch-count "${NCU_LAUNCHES:-1500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \

@@ -80,13 +80,6 @@ fn moe_q8_rows() -> usize {
     })
 }
 
-/// Whether the q8 down product spreads every expert's items over a warp's lanes
-/// (`REDLITE_MOE_DOWN_SPREAD=1`) instead of walking the experts in each lane group.
-fn moe_down_spread() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_MOE_DOWN_SPREAD").as_deref() == Ok("1"))
-}
-
 /// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
 /// version-3 and q8 kernels can).
 pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
@@ -210,12 +203,6 @@ pub(crate) fn moe_down(
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
             staged,
-        ),
-        MoeVersion::Q8 { .. } if moe_down_spread() => (
-            device.kernel(&source::moe_down_q8_spread_kernel(kind))?,
-            LAYER_WARPS as usize,
-            LAYER_WARPS * 32,
-            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
         ),
         MoeVersion::Q8 { lanes } => (
             device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,

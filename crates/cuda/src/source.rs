@@ -312,14 +312,6 @@ pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) ->
     )
 }
 
-/// The q8 down with every expert's items spread over a warp's lanes (one row per warp).
-pub(crate) fn moe_down_q8_spread_kernel(kind: WeightKind) -> String {
-    format!(
-        "moe_down_q8_spread_kernel<{}, {LAYER_WARPS}>",
-        kind.cuda_name
-    )
-}
-
 /// The block structs the version-2 matmul is instantiated for.
 fn matmul_v2_blocks() -> Vec<&'static str> {
     WEIGHT_KINDS
@@ -566,7 +558,6 @@ pub fn modules() -> Vec<ModuleSource> {
                         .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
                 }))
-                .chain(q8_kinds().map(moe_down_q8_spread_kernel))
                 .chain([
                     "moe_route_kernel".to_string(),
                     route_v2_kernel(),
