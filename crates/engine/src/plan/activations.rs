@@ -103,11 +103,11 @@ mod tests {
     #[test]
     fn full_model_row_is_pinned() {
         let c = Preset::Full.config();
-        // 3 x 2048 workspace values + 60,618 scratch values (20,480 of them the per-pair
-        // down products), 4 bytes each.
-        assert_eq!(scratch_values_per_row(&c), 60_618);
+        // 3 x 2048 workspace values + 60,619 scratch values (20,480 of them the per-pair
+        // down products; the router's 512 + 1 for the shared gate's logit), 4 bytes each.
+        assert_eq!(scratch_values_per_row(&c), 60_619);
         let a = activations(&c, 513, 1, false);
-        assert_eq!(a.bytes_per_row, 267_048);
+        assert_eq!(a.bytes_per_row, 267_052);
         assert_eq!(a.fixed, 16 * 64 * 258 * 4);
         assert_eq!(a.logits, 151_936 * 4);
     }
