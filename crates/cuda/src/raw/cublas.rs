@@ -80,9 +80,8 @@ pub(crate) fn gemm<T>(
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: the caller checked w = rows x cols, x = tokens x cols and y = tokens x rows
     // elements of `data_type` (element size checked above); the leading dimensions are the
-    // row lengths of those row-major arrays; alpha
-    // and beta are f32 as CUBLAS_COMPUTE_32F requires; the handle's stream orders the call
-    // after the conversions that wrote w and x.
+    // row lengths of those row-major arrays; alpha and beta are f32 as CUBLAS_COMPUTE_32F
+    // requires; the handle's stream orders the call after the conversions that wrote w and x.
     unsafe {
         blas::gemm_ex(
             *handle.handle(),
