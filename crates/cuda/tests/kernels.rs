@@ -4,8 +4,8 @@
 
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
-    moe_route, router_topk, CudaError, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE,
-    Q8_DOT_TYPES, WEIGHT_KINDS,
+    moe_route, router_topk, CudaError, CudaSlice, Device, Dots, ExpertTiles, WeightMatrix,
+    GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -29,6 +29,76 @@ fn f64_dot(w: &[f32], x: &[f32]) -> (f64, f64) {
         let term = f64::from(a) * f64::from(b);
         (dot + term, norm + term.abs())
     })
+}
+
+/// A random `ty` matrix of rows x cols and `tokens` random activation rows: the bytes, their
+/// dequantized rows and x on the host, the bytes and x on the device, a zeroed output.
+struct Product {
+    bytes: Vec<u8>,
+    w: Vec<f32>,
+    x: Vec<f32>,
+    weights: CudaSlice<u8>,
+    x_device: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+}
+
+impl Product {
+    fn new(
+        device: &Device,
+        ty: GgmlType,
+        (rows, cols, tokens): (usize, usize, usize),
+        rng: &mut Rng,
+    ) -> Product {
+        let bytes = random_matrix(ty, rows, cols, rng);
+        let w = reference_rows(ty, &bytes, rows, cols);
+        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+        Product {
+            weights: device.upload(&bytes).unwrap(),
+            x_device: device.upload(&x).unwrap(),
+            y: device.alloc_zeros::<f32>(tokens * rows).unwrap(),
+            bytes,
+            w,
+            x,
+        }
+    }
+
+    /// The device matrix (a borrow of `weights` only, so `y` stays free to write).
+    fn matrix(
+        weights: &CudaSlice<u8>,
+        ty: GgmlType,
+        (rows, cols): (usize, usize),
+        dots: Dots,
+    ) -> WeightMatrix<'_> {
+        WeightMatrix {
+            ty,
+            rows,
+            cols,
+            bytes: weights.as_view(),
+            dots,
+        }
+    }
+
+    /// Asserts every output within `bound` x Σ|w·x| of `expected(t, row, f64 dot)`.
+    fn check(
+        &self,
+        device: &Device,
+        rows: usize,
+        case: &str,
+        expected: impl Fn(usize, usize, f64) -> (f64, f64),
+    ) {
+        let cols = self.w.len() / rows;
+        for (i, &f) in device.download(&self.y).unwrap().iter().enumerate() {
+            let (t, row) = (i / rows, i % rows);
+            let xt = &self.x[t * cols..(t + 1) * cols];
+            let (dot, norm) = f64_dot(&self.w[row * cols..(row + 1) * cols], xt);
+            let (expected, bound) = expected(t, row, dot);
+            let error = (f64::from(f) - expected).abs();
+            assert!(
+                error <= bound * norm.max(1e-30),
+                "{case} token {t} row {row}: CPU {expected}, GPU {f} (|terms| {norm})"
+            );
+        }
+    }
 }
 
 #[test]
@@ -159,40 +229,25 @@ fn matmul_matches_cpu_in_both_precisions() {
             };
             for &(rows, cols, tokens) in shapes.iter().chain(extra) {
                 let ty = kind.ty;
-                let bytes = random_matrix(ty, rows, cols, &mut rng);
-                let w = reference_rows(ty, &bytes, rows, cols);
-                let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
-                let weights = device.upload(&bytes).unwrap();
-                let x_device = device.upload(&x).unwrap();
-                let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
-                let matrix = WeightMatrix {
-                    ty,
-                    rows,
-                    cols,
-                    bytes: weights.as_view(),
-                    dots,
-                };
-                matmul(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()).unwrap();
-                let found = device.download(&y).unwrap();
-                let row_bytes = bytes.len() / rows;
-                for (i, &f) in found.iter().enumerate() {
-                    let (t, row) = (i / rows, i % rows);
-                    let xt = &x[t * cols..(t + 1) * cols];
-                    let (dot, norm) = f64_dot(&w[row * cols..(row + 1) * cols], xt);
-                    let (expected, bound) = match dots {
-                        Dots::F32 => (dot, 1e-4),
-                        Dots::Q8K => {
-                            let row = &bytes[row * row_bytes..(row + 1) * row_bytes];
-                            (f64::from(dot_row(ty, row, xt).unwrap()), 1e-5)
-                        }
-                    };
-                    let error = (f64::from(f) - expected).abs();
-                    assert!(
-                        error <= bound * norm.max(1e-30),
-                        "{ty:?} {dots:?} {rows}x{cols} token {t} row {row}: CPU {expected}, \
-                         GPU {f} (|terms| {norm})"
-                    );
-                }
+                let mut p = Product::new(&device, ty, (rows, cols, tokens), &mut rng);
+                let matrix = Product::matrix(&p.weights, ty, (rows, cols), dots);
+                matmul(
+                    &device,
+                    &matrix,
+                    &p.x_device.as_view(),
+                    &mut p.y.as_view_mut(),
+                )
+                .unwrap();
+                let row_bytes = p.bytes.len() / rows;
+                let case = format!("{ty:?} {dots:?} {rows}x{cols}");
+                p.check(&device, rows, &case, |t, row, dot| match dots {
+                    Dots::F32 => (dot, 1e-4),
+                    Dots::Q8K => {
+                        let w_row = &p.bytes[row * row_bytes..(row + 1) * row_bytes];
+                        let xt = &p.x[t * cols..(t + 1) * cols];
+                        (f64::from(dot_row(ty, w_row, xt).unwrap()), 1e-5)
+                    }
+                });
             }
         }
     }
@@ -219,20 +274,14 @@ fn cublas_prompt_products_match_the_cpu() {
             GgmlType::IQ1M,
         ] {
             for (rows, cols, tokens) in [(300, 2048, 70), (64, 512, 16)] {
-                let bytes = random_matrix(ty, rows, cols, &mut rng);
-                let w = reference_rows(ty, &bytes, rows, cols);
-                let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
-                let weights = device.upload(&bytes).unwrap();
-                let x_device = device.upload(&x).unwrap();
-                let mut y = device.alloc_zeros::<f32>(tokens * rows).unwrap();
-                let matrix = WeightMatrix {
-                    ty,
-                    rows,
-                    cols,
-                    bytes: weights.as_view(),
-                    dots,
-                };
-                match matmul_cublas(&device, &matrix, &x_device.as_view(), &mut y.as_view_mut()) {
+                let mut p = Product::new(&device, ty, (rows, cols, tokens), &mut rng);
+                let matrix = Product::matrix(&p.weights, ty, (rows, cols), dots);
+                match matmul_cublas(
+                    &device,
+                    &matrix,
+                    &p.x_device.as_view(),
+                    &mut p.y.as_view_mut(),
+                ) {
                     Err(CudaError::Blas {
                         call: "cublasCreate",
                         message,
@@ -242,18 +291,8 @@ fn cublas_prompt_products_match_the_cpu() {
                     }
                     other => other.unwrap(),
                 }
-                let found = device.download(&y).unwrap();
-                for (i, &f) in found.iter().enumerate() {
-                    let (t, row) = (i / rows, i % rows);
-                    let xt = &x[t * cols..(t + 1) * cols];
-                    let (dot, norm) = f64_dot(&w[row * cols..(row + 1) * cols], xt);
-                    let error = (f64::from(f) - dot).abs();
-                    assert!(
-                        error <= bound * norm.max(1e-30),
-                        "{ty:?} {dots:?} cuBLAS {rows}x{cols} token {t} row {row}: CPU {dot}, \
-                         GPU {f} (|terms| {norm})"
-                    );
-                }
+                let case = format!("{ty:?} {dots:?} cuBLAS {rows}x{cols}");
+                p.check(&device, rows, &case, |_, _, dot| (dot, bound));
             }
         }
     }

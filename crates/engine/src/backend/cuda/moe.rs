@@ -58,49 +58,46 @@ pub fn forward(
         .router
         .view_with_extra_rows()
         .filter(|_| t == 1 && router_with_shared_row());
-    match merged {
-        Some(both) if router_topk_takes(&both) => {
-            let mut logits = s.router.slice_mut(..c.n_expert + 1);
-            let mut ticket = s.route_ticket.slice_mut(..1);
-            router_topk(
-                device,
-                &both,
-                h,
-                &mut logits,
-                &mut ticket,
-                &mut ids,
-                &mut weights,
-                &mut shared_weight,
-            )?;
-        }
-        Some(both) => {
-            let mut logits = s.router.slice_mut(..c.n_expert + 1);
-            matmul(device, &both, h, &mut logits)?;
-            let router = s.router.slice(..c.n_expert);
-            let shared_logit = s.router.slice(c.n_expert..c.n_expert + 1);
-            moe_route(
-                device,
-                &router,
-                &shared_logit,
-                &mut ids,
-                &mut weights,
-                &mut shared_weight,
-            )?;
-        }
-        None => {
-            let mut router = s.router.slice_mut(..t * c.n_expert);
-            matmul(device, &w.router.view(), h, &mut router)?;
-            let mut shared_logit = s.shared_logit.slice_mut(..t);
-            matmul(device, &w.shared_gate_inp.view(), h, &mut shared_logit)?;
-            moe_route(
-                device,
-                &router.as_view(),
-                &shared_logit.as_view(),
-                &mut ids,
-                &mut weights,
-                &mut shared_weight,
-            )?;
-        }
+    if let Some(both) = merged.as_ref().filter(|m| router_topk_takes(m)) {
+        router_topk(
+            device,
+            both,
+            h,
+            &mut s.router.slice_mut(..c.n_expert + 1),
+            &mut s.route_ticket.slice_mut(..1),
+            &mut ids,
+            &mut weights,
+            &mut shared_weight,
+        )?;
+    } else {
+        let (router, shared_logit) = match merged {
+            Some(both) => {
+                matmul(device, &both, h, &mut s.router.slice_mut(..c.n_expert + 1))?;
+                (
+                    s.router.slice(..c.n_expert),
+                    s.router.slice(c.n_expert..c.n_expert + 1),
+                )
+            }
+            None => {
+                matmul(
+                    device,
+                    &w.router.view(),
+                    h,
+                    &mut s.router.slice_mut(..t * c.n_expert),
+                )?;
+                let mut shared_logit = s.shared_logit.slice_mut(..t);
+                matmul(device, &w.shared_gate_inp.view(), h, &mut shared_logit)?;
+                (s.router.slice(..t * c.n_expert), s.shared_logit.slice(..t))
+            }
+        };
+        moe_route(
+            device,
+            &router,
+            &shared_logit,
+            &mut ids,
+            &mut weights,
+            &mut shared_weight,
+        )?;
     }
     if t > 1 && (cache.is_some() || pair_down()) {
         let buffers = PairBuffers {
