@@ -4,7 +4,7 @@
 #   redlite          cargo build --release --features cuda (and redlite.xz: stripped, xz)
 #   cuda_parity      the engine's CUDA parity tests (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
-#   kernels, mma, attention, deltanet  the cuda crate's GPU tests (test binaries)
+#   kernels, mma, attention, deltanet, preload  the cuda crate's GPU tests (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
 #   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
 #
@@ -31,6 +31,7 @@ cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"
 cp "$(test_binary -p redlite-cuda --test attention)" "$D/attention"
 cp "$(test_binary -p redlite-cuda --test deltanet)" "$D/deltanet"
+cp "$(test_binary -p redlite-cuda --test preload)" "$D/preload"
 
 if [ ! -f "$D/llama-src.tgz" ]; then
   sdist="$ROOT/.cache/reference/dl/llama_cpp_python-0.3.36.tar.gz"

@@ -75,6 +75,9 @@ if stage kernels; then
     || note "mma kernels: FAILED $(grep -E '^test result|panicked' "$OUT/mma.log" | head -3)"
   REDLITE_PREFILL_TILES=0 "$D/kernels" --test-threads=1 matmul > "$OUT/kernels-tiles.log" 2>&1
   note "kernels, no token tiles: $(grep -E '^test result' "$OUT/kernels-tiles.log" | tail -1)"
+  [ -f "$D/preload" ] && "$D/preload" --test-threads=1 > "$OUT/preload.log" 2>&1 \
+    && note "weights loaded ahead, bit for bit: $(grep -E '^test result' "$OUT/preload.log" | tail -1)" \
+    || note "weights loaded ahead: FAILED $(grep -E '^test result|panicked' "$OUT/preload.log" | head -3)"
   [ -f "$D/deltanet" ] && "$D/deltanet" --test-threads=1 --nocapture > "$OUT/deltanet.log" 2>&1 \
     && note "chunked delta rule, token-parallel conv: $(grep -E '^test result' "$OUT/deltanet.log" | tail -1)" \
     || note "chunked delta rule: FAILED $(grep -E '^test result|panicked' "$OUT/deltanet.log" | head -3)"
@@ -99,7 +102,7 @@ if stage parity; then
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   # The decode kernels' alternatives (each switch's path against the CPU).
-  for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0; do
+  for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0 REDLITE_PRELOAD=0; do
     env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
     note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
   done
@@ -241,7 +244,7 @@ PY
     head -25 "$OUT/ncu-decode.txt" | tee -a "$SUMMARY"
     sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats)
-    for k in matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_kernel; do
+    for k in ${NCU_KERNELS:-matmul_q8_preload_kernel moe_gate_up_q8_preload_kernel moe_down_q8_preload_kernel}; do
       timeout 120 ncu --clock-control none --cache-control none --graph-profiling node \
         -k "regex:$k" --launch-skip 60 --launch-count 3 "${sections[@]}" \
         "$R" bench -m "$F" --device cuda -p 0 -n 8 -r 1 > "$OUT/ncu-$k.txt" 2>&1

@@ -234,6 +234,16 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         for (int j = 0; j < KERNEL - 1; ++j) conv_state[j * channels + ch] = window[j + 1];
         return siluf(acc);
     };
+    // This thread's state column and gate inputs are loaded first: nothing before the
+    // update needs them, so their latency overlaps the conv and the norms (the column is
+    // this thread's alone; no other thread reads or writes it).
+    const int v = tid / DK, j = tid % DK, h = kh * r + v;
+    float* s = state + i64(h) * DK * DK + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
+    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
+    const float a_h = a[h];
     for (int c = tid; c < 2 * DK; c += blockDim.x) {
         if (c < DK) {
             qs[c] = conv(kh * DK + c);
@@ -241,7 +251,6 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             ks[c - DK] = conv(key_dim + kh * DK + c - DK);
         }
     }
-    const int v = tid / DK, j = tid % DK, h = kh * r + v;
     const float value = conv(2 * key_dim + h * DK + j);
     __syncthreads();
     for (int which = warp; which < 2; which += warps) {
@@ -260,13 +269,8 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         }
     }
     __syncthreads();
-    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
     const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-    const float beta = sigmoidf(b_in), alpha = expf(a[h] * softplus);
-    float* s = state + i64(h) * DK * DK + j;
-    float col[DK];
-#pragma unroll
-    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
+    const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
     float delta = value;
 #pragma unroll
     for (int i = 0; i < DK; ++i) {

@@ -166,14 +166,47 @@ static __device__ __forceinline__ int iq2_group_dot(u64 grid, u32 signs, int x_l
 
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
 // B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
+//
+// Each dot is split in two: `load(block, item)` returns the item's weight bits as loaded
+// (a `Raw`, no arithmetic on them, so a thread can issue the loads of many items before
+// it waits on the first), and `dot(raw, item, q, d8)` does all the arithmetic. The
+// one-call form is `dot(load(...), ...)`: the same operations in the same order, so a
+// kernel that loads its items ahead gets the same bits as one that does not. PRELOAD is
+// how many Raws a thread may hold at once (by their registers); the types without a
+// Raw of their own (Q6K, IQ1M) keep the block pointer and load inside `dot`.
 template <class B>
 struct Q8Dot;
 
+#define Q8_DOT_FROM_RAW                                                                      \
+    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q,         \
+                                                float d8) {                                 \
+        return dot(load(b, item), item, q, d8);                                             \
+    }
+
+// Two halves of a 2-byte aligned u32, joined by `dot`.
+struct U32Halves {
+    u16 lo, hi;
+    __device__ __forceinline__ u32 value() const { return u32(lo) | (u32(hi) << 16); }
+};
+
+static __device__ __forceinline__ U32Halves load_halves(const u8* p) {
+    const u16* q = reinterpret_cast<const u16*>(p);
+    return {q[0], q[1]};
+}
+
 template <>
 struct Q8Dot<IQ2XXS> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
-        const float d = f16_to_f32(load_u16(b));
-        const u32 a = load_u32_a2(b + 2 + 8 * item), s = load_u32_a2(b + 6 + 8 * item);
+    static constexpr int PRELOAD = 12;
+    struct Raw {
+        u16 d;
+        U32Halves a, s;
+    };
+    static __device__ __forceinline__ Raw load(const u8* b, int item) {
+        return {load_u16(b), load_halves(b + 2 + 8 * item), load_halves(b + 6 + 8 * item)};
+    }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const float d = f16_to_f32(r.d);
+        const u32 a = r.a.value(), s = r.s.value();
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int sumi = 0;
@@ -185,14 +218,25 @@ struct Q8Dot<IQ2XXS> {
         }
         return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
     }
+    Q8_DOT_FROM_RAW
 };
 
 template <>
 struct Q8Dot<IQ2XS> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
-        const float d = f16_to_f32(load_u16(b));
-        const u32 w01 = load_u32_a2(b + 2 + 8 * item), w23 = load_u32_a2(b + 6 + 8 * item);
-        const u32 sc = b[66 + item];
+    static constexpr int PRELOAD = 12;
+    struct Raw {
+        u16 d;
+        U32Halves w01, w23;
+        u8 sc;
+    };
+    static __device__ __forceinline__ Raw load(const u8* b, int item) {
+        return {load_u16(b), load_halves(b + 2 + 8 * item), load_halves(b + 6 + 8 * item),
+                b[66 + item]};
+    }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const float d = f16_to_f32(r.d);
+        const u32 w01 = r.w01.value(), w23 = r.w23.value();
+        const u32 sc = r.sc;
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         int low = iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
         low = iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low);
@@ -201,11 +245,21 @@ struct Q8Dot<IQ2XS> {
         const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
         return 0.125f * d * d8 * float(sumi);
     }
+    Q8_DOT_FROM_RAW
+};
+
+// A type without a Raw of its own: the block pointer stands for it.
+struct BlockPointer {
+    const u8* b;
 };
 
 template <>
 struct Q8Dot<IQ1M> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+    static constexpr int PRELOAD = 12;
+    typedef BlockPointer Raw;
+    static __device__ __forceinline__ Raw load(const u8* b, int) { return {b}; }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const u8* b = r.b;
         const u16 w0 = load_u16(b + 48), w1 = load_u16(b + 50);
         const u16 w2 = load_u16(b + 52), w3 = load_u16(b + 54);
         const float d = f16_to_f32(u16((w0 >> 12) | ((w1 >> 8) & 0x00f0) |
@@ -228,27 +282,39 @@ struct Q8Dot<IQ1M> {
         }
         return d * d8 * (float(sumi) + 0.125f * float(sum_delta));
     }
+    Q8_DOT_FROM_RAW
 };
 
 // Item s = 8H + 2p + k: values 128H + 32p + 16k + t (t < 16) are bits 2p of
 // qs[32H + 16k + t].
 template <>
 struct Q8Dot<Q2K> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
-        const u32 dd = load_u32(b + 80);
-        const u32 sc = b[item];
+    static constexpr int PRELOAD = 8;
+    struct Raw {
+        u32 dd, qs[4];
+        u8 sc;
+    };
+    static __device__ __forceinline__ Raw load(const u8* b, int item) {
+        const u8* qs = b + 16 + 32 * (item >> 3) + 16 * (item & 1);
+        return {load_u32(b + 80),
+                {load_u32(qs), load_u32(qs + 4), load_u32(qs + 8), load_u32(qs + 12)},
+                b[item]};
+    }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const u32 dd = r.dd;
+        const u32 sc = r.sc;
         const int half = item >> 3, p = (item >> 1) & 3, k = item & 1;
-        const u8* qs = b + 16 + 32 * half + 16 * k;
         const int4 x = load_q8x16(q + 128 * half + 32 * p + 16 * k);
         const int xs[4] = {x.x, x.y, x.z, x.w};
         int sum = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            sum = __dp4a(int((load_u32(qs + 4 * w) >> (2 * p)) & 0x03030303u), xs[w], sum);
+            sum = __dp4a(int((r.qs[w] >> (2 * p)) & 0x03030303u), xs[w], sum);
         }
         const float dl = f16_to_f32(u16(dd & 0xffff)), ml = f16_to_f32(u16(dd >> 16));
         return d8 * (dl * float(int(sc & 0x0f) * sum) - ml * float(int(sc >> 4) * q8_sum16(x)));
     }
+    Q8_DOT_FROM_RAW
 };
 
 // The 6-bit scale and min of sub-block j of Q4_K / Q5_K as integers.
@@ -262,20 +328,46 @@ static __device__ __forceinline__ void scale_min_k4_int(int j, const u8* packed,
     }
 }
 
+// The same from the 12 packed bytes held as three little-endian words (a loaded Raw).
+static __device__ __forceinline__ void scale_min_k4_words(int j, const u32 packed[3], int& sc,
+                                                          int& m) {
+    const auto byte = [&](int i) { return int((packed[i / 4] >> (8 * (i % 4))) & 0xff); };
+    if (j < 4) {
+        sc = byte(j) & 63;
+        m = byte(j + 4) & 63;
+    } else {
+        sc = (byte(j + 4) & 0x0f) | ((byte(j - 4) >> 6) << 4);
+        m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    }
+}
+
 // Item (c, h): low nibbles of qs[32c + 16h + t] are values 64c + 16h + t (sub-block 2c),
 // high nibbles values 64c + 32 + 16h + t (sub-block 2c + 1); Q5_K's fifth bit of value
 // 32s + l is bit s of qh[l].
 template <bool FIVE_BITS>
 struct Q8Dot<QKAffine<FIVE_BITS>> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
-        const u32 dd = load_u32(b);
+    static constexpr int PRELOAD = 4;
+    struct Raw {
+        u32 dd, packed[3];
+        uint4 qs, qh;
+    };
+    static __device__ __forceinline__ Raw load(const u8* b, int item) {
+        const int c = item >> 1, h = item & 1;
+        Raw r;
+        r.dd = load_u32(b);
+        r.packed[0] = load_u32(b + 4), r.packed[1] = load_u32(b + 8);
+        r.packed[2] = load_u32(b + 12);
+        r.qs = load_u128(b + (FIVE_BITS ? 48 : 16) + 32 * c + 16 * h);
+        r.qh = FIVE_BITS ? load_u128(b + 16 + 16 * h) : make_uint4(0, 0, 0, 0);
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const u32 dd = r.dd;
         const int c = item >> 1, h = item & 1;
         int sc_lo, m_lo, sc_hi, m_hi;
-        scale_min_k4_int(2 * c, b + 4, sc_lo, m_lo);
-        scale_min_k4_int(2 * c + 1, b + 4, sc_hi, m_hi);
-        const uint4 qs = load_u128(b + (FIVE_BITS ? 48 : 16) + 32 * c + 16 * h);
-        uint4 qh = make_uint4(0, 0, 0, 0);
-        if (FIVE_BITS) qh = load_u128(b + 16 + 16 * h);
+        scale_min_k4_words(2 * c, r.packed, sc_lo, m_lo);
+        scale_min_k4_words(2 * c + 1, r.packed, sc_hi, m_hi);
+        const uint4 qs = r.qs, qh = r.qh;
         const int4 x_lo = load_q8x16(q + 64 * c + 16 * h);
         const int4 x_hi = load_q8x16(q + 64 * c + 32 + 16 * h);
         const u32 qs_w[4] = {qs.x, qs.y, qs.z, qs.w};
@@ -298,13 +390,18 @@ struct Q8Dot<QKAffine<FIVE_BITS>> {
         const int mins = m_lo * q8_sum16(x_lo) + m_hi * q8_sum16(x_hi);
         return d8 * (d * float(scaled) - dmin * float(mins));
     }
+    Q8_DOT_FROM_RAW
 };
 
 // Item (H, k): l = 8k..8k+8 of half H, values 128H + 32g + l for g = 0..4 with scale
 // 8H + 2g + k/2.
 template <>
 struct Q8Dot<Q6K> {
-    static __device__ __forceinline__ float dot(const u8* b, int item, const i8* q, float d8) {
+    static constexpr int PRELOAD = 12;
+    typedef BlockPointer Raw;
+    static __device__ __forceinline__ Raw load(const u8* b, int) { return {b}; }
+    static __device__ __forceinline__ float dot(const Raw& r, int item, const i8* q, float d8) {
+        const u8* b = r.b;
         const float d = f16_to_f32(load_u16(b + 208));
         const int half = item >> 2, l0 = 8 * (item & 3);
         const u8* ql = b + 64 * half + l0;
@@ -333,6 +430,7 @@ struct Q8Dot<Q6K> {
         for (int g = 0; g < 4; ++g) sumi += int(scales[2 * g]) * (sums[g] - 32 * code_sums[g]);
         return d * d8 * float(sumi);
     }
+    Q8_DOT_FROM_RAW
 };
 
 // This lane's share of W_row · x with x quantized (`q` codes, `d` scales per 256 values)

@@ -6,9 +6,10 @@ use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
 use crate::ops::Dots;
 use crate::raw;
-use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_V3_WARPS};
+use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_PRELOAD_ITEMS, MOE_V3_WARPS};
 use cudarc::driver::{CudaView, CudaViewMut};
 use redlite_gguf::GgmlType;
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 #[allow(clippy::too_many_arguments)]
@@ -80,6 +81,39 @@ fn moe_q8_rows() -> usize {
     })
 }
 
+/// Whether the one-row q8 matvecs (dense and expert) load their weights ahead of the input's
+/// quantization (`matmul_q8_preload_kernel`, `moe_decode.cu`): the same bits, fewer
+/// latency chains; `REDLITE_PRELOAD=0` keeps the kernels that load as they go.
+pub(crate) fn preload() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let from_env = || *ON.get_or_init(|| std::env::var("REDLITE_PRELOAD").as_deref() != Ok("0"));
+    PRELOAD_HERE.get().unwrap_or_else(from_env)
+}
+
+thread_local! {
+    /// This thread's choice over the environment's (`with_preload`).
+    static PRELOAD_HERE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with the preloading kernels on or off for launches from this thread, whatever
+/// the environment says: the kernel tests compare the two bit for bit in one process.
+#[doc(hidden)]
+pub fn with_preload<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PRELOAD_HERE.set(self.0);
+        }
+    }
+    let _restore = Restore(PRELOAD_HERE.replace(Some(on)));
+    f()
+}
+
+/// Items per lane of a row of `values` values of `kind` shared by `lanes` lanes.
+fn items_per_lane(kind: WeightKind, values: usize, lanes: usize) -> usize {
+    (values / kind.ty.block_values() * kind.items_per_block).div_ceil(lanes)
+}
+
 /// Whether the expert launches of `ty` with `dots` can take the shared expert along (the
 /// version-3 and q8 kernels can).
 pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
@@ -132,6 +166,12 @@ pub(crate) fn moe_gate_up(
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
             cols * size_of::<f32>(),
+        ),
+        MoeVersion::Q8 { lanes } if preload() && moe_q8_rows() == 1 => (
+            device.kernel(&source::moe_gate_up_q8_preload_kernel(kind, lanes))?,
+            LAYER_WARPS as usize * 32 / lanes,
+            LAYER_WARPS * 32,
+            q8_shared_bytes(cols),
         ),
         MoeVersion::Q8 { lanes } => (
             device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
@@ -191,6 +231,11 @@ pub(crate) fn moe_down(
     shared: Option<raw::SharedDownArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
+    let shared_ff = shared.as_ref().map_or(0, |s| s.3);
+    let preload_items = |lanes| {
+        let items = items_per_lane(kind, ff.max(shared_ff), lanes);
+        Some(items).filter(|i| preload() && moe_q8_rows() == 1 && MOE_PRELOAD_ITEMS.contains(i))
+    };
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_down_v3_kernel(kind))?,
@@ -204,12 +249,18 @@ pub(crate) fn moe_down(
             LAYER_WARPS * 32,
             staged,
         ),
-        MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()))?,
-            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
-            LAYER_WARPS * 32,
-            q8_shared_bytes(used * ff + shared.as_ref().map_or(0, |s| s.3)),
-        ),
+        MoeVersion::Q8 { lanes } => {
+            let kernel = match preload_items(lanes) {
+                Some(items) => source::moe_down_q8_preload_kernel(kind, lanes, items),
+                None => source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
+            };
+            (
+                device.kernel(&kernel)?,
+                LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+                LAYER_WARPS * 32,
+                q8_shared_bytes(used * ff + shared_ff),
+            )
+        }
         MoeVersion::V1 => (
             device.kernel(&source::moe_down_kernel(kind))?,
             LAYER_WARPS as usize,

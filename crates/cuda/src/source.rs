@@ -18,6 +18,7 @@ const ATTENTION: &str = include_str!("../kernels/attention.cu");
 const ATTENTION_PREFILL: &str = include_str!("../kernels/attention_prefill.cu");
 const MOE: &str = include_str!("../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../kernels/moe_route.cu");
+const MOE_DECODE: &str = include_str!("../kernels/moe_decode.cu");
 const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
 const EXPERT_CACHE: &str = include_str!("../kernels/expert_cache.cu");
 
@@ -246,6 +247,14 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
     )
 }
 
+/// The q8 matmul with the weights loaded ahead (`matmul_q8_preload_kernel`).
+pub(crate) fn matmul_q8_preload_kernel(kind: WeightKind, rows: usize) -> String {
+    format!(
+        "matmul_q8_preload_kernel<{}, {MATMUL_V2_WARPS}, {rows}>",
+        kind.cuda_name
+    )
+}
+
 /// Rows per warp and tokens per CTA of the token-tiled q8 matmul (prompt ingestion).
 pub(crate) const MATMUL_TILE_ROWS: usize = 2;
 pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
@@ -286,6 +295,14 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
     format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
 }
 
+/// The split-K q8 matmul with the row's items loaded ahead of the quantization.
+pub(crate) fn matmul_splitk_q8_preload_kernel(kind: WeightKind) -> String {
+    format!(
+        "matmul_splitk_q8_preload_kernel<{}, {MATMUL_SPLITK_WARPS}>",
+        kind.cuda_name
+    )
+}
+
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
@@ -308,6 +325,23 @@ pub(crate) fn moe_gate_up_q8_grouped_kernel(kind: WeightKind, lanes: usize) -> S
 pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_down_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        kind.cuda_name
+    )
+}
+
+/// Items per lane and term the preloading down kernel is built for (`moe_decode.cu`).
+pub(crate) const MOE_PRELOAD_ITEMS: [usize; 2] = [1, 2];
+
+pub(crate) fn moe_gate_up_q8_preload_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_gate_up_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}>",
+        kind.cuda_name
+    )
+}
+
+pub(crate) fn moe_down_q8_preload_kernel(kind: WeightKind, lanes: usize, items: usize) -> String {
+    format!(
+        "moe_down_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}, {items}>",
         kind.cuda_name
     )
 }
@@ -502,16 +536,21 @@ pub fn modules() -> Vec<ModuleSource> {
                     })
                 }))
                 .chain(q8_kinds().flat_map(|k| {
-                    MATMUL_V2_ROWS
-                        .iter()
-                        .map(move |&rows| matmul_q8_kernel(k, rows))
+                    MATMUL_V2_ROWS.iter().flat_map(move |&rows| {
+                        [matmul_q8_kernel(k, rows), matmul_q8_preload_kernel(k, rows)]
+                    })
                 }))
                 .chain(
                     matmul_v2_blocks()
                         .into_iter()
                         .map(|block| matmul_splitk_kernel(block, false)),
                 )
-                .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
+                .chain(q8_kinds().flat_map(|k| {
+                    [
+                        matmul_splitk_kernel(k.cuda_name, true),
+                        matmul_splitk_q8_preload_kernel(k),
+                    ]
+                }))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
                 .collect(),
         },
@@ -526,7 +565,7 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "moe",
-            source: with_q8_dots(&[MOE, MOE_ROUTE].join("\n")),
+            source: with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n")),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
@@ -557,6 +596,15 @@ pub fn modules() -> Vec<ModuleSource> {
                     MOE_LANES
                         .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
+                }))
+                .chain(q8_kinds().flat_map(|k| {
+                    MOE_LANES.iter().flat_map(move |&lanes| {
+                        std::iter::once(moe_gate_up_q8_preload_kernel(k, lanes)).chain(
+                            MOE_PRELOAD_ITEMS
+                                .iter()
+                                .map(move |&items| moe_down_q8_preload_kernel(k, lanes, items)),
+                        )
+                    })
                 }))
                 .chain([
                     "moe_route_kernel".to_string(),
