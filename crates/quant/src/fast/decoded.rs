@@ -3,9 +3,16 @@
 //! Decoding a grid row costs table lookups and sign assembly for every 8 values; a batch
 //! of T tokens pays it once instead of T times.
 //!
-//! The dot of a decoded row forms exactly the integer vectors the AVX2 row kernel forms
-//! (`maddubs(|w|, sign(q8, w))`, `madd` with the sub-block scales, one f32 fma per block
-//! in the same lane order), so its result is bit-identical to [`super::vec_dot`].
+//! The dot of a decoded row forms exactly the i32 block sums the AVX2 row kernel forms
+//! (`maddubs(|w|, sign(q8, w))`, `madd` with the sub-block scales) and does the same f32
+//! work with them (one fma per block in the same lane order), so its result is
+//! bit-identical to [`super::vec_dot`]. It reaches those sums another way: it biases the
+//! activation to `q8 + 128` (unsigned) and multiplies the signed weights directly, then
+//! removes `128·Σw` per lane with the row's precomputed [`DecodedRow::offsets`]: one `xor`
+//! per 32 values and token instead of a `sign`, which on Zen 3 competes with `maddubs` and
+//! `madd` for the same two pipes. Exact because no i16 pair saturates (|w| ≤ 43, so a pair
+//! is at most 2·255·43) and Q8_K codes lie in −127..=127: the quantizer never writes −128,
+//! where `sign` would not negate (tested for extreme and non-finite inputs too).
 
 use redlite_gguf::GgmlType;
 
@@ -28,6 +35,9 @@ pub struct DecodedRow {
     /// 16 i16 lanes per sub-block: the scale of each lane pair's group, as the kernel's
     /// `madd` multiplies them.
     pub(crate) scales: Vec<i16>,
+    /// 8 i32 lanes per block: −Σ over its sub-blocks of `madd(maddubs(128, w), scales)`,
+    /// what biasing the activation by 128 adds to each lane of the block sum.
+    pub(crate) offsets: Vec<i32>,
 }
 
 /// Whether [`decode_row`] supports `ty`.
@@ -98,6 +108,7 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
     out.d.resize(blocks, 0.0);
     out.w.resize(blocks * QK, 0);
     out.scales.resize(blocks * QK / SUB * 16, 0);
+    out.offsets.resize(blocks * 8, 0);
     #[cfg(target_arch = "x86_64")]
     if super::avx2::decode_grid_row(ty, row, out) {
         return Ok(());
@@ -108,6 +119,19 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
 
 /// The portable decoder (and the reference the AVX2 one is tested against).
 pub(crate) fn decode_blocks(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
+    decode_values(ty, row, out);
+    let blocks = out
+        .w
+        .chunks_exact(QK)
+        .zip(out.scales.chunks_exact(QK / SUB * 16))
+        .zip(out.offsets.chunks_exact_mut(8));
+    for ((w, scales), offsets) in blocks {
+        block_offsets(w, scales, offsets);
+    }
+}
+
+/// The portable decoder's `d`, weights and scales (not the offsets).
+pub(crate) fn decode_values(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
     let block = ty.block_bytes();
     let (d, w, scales) = (&mut out.d, &mut out.w, &mut out.scales);
     for (b, x) in row.chunks_exact(block).enumerate() {
@@ -175,5 +199,22 @@ pub(crate) fn decode_blocks(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
                 }
             }
         }
+    }
+}
+
+/// [`DecodedRow::offsets`] of one block from its 256 weights and 8 × 16 scale lanes: lane
+/// `j` of a 32-byte vector covers bytes 4j..4j+4 (lanes 0–3 the low half, whose scales are
+/// lanes 0–7, lanes 4–7 the high half, scales 8–15).
+fn block_offsets(w: &[u8], scales: &[i16], offsets: &mut [i32]) {
+    for (j, offset) in offsets.iter_mut().enumerate() {
+        let mut sum = 0i32;
+        for (sub, scales) in w.chunks_exact(SUB).zip(scales.chunks_exact(16)) {
+            let weights: i32 = sub[4 * j..4 * j + 4]
+                .iter()
+                .map(|&b| i32::from(b as i8))
+                .sum();
+            sum += 128 * weights * i32::from(scales[2 * j]);
+        }
+        *offset = -sum;
     }
 }

@@ -247,6 +247,7 @@ fn check_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<GgmlType
     if row.w.len() != act.values
         || row.d.len() * 256 != act.values
         || row.scales.len() * 2 != act.values
+        || row.offsets.len() * 32 != act.values
     {
         return Err(QuantError::ValueLength {
             op,

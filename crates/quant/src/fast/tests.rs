@@ -424,30 +424,132 @@ fn many_activation_dots_are_bit_identical_to_vec_dot() {
     }
 }
 
-/// The AVX2 row decoders (IQ2_XXS, IQ2_XS) write exactly what the portable decoder writes.
+/// The AVX2 row decoders (IQ2_XXS, IQ2_XS; IQ1_M's offsets) write exactly what the
+/// portable decoder writes.
 #[test]
 fn vector_decoding_equals_the_portable_decoder() {
-    use crate::{decode_row, DecodedRow};
     for (ty, seed, blocks) in [
         (GgmlType::IQ2XXS, 1u64, 1usize),
         (GgmlType::IQ2XXS, 7, 8),
         (GgmlType::IQ2XXS, 9, 17),
         (GgmlType::IQ2XS, 2, 1),
         (GgmlType::IQ2XS, 5, 9),
+        (GgmlType::IQ1M, 4, 1),
+        (GgmlType::IQ1M, 6, 9),
     ] {
-        let row = decoded_test_row(ty, blocks, seed);
-        let mut fast = DecodedRow::default();
-        decode_row(ty, &row, &mut fast).unwrap();
-        let mut portable = fast.clone();
-        portable.w.fill(0);
-        portable.scales.fill(0);
-        portable.d.fill(0.0);
-        super::decoded::decode_blocks(ty, &row, &mut portable);
-        assert_eq!(fast.w, portable.w, "{ty} weights, {blocks} blocks");
-        assert_eq!(fast.scales, portable.scales, "{ty} scales, {blocks} blocks");
-        assert_eq!(
-            fast.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            portable.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        assert_decoders_agree(ty, &decoded_test_row(ty, blocks, seed));
+    }
+}
+
+/// Every 7-bit sign index in every group position (128 sub-blocks), through the AVX2
+/// decoders' vector sign bits and parity, against the portable decoder's `KSIGNS_IQ2XS`.
+#[test]
+fn vector_decoding_covers_every_sign_index() {
+    for ty in [GgmlType::IQ2XXS, GgmlType::IQ2XS] {
+        let mut row = decoded_test_row(ty, 16, 3);
+        for (b, block) in row.chunks_exact_mut(ty.block_bytes()).enumerate() {
+            for (ib, word) in block[2..66].chunks_exact_mut(8).enumerate() {
+                // Over the 128 sub-blocks, each group position sees each index once.
+                let sign = |l: u64| (8 * b as u64 + ib as u64 + 37 * l) % 128;
+                let old = u64::from_le_bytes(word.try_into().unwrap());
+                let new = (0..4).fold(0u64, |acc, l| match ty {
+                    // Grid indices and the scale kept; signs at 32 + 7l.
+                    GgmlType::IQ2XXS => acc | sign(l) << (32 + 7 * l),
+                    // One u16 per group: grid index kept, signs at 9.
+                    _ => acc | ((old >> (16 * l)) & 511 | sign(l) << 9) << (16 * l),
+                });
+                let kept = match ty {
+                    GgmlType::IQ2XXS => old & 0xf000_0000_ffff_ffff,
+                    _ => 0,
+                };
+                word.copy_from_slice(&(kept | new).to_le_bytes());
+            }
+        }
+        assert_decoders_agree(ty, &row);
+    }
+}
+
+fn assert_decoders_agree(ty: GgmlType, row: &[u8]) {
+    use crate::{decode_row, DecodedRow};
+    let blocks = row.len() / ty.block_bytes();
+    let mut fast = DecodedRow::default();
+    decode_row(ty, row, &mut fast).unwrap();
+    let mut portable = fast.clone();
+    portable.w.fill(0);
+    portable.scales.fill(0);
+    portable.offsets.fill(0);
+    portable.d.fill(0.0);
+    super::decoded::decode_blocks(ty, row, &mut portable);
+    assert_eq!(fast.w, portable.w, "{ty} weights, {blocks} blocks");
+    assert_eq!(fast.scales, portable.scales, "{ty} scales, {blocks} blocks");
+    assert_eq!(
+        fast.offsets, portable.offsets,
+        "{ty} offsets, {blocks} blocks"
+    );
+    assert_eq!(
+        fast.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        portable.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+/// The decoded-row dots bias the activation by 128 (`fast::decoded`), which is exact only
+/// because Q8_K codes never reach −128: not for extreme, non-finite or subnormal inputs.
+#[test]
+fn q8k_codes_never_reach_minus_128() {
+    let mut rng = Rng(0xfa57_0006);
+    let mut cases: Vec<Vec<f32>> = (0..3)
+        .map(|t| random_activation(&mut rng, 256, t))
+        .collect();
+    for special in [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        -1e-40,
+        1e-45,
+        -0.0,
+    ] {
+        // The special value alone, and among ordinary values of either sign.
+        cases.push(vec![special; 256]);
+        cases.push(
+            (0..256)
+                .map(|i| {
+                    if i == 17 {
+                        special
+                    } else {
+                        (i as f32 - 128.0) * 0.37
+                    }
+                })
+                .collect(),
         );
+        cases.push(
+            (0..256)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        special
+                    } else {
+                        -1e-39 * i as f32
+                    }
+                })
+                .collect(),
+        );
+    }
+    cases.push(
+        (0..256)
+            .map(|i| {
+                if i == 3 {
+                    -3.0
+                } else {
+                    3.0 * (i as f32 / 256.0)
+                }
+            })
+            .collect(),
+    );
+    for values in &cases {
+        let act = QuantizedActivation::new(GgmlType::IQ2XXS, values).unwrap();
+        let codes = &act.bytes()[4..4 + 256];
+        assert!(!codes.contains(&0x80), "−128 from {:?}", &values[..4]);
     }
 }

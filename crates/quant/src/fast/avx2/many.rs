@@ -3,7 +3,7 @@
 //! For every activation the integer vectors, their order and the float operations are those
 //! of the one-activation kernel, so each result is bit-identical to it.
 
-use super::decoded::{load_i16, load_i8};
+use super::decoded::{load_i16, load_i32, load_i8};
 use super::{f16_at, hsum_f32x4, hsum_f32x8, load_256};
 use crate::fast::decoded::DecodedRow;
 use crate::fast::scalar::{f32_at, scales_mins_k4, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
@@ -25,27 +25,58 @@ fn block_of<const N: usize>(ys: Acts<'_, N>, blk: usize) -> Acts<'_, N> {
     blocks
 }
 
-/// [`super::decoded::dot_decoded`] for N activations: each decoded weight vector, its
-/// magnitudes and its scales are loaded once per sub-block and used N times.
+/// Block `blk` of each activation: its scale and its 256 quants as a fixed-size array, so
+/// that the sub-block offsets into it need no bounds checks (`None`: an activation is too
+/// short, which the callers' length checks rule out).
+#[inline(always)]
+fn block_quants<const N: usize>(
+    ys: Acts<'_, N>,
+    blk: usize,
+) -> Option<([f32; N], [&[u8; 256]; N])> {
+    let base = blk * Q8K_BYTES;
+    let mut scales = [0f32; N];
+    let mut quants: [&[u8; 256]; N] = [&[0; 256]; N];
+    // A plain loop, not `map` (see `block_of`).
+    for t in 0..N {
+        let block = ys[t].get(base..base + Q8K_BYTES)?;
+        scales[t] = f32_at(block, 0);
+        quants[t] = block[Q8K_QS..].first_chunk::<256>()?;
+    }
+    Some((scales, quants))
+}
+
+/// [`super::decoded::dot_decoded`] for N activations: each decoded weight vector and its
+/// scales are loaded once per sub-block and used N times.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_decoded_xn<const N: usize>(row: &DecodedRow, ys: Acts<'_, N>) -> [f32; N] {
+    let bias = _mm256_set1_epi8(i8::MIN);
     let mut acc = [_mm256_setzero_ps(); N];
-    for blk in 0..row.d.len() {
-        let yb = block_of(ys, blk);
-        let mut sumi = [_mm256_setzero_si256(); N];
+    let blocks = row
+        .d
+        .iter()
+        .zip(row.w.chunks_exact(256))
+        .zip(row.scales.chunks_exact(128))
+        .zip(row.offsets.chunks_exact(8));
+    for (blk, (((&d, w), scales), offsets)) in blocks.enumerate() {
+        let (Some(w), Some(scales), Some((dy, quants))) = (
+            w.first_chunk::<256>(),
+            scales.first_chunk::<128>(),
+            block_quants(ys, blk),
+        ) else {
+            break;
+        };
+        let mut sumi = [load_i32(offsets); N];
         for ib in 0..8 {
-            let sub = blk * 8 + ib;
-            let w = load_i8(&row.w[sub * 32..sub * 32 + 32]);
-            let magnitudes = _mm256_sign_epi8(w, w);
-            let scales = load_i16(&row.scales[sub * 16..sub * 16 + 16]);
+            let w = load_i8(&w[32 * ib..32 * ib + 32]);
+            let scales = load_i16(&scales[16 * ib..16 * ib + 16]);
             for t in 0..N {
-                let q8 = load_256(&yb[t][Q8K_QS + 32 * ib..]);
-                let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(q8, w));
+                let q8 = _mm256_xor_si256(load_256(&quants[t][32 * ib..]), bias);
+                let pairs = _mm256_maddubs_epi16(q8, w);
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scales));
             }
         }
         for t in 0..N {
-            let d = _mm256_set1_ps(row.d[blk] * f32_at(yb[t], 0));
+            let d = _mm256_set1_ps(d * dy[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), d, acc[t]);
         }
     }

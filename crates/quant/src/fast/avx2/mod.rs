@@ -223,26 +223,27 @@ pub(super) fn vec_dot_xn<const N: usize>(
     }
 }
 
-/// Decodes an IQ2_XXS or IQ2_XS row (buffers already sized) with AVX2; `false` for other
-/// types or without AVX2.
+/// Decodes a grid row (buffers already sized) with AVX2: IQ2_XXS and IQ2_XS whole, IQ1_M's
+/// values portably and its offsets here; `false` for other types or without AVX2.
 pub(super) fn decode_grid_row(
     ty: redlite_gguf::GgmlType,
     row: &[u8],
     out: &mut super::decoded::DecodedRow,
 ) -> bool {
-    let iq2xs = match ty {
-        redlite_gguf::GgmlType::IQ2XXS => false,
-        redlite_gguf::GgmlType::IQ2XS => true,
-        _ => return false,
-    };
-    // SAFETY: `kernels` returns `Some` only after detecting avx2, fma and f16c.
-    kernels()
-        .map(|_| unsafe {
-            if iq2xs {
-                decoded::decode_iq2xs(row, out)
-            } else {
-                decoded::decode_iq2xxs(row, out)
+    use redlite_gguf::GgmlType;
+    if kernels().is_none() || !matches!(ty, GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ1M) {
+        return false;
+    }
+    // SAFETY: `kernels` returned `Some`, so avx2, fma and f16c were detected.
+    unsafe {
+        match ty {
+            GgmlType::IQ2XXS => decoded::decode_iq2xxs(row, out),
+            GgmlType::IQ2XS => decoded::decode_iq2xs(row, out),
+            _ => {
+                super::decoded::decode_values(ty, row, out);
+                decoded::fill_offsets(out);
             }
-        })
-        .is_some()
+        }
+    }
+    true
 }
