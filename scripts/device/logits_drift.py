@@ -11,7 +11,11 @@ import sys
 
 
 def main(a_path, b_path, vocab=151936):
-    a, b = (array.array("f", open(p, "rb").read()) for p in (a_path, b_path))
+    raw_a, raw_b = (open(p, "rb").read() for p in (a_path, b_path))
+    if raw_a == raw_b:
+        print(f"bit-identical ({len(raw_a) // 4 // vocab} positions)")
+        return
+    a, b = array.array("f", raw_a), array.array("f", raw_b)
     if len(a) != len(b) or len(a) % vocab:
         print(f"sizes differ or are not whole rows: {len(a)} and {len(b)} floats")
         return

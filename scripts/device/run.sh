@@ -13,7 +13,7 @@
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
 #   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
 #                                         # grouped serve ab mtp demo profile sanitize compare offload
-#                                         # prefill ncu mmaab llamabuild decode
+#                                         # prefill ncu mmaab llamabuild decode preloadtest
 #                                         # (default: all but sanitize and offload; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
@@ -86,6 +86,12 @@ if stage kernels; then
     || note "flash prefill attention: FAILED $(grep -E '^test result|panicked' "$OUT/attention.log" | head -3)"
 fi
 
+if stage preloadtest; then
+  "$D/preload" --test-threads=1 > "$OUT/preload.log" 2>&1 \
+    && note "weights loaded ahead, bit for bit: $(grep -E '^test result' "$OUT/preload.log" | tail -1)" \
+    || note "weights loaded ahead: FAILED $(grep -E '^test result|panicked' "$OUT/preload.log" | head -3)"
+fi
+
 if stage parity; then
   stamp "parity tests"
   "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity.log" 2>&1
@@ -102,7 +108,8 @@ if stage parity; then
   note "  worst q8 (cuBLAS): $(grep -h 'Ggml' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   # The decode kernels' alternatives (each switch's path against the CPU).
-  for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0 REDLITE_PRELOAD=0; do
+  for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0 \
+      REDLITE_PRELOAD=0 REDLITE_DELTANET_PER_HEAD=1; do
     env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
     note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
   done
@@ -223,25 +230,32 @@ for k, v in rows:
         print(f"export {k}")
 PY
   note "switches kept for the comparison: $(cat "$W/compare.env" | tr '\n' ' ')"
-  # DRIFT_SWITCH (one that changes sums): the decode path's logits (one-token steps) with it
-  # against the defaults.
+  # DRIFT_SWITCH (switches, space-separated): the decode path's logits (one-token steps) with
+  # each against the defaults (a switch that keeps the sums: identical).
   if [ -n "${DRIFT_SWITCH:-}" ]; then
     ids=$(seq -s, 11 37 1200)
-    for v in REDLITE_UNUSED=0 "$DRIFT_SWITCH"; do
+    for v in REDLITE_UNUSED=0 $DRIFT_SWITCH; do
       env "$v" "$R" logits -m "$F" --device cuda --chunk 1 --tokens "$ids" \
         --out "$W/logits-decode-$v.bin" > "$OUT/logits-decode-$v.log" 2>&1
     done
-    note "decode logits, $DRIFT_SWITCH vs default: $(python3 "$ROOT/scripts/device/logits_drift.py" \
-      "$W/logits-decode-REDLITE_UNUSED=0.bin" "$W/logits-decode-$DRIFT_SWITCH.bin")"
+    for v in $DRIFT_SWITCH; do
+      note "decode logits, $v vs default: $(python3 "$ROOT/scripts/device/logits_drift.py" \
+        "$W/logits-decode-REDLITE_UNUSED=0.bin" "$W/logits-decode-$v.bin")"
+    done
   fi
   if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
-    timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
-      --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
-      --launch-count "${NCU_LAUNCHES:-1500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \
-      > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
-    python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode.csv" embed_kernel \
-      > "$OUT/ncu-decode.txt" 2>&1
-    head -25 "$OUT/ncu-decode.txt" | tee -a "$SUMMARY"
+    # NCU_ENVS: the kernel durations with each of these settings (default: the defaults).
+    for v in ${NCU_ENVS:-REDLITE_UNUSED=0}; do
+      env "$v" timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
+        --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
+        --launch-count "${NCU_LAUNCHES:-1500}" "$R" bench -m "$F" --device cuda -p 0 -n 16 -r 1 \
+        > "$OUT/ncu-decode-$v.csv" 2> "$OUT/ncu-decode-$v.err"
+      python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$v.csv" embed_kernel \
+        > "$OUT/ncu-decode-$v.txt" 2>&1
+      note "ncu, $v:"; head -25 "$OUT/ncu-decode-$v.txt" | tee -a "$SUMMARY"
+    done
+  fi
+  if [ "${NCU_SECTIONS:-1}" = 1 ] && [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
     sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats)
     for k in ${NCU_KERNELS:-matmul_q8_preload_kernel moe_gate_up_q8_preload_kernel moe_down_q8_preload_kernel}; do

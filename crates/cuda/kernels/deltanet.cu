@@ -234,16 +234,6 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         for (int j = 0; j < KERNEL - 1; ++j) conv_state[j * channels + ch] = window[j + 1];
         return siluf(acc);
     };
-    // This thread's state column and gate inputs are loaded first: nothing before the
-    // update needs them, so their latency overlaps the conv and the norms (the column is
-    // this thread's alone; no other thread reads or writes it).
-    const int v = tid / DK, j = tid % DK, h = kh * r + v;
-    float* s = state + i64(h) * DK * DK + j;
-    float col[DK];
-#pragma unroll
-    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
-    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
-    const float a_h = a[h];
     for (int c = tid; c < 2 * DK; c += blockDim.x) {
         if (c < DK) {
             qs[c] = conv(kh * DK + c);
@@ -251,6 +241,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             ks[c - DK] = conv(key_dim + kh * DK + c - DK);
         }
     }
+    const int v = tid / DK, j = tid % DK, h = kh * r + v;
     const float value = conv(2 * key_dim + h * DK + j);
     __syncthreads();
     for (int which = warp; which < 2; which += warps) {
@@ -269,8 +260,13 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         }
     }
     __syncthreads();
+    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
     const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-    const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
+    const float beta = sigmoidf(b_in), alpha = expf(a[h] * softplus);
+    float* s = state + i64(h) * DK * DK + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
     float delta = value;
 #pragma unroll
     for (int i = 0; i < DK; ++i) {
@@ -292,6 +288,103 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     __syncthreads();
     float total = 0.0f;
     for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) total += head_ss[w];
+    const float norm = 1.0f / sqrtf(total / float(DK) + eps);
+    out[h * DK + j] = o * norm * norm_w[j] * siluf(z[h * DK + j]);
+}
+
+// deltanet_step_kernel with one CTA per value head instead of per key head (twice the
+// CTAs for the 80B model's 2 v-heads per k-head: the step's state traffic, 2 x 64 KiB a
+// head, spread over more multiprocessors); `REDLITE_DELTANET_PER_HEAD=1`. DK threads,
+// thread j owns column j of head h, every value computed by the same operations in the same
+// order as deltanet_step_kernel (its four warps are the head's warps there): the same bits.
+// The r CTAs of a key head each convolve its q and k channels from the old conv state;
+// the last of them to finish (ticket[kh], zero between launches, back to zero after) writes
+// the shifted q/k conv state, so no CTA reads a window another has already moved.
+template <int DK, int KERNEL>
+__global__ void __launch_bounds__(DK)
+deltanet_step_head_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
+                          const float* __restrict__ ba, const float* __restrict__ conv_w,
+                          float* __restrict__ conv_state, const float* __restrict__ a,
+                          const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+                          float* __restrict__ state, float* __restrict__ out,
+                          int* __restrict__ ticket, int k_heads, int v_heads, float eps,
+                          float q_scale) {
+    __shared__ float qs[DK], ks[DK];
+    __shared__ float scale_qk[2];
+    __shared__ float head_ss[DK / WARP_SIZE];
+    __shared__ int last;
+    const int h = blockIdx.x, j = threadIdx.x;
+    const int warp = j / WARP_SIZE, lane = j % WARP_SIZE, warps = DK / WARP_SIZE;
+    const int r = v_heads / k_heads, kh = h / r, v = h % r;
+    const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * DK;
+    float* s = state + i64(h) * DK * DK + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
+    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
+    const float a_h = a[h];
+    // The conv of channel ch from the old window, and (shift) the window moved on.
+    auto conv = [&](int ch, bool shift) {
+        float window[KERNEL];
+#pragma unroll
+        for (int i = 0; i < KERNEL - 1; ++i) window[i] = conv_state[i * channels + ch];
+        window[KERNEL - 1] = qkv[ch];
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KERNEL; ++i) acc += conv_w[ch * KERNEL + i] * window[i];
+        if (shift) {
+#pragma unroll
+            for (int i = 0; i < KERNEL - 1; ++i) conv_state[i * channels + ch] = window[i + 1];
+        }
+        return siluf(acc);
+    };
+    qs[j] = conv(kh * DK + j, false);
+    ks[j] = conv(key_dim + kh * DK + j, false);
+    const float value = conv(2 * key_dim + h * DK + j, true);
+    __syncthreads();
+    // Every q/k window of this CTA is read: count it; the last CTA moves them on.
+    if (j == 0) {
+        __threadfence();
+        last = atomicAdd(ticket + kh, 1) == r - 1;
+    }
+    for (int which = warp; which < 2; which += warps) {
+        const float* x = which == 0 ? qs : ks;
+        float ss = 0.0f;
+        for (int i = lane; i < DK; i += WARP_SIZE) ss += x[i] * x[i];
+        ss = warp_reduce_sum(ss);
+        if (lane == 0) scale_qk[which] = 1.0f / sqrtf(ss + eps);
+    }
+    __syncthreads();
+    if (last) {
+        conv(kh * DK + j, true);
+        conv(key_dim + kh * DK + j, true);
+        if (j == 0) ticket[kh] = 0;
+    }
+    qs[j] = qs[j] * scale_qk[0] * q_scale;
+    ks[j] = ks[j] * scale_qk[1];
+    __syncthreads();
+    const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+    const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
+    float delta = value;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        col[i] *= alpha;
+        delta -= col[i] * ks[i];
+    }
+    delta *= beta;
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        col[i] += ks[i] * delta;
+        o += col[i] * qs[i];
+    }
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
+    const float ss = warp_reduce_sum(o * o);
+    if (lane == 0) head_ss[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += head_ss[w];
     const float norm = 1.0f / sqrtf(total / float(DK) + eps);
     out[h * DK + j] = o * norm * norm_w[j] * siluf(z[h * DK + j]);
 }

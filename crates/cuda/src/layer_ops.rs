@@ -326,10 +326,12 @@ pub fn deltanet_step(
     conv_state: &mut CudaViewMut<'_, f32>,
     recurrent: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
+    ticket: &mut CudaViewMut<'_, i32>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
     let d = s.check(op)?;
     shape(op, "tokens (fused step)", 1, s.tokens)?;
+    shape(op, "ticket length (key heads)", s.k_heads, ticket.len())?;
     let dk = s.head_dim;
     supported(op, "head dim", dk, &DELTA_DK, "32, 64, 128")?;
     let channels = s.channels();
@@ -362,9 +364,8 @@ pub fn deltanet_step(
         width,
         eps,
         [qkv, z, ba, p.conv_w, p.a, p.dt_bias, p.norm_w],
-        conv_state,
-        recurrent,
-        out,
+        (conv_state, recurrent, out),
+        ticket,
     )
 }
 
