@@ -109,7 +109,7 @@ if stage parity; then
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   # The decode kernels' alternatives (each switch's path against the CPU).
   for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0 \
-      REDLITE_PRELOAD=0 REDLITE_DELTANET_PER_HEAD=1; do
+      REDLITE_MOE_DOWN_PRELOAD=0 REDLITE_DELTANET_PER_HEAD=1; do
     env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
     note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
   done
@@ -258,7 +258,7 @@ PY
   if [ "${NCU_SECTIONS:-1}" = 1 ] && [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
     sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats)
-    for k in ${NCU_KERNELS:-matmul_q8_preload_kernel moe_gate_up_q8_preload_kernel moe_down_q8_preload_kernel}; do
+    for k in ${NCU_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel}; do
       timeout 120 ncu --clock-control none --cache-control none --graph-profiling node \
         -k "regex:$k" --launch-skip 60 --launch-count 3 "${sections[@]}" \
         "$R" bench -m "$F" --device cuda -p 0 -n 8 -r 1 > "$OUT/ncu-$k.txt" 2>&1

@@ -317,12 +317,6 @@ deltanet_step_head_kernel(const float* __restrict__ qkv, const float* __restrict
     const int warp = j / WARP_SIZE, lane = j % WARP_SIZE, warps = DK / WARP_SIZE;
     const int r = v_heads / k_heads, kh = h / r, v = h % r;
     const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * DK;
-    float* s = state + i64(h) * DK * DK + j;
-    float col[DK];
-#pragma unroll
-    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
-    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
-    const float a_h = a[h];
     // The conv of channel ch from the old window, and (shift) the window moved on.
     auto conv = [&](int ch, bool shift) {
         float window[KERNEL];
@@ -363,8 +357,13 @@ deltanet_step_head_kernel(const float* __restrict__ qkv, const float* __restrict
     qs[j] = qs[j] * scale_qk[0] * q_scale;
     ks[j] = ks[j] * scale_qk[1];
     __syncthreads();
+    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
     const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-    const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
+    const float beta = sigmoidf(b_in), alpha = expf(a[h] * softplus);
+    float* s = state + i64(h) * DK * DK + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
     float delta = value;
 #pragma unroll
     for (int i = 0; i < DK; ++i) {

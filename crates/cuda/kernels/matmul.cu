@@ -120,72 +120,6 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     }
 }
 
-// Version q8 with the weights loaded ahead (the default for one token;
-// `REDLITE_PRELOAD=0` keeps matmul_q8_kernel): each lane loads the bits of its first
-// BATCH items of its ROWS rows (`Q8Dot::load`) before it quantizes x, so the weight loads
-// are in flight during the prologue instead of being issued after its barrier, then loads
-// and uses BATCH items at a time. Each row's terms are added in matmul_q8_kernel's order
-// by the same operations: the same bits.
-template <class B, int WARPS, int ROWS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-matmul_q8_preload_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
-                         float* __restrict__ y, int rows, int cols) {
-    typedef Q8Dot<B> D;
-    constexpr int BATCH = D::PRELOAD / ROWS > 0 ? D::PRELOAD / ROWS : 1;
-    q8_prepare<B>();
-    extern __shared__ float4 q8_shared[];
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
-    const int valid = min(ROWS, rows - row0);
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const u8* w = weights + i64(row0) * row_bytes;
-    const int items = cols / B::VALUES * B::ITEMS;
-    typename D::Raw raw[BATCH][ROWS];
-    // Items base .. base + BATCH of this lane (item lane + 32 j), every row.
-    const auto load_batch = [&](int base) {
-#pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-            const int i = lane + WARP_SIZE * (base + j);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                if (r < valid && i < items) {
-                    raw[j][r] = D::load(w + r * row_bytes + i64(i / B::ITEMS) * B::BYTES,
-                                        i % B::ITEMS);
-                }
-            }
-        }
-    };
-    if (row0 < rows) load_batch(0);
-    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
-    if (row0 >= rows) return;
-    float acc[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    const int per_lane = (items + WARP_SIZE - 1) / WARP_SIZE;
-    for (int base = 0; base < per_lane; base += BATCH) {
-        if (base > 0) load_batch(base);
-#pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-            const int i = lane + WARP_SIZE * (base + j);
-            if (i >= items) break;
-            const int block = i / B::ITEMS, item = i % B::ITEMS;
-            const i8* qb = xq + block * B::VALUES;
-            const float db = xd[block];
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                if (r < valid) acc[r] += D::dot(raw[j][r], item, qb, db);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const float sum = warp_reduce_sum(acc[r]);
-        if (lane == 0 && r < valid) y[i64(blockIdx.y) * rows + row0 + r] = sum;
-    }
-}
-
 // Split-K version for matrices of few rows (the router, the shared-expert gate, the
 // DeltaNet beta/alpha and attention k/v projections), where one warp per row would leave
 // most multiprocessors idle: one CTA per row (grid (rows, tokens)), all WARPS warps share
@@ -221,50 +155,6 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
     quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
     const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
-    const float sum = block_reduce_sum(part, scratch);
-    if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
-}
-
-// The same with the row's items loaded ahead of the quantization, as
-// matmul_q8_preload_kernel does (the default for one token; `REDLITE_PRELOAD=0` keeps the
-// kernel above): each thread's terms in the same order, the same bits.
-template <class B, int WARPS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-matmul_splitk_q8_preload_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
-                                float* __restrict__ y, int rows, int cols) {
-    typedef Q8Dot<B> D;
-    constexpr int THREADS = WARPS * WARP_SIZE, BATCH = D::PRELOAD;
-    q8_prepare<B>();
-    extern __shared__ float4 q8_shared[];
-    __shared__ float scratch[32];
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
-    const int row = blockIdx.x;
-    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-    const u8* w = weights + row * row_bytes;
-    const int items = cols / B::VALUES * B::ITEMS;
-    typename D::Raw raw[BATCH];
-    const auto load_batch = [&](int base) {
-#pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-            const int i = threadIdx.x + THREADS * (base + j);
-            if (i < items) raw[j] = D::load(w + i64(i / B::ITEMS) * B::BYTES, i % B::ITEMS);
-        }
-    };
-    load_batch(0);
-    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
-    float part = 0.0f;
-    const int per_thread = (items + THREADS - 1) / THREADS;
-    for (int base = 0; base < per_thread; base += BATCH) {
-        if (base > 0) load_batch(base);
-#pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-            const int i = threadIdx.x + THREADS * (base + j);
-            if (i >= items) break;
-            const int block = i / B::ITEMS;
-            part += D::dot(raw[j], i % B::ITEMS, xq + block * B::VALUES, xd[block]);
-        }
-    }
     const float sum = block_reduce_sum(part, scratch);
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }

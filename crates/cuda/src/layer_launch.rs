@@ -196,18 +196,11 @@ fn plan_matmul(
         };
     }
     if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
-        let (kernel, shared, version) = match (q8, crate::moe_launch::preload()) {
-            (true, true) => (
-                source::matmul_splitk_q8_preload_kernel(kind),
-                q8_shared_bytes(cols),
-                "splitk q8 preload ",
-            ),
-            (true, false) => (
-                source::matmul_splitk_kernel(block, true),
-                q8_shared_bytes(cols),
-                "splitk q8 ",
-            ),
-            (false, _) => (source::matmul_splitk_kernel(block, false), 0, "splitk "),
+        let kernel = source::matmul_splitk_kernel(block, q8);
+        let (shared, version) = if q8 {
+            (q8_shared_bytes(cols), "splitk q8 ")
+        } else {
+            (0, "splitk ")
         };
         return plan(
             kernel,
@@ -224,21 +217,8 @@ fn plan_matmul(
         1,
     );
     if q8 {
-        let (kernel, version) = if crate::moe_launch::preload() {
-            (
-                source::matmul_q8_preload_kernel(kind, per_warp),
-                "q8 preload ",
-            )
-        } else {
-            (source::matmul_q8_kernel(kind, per_warp), "q8 ")
-        };
-        return plan(
-            kernel,
-            grid,
-            MATMUL_V2_WARPS,
-            q8_shared_bytes(cols),
-            version,
-        );
+        let kernel = source::matmul_q8_kernel(kind, per_warp);
+        return plan(kernel, grid, MATMUL_V2_WARPS, q8_shared_bytes(cols), "q8 ");
     }
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());
@@ -527,7 +507,7 @@ pub(crate) fn deltanet_step(
 }
 
 /// `REDLITE_DELTANET_PER_HEAD=1`: the fused step with a CTA per value head
-/// (`deltanet_step_head_kernel`, the same bits) instead of one per key head.
+/// (`deltanet_step_head_kernel`) instead of one per key head.
 fn deltanet_per_head() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_DELTANET_PER_HEAD").as_deref() == Ok("1"))

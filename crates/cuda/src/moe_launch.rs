@@ -81,12 +81,13 @@ fn moe_q8_rows() -> usize {
     })
 }
 
-/// Whether the one-row q8 matvecs (dense and expert) load their weights ahead of the input's
-/// quantization (`matmul_q8_preload_kernel`, `moe_decode.cu`): the same bits, fewer
-/// latency chains; `REDLITE_PRELOAD=0` keeps the kernels that load as they go.
+/// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
+/// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
+/// `REDLITE_MOE_DOWN_PRELOAD=0` keeps the kernel that loads as it goes.
 pub(crate) fn preload() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    let from_env = || *ON.get_or_init(|| std::env::var("REDLITE_PRELOAD").as_deref() != Ok("0"));
+    let from_env =
+        || *ON.get_or_init(|| std::env::var("REDLITE_MOE_DOWN_PRELOAD").as_deref() != Ok("0"));
     PRELOAD_HERE.get().unwrap_or_else(from_env)
 }
 
@@ -95,8 +96,9 @@ thread_local! {
     static PRELOAD_HERE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// Runs `f` with the preloading kernels on or off for launches from this thread, whatever
-/// the environment says: the kernel tests compare the two bit for bit in one process.
+/// Runs `f` with the preloading down kernel on or off for launches from this thread,
+/// whatever the environment says: the kernel tests compare the two bit for bit in one
+/// process.
 #[doc(hidden)]
 pub fn with_preload<R>(on: bool, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<bool>);
@@ -166,12 +168,6 @@ pub(crate) fn moe_gate_up(
             LAYER_WARPS as usize * 32 / lanes,
             LAYER_WARPS * 32,
             cols * size_of::<f32>(),
-        ),
-        MoeVersion::Q8 { lanes } if preload() && moe_q8_rows() == 1 => (
-            device.kernel(&source::moe_gate_up_q8_preload_kernel(kind, lanes))?,
-            LAYER_WARPS as usize * 32 / lanes,
-            LAYER_WARPS * 32,
-            q8_shared_bytes(cols),
         ),
         MoeVersion::Q8 { lanes } => (
             device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,

@@ -247,14 +247,6 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
     )
 }
 
-/// The q8 matmul with the weights loaded ahead (`matmul_q8_preload_kernel`).
-pub(crate) fn matmul_q8_preload_kernel(kind: WeightKind, rows: usize) -> String {
-    format!(
-        "matmul_q8_preload_kernel<{}, {MATMUL_V2_WARPS}, {rows}>",
-        kind.cuda_name
-    )
-}
-
 /// Rows per warp and tokens per CTA of the token-tiled q8 matmul (prompt ingestion).
 pub(crate) const MATMUL_TILE_ROWS: usize = 2;
 pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
@@ -295,14 +287,6 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
     format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
 }
 
-/// The split-K q8 matmul with the row's items loaded ahead of the quantization.
-pub(crate) fn matmul_splitk_q8_preload_kernel(kind: WeightKind) -> String {
-    format!(
-        "matmul_splitk_q8_preload_kernel<{}, {MATMUL_SPLITK_WARPS}>",
-        kind.cuda_name
-    )
-}
-
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
@@ -331,13 +315,6 @@ pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) ->
 
 /// Items per lane and term the preloading down kernel is built for (`moe_decode.cu`).
 pub(crate) const MOE_PRELOAD_ITEMS: [usize; 2] = [1, 2];
-
-pub(crate) fn moe_gate_up_q8_preload_kernel(kind: WeightKind, lanes: usize) -> String {
-    format!(
-        "moe_gate_up_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}>",
-        kind.cuda_name
-    )
-}
 
 pub(crate) fn moe_down_q8_preload_kernel(kind: WeightKind, lanes: usize, items: usize) -> String {
     format!(
@@ -540,21 +517,16 @@ pub fn modules() -> Vec<ModuleSource> {
                     })
                 }))
                 .chain(q8_kinds().flat_map(|k| {
-                    MATMUL_V2_ROWS.iter().flat_map(move |&rows| {
-                        [matmul_q8_kernel(k, rows), matmul_q8_preload_kernel(k, rows)]
-                    })
+                    MATMUL_V2_ROWS
+                        .iter()
+                        .map(move |&rows| matmul_q8_kernel(k, rows))
                 }))
                 .chain(
                     matmul_v2_blocks()
                         .into_iter()
                         .map(|block| matmul_splitk_kernel(block, false)),
                 )
-                .chain(q8_kinds().flat_map(|k| {
-                    [
-                        matmul_splitk_kernel(k.cuda_name, true),
-                        matmul_splitk_q8_preload_kernel(k),
-                    ]
-                }))
+                .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
                 .collect(),
         },
@@ -603,11 +575,9 @@ pub fn modules() -> Vec<ModuleSource> {
                 }))
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
-                        std::iter::once(moe_gate_up_q8_preload_kernel(k, lanes)).chain(
-                            MOE_PRELOAD_ITEMS
-                                .iter()
-                                .map(move |&items| moe_down_q8_preload_kernel(k, lanes, items)),
-                        )
+                        MOE_PRELOAD_ITEMS
+                            .iter()
+                            .map(move |&items| moe_down_q8_preload_kernel(k, lanes, items))
                     })
                 }))
                 .chain([

@@ -1,12 +1,11 @@
-//! The one-token q8 kernels that load their weights ahead of the input's quantization
-//! (`matmul_q8_preload_kernel`, `matmul_splitk_q8_preload_kernel`, `moe_decode.cu`) against the kernels that load as they go,
-//! bit for bit: the same terms in the same order. Every type with q8 dots; shapes that
-//! give one and several items per lane, 16 and 32 lanes per row, an expert id out of range,
-//! with and without the shared expert. Skips with a message where there is no GPU.
+//! The q8 expert down matvec that loads its weights ahead of the input's quantization
+//! (`moe_decode.cu`) against the kernel that loads as it goes, bit for bit: the same terms
+//! in the same order. Every type with q8 dots; rows of one and two items per lane, 16 and 32
+//! lanes per row, an expert id out of range, with and without the shared expert. Skips with
+//! a message where there is no GPU.
 
 use redlite_cuda::{
-    matmul, moe_down, moe_gate_up, with_preload, CudaSlice, Device, Dots, WeightMatrix,
-    Q8_DOT_TYPES,
+    moe_down, moe_gate_up, with_preload, CudaSlice, Device, Dots, WeightMatrix, Q8_DOT_TYPES,
 };
 use redlite_gguf::GgmlType;
 
@@ -42,51 +41,8 @@ fn upload_random(
 }
 
 #[test]
-fn dense_matvec_with_weights_loaded_ahead_is_bit_identical() {
-    let Some(device) = device("dense_matvec_with_weights_loaded_ahead_is_bit_identical") else {
-        return;
-    };
-    let mut rng = Rng(21);
-    // Up to 1,024 rows take the split-K kernel (a CTA per row); 2,048 rows 1 row per warp,
-    // 65,536 rows 4 (the output matrix's path).
-    let shapes = [
-        (64, 2048),
-        (1024, 12_544),
-        (1025, 256),
-        (2048, 2048),
-        (2048, 4096),
-        (4099, 12_544),
-        (65_536, 512),
-    ];
-    for ty in Q8_DOT_TYPES {
-        for (rows, cols) in shapes {
-            let weights = upload_random(&device, ty, rows, cols, &mut rng);
-            let w = matrix(&weights, ty, rows, cols);
-            let x: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
-            let x = device.upload(&x).unwrap();
-            let run = |on: bool| {
-                with_preload(on, || {
-                    let mut y = device.alloc_zeros::<f32>(rows).unwrap();
-                    matmul(&device, &w, &x.as_view(), &mut y.as_view_mut()).unwrap();
-                    device.download(&y).unwrap()
-                })
-            };
-            let (plain, ahead) = (run(false), run(true));
-            let differ = differing(&plain, &ahead);
-            assert!(
-                differ.is_empty(),
-                "{ty:?} {rows}x{cols}: {} of {rows} rows differ, first row {}",
-                differ.len(),
-                differ[0]
-            );
-            assert!(plain.iter().any(|&v| v != 0.0), "{ty:?}: nothing computed");
-        }
-    }
-}
-
-#[test]
-fn expert_matvecs_with_weights_loaded_ahead_are_bit_identical() {
-    let Some(device) = device("expert_matvecs_with_weights_loaded_ahead_are_bit_identical") else {
+fn expert_down_with_weights_loaded_ahead_is_bit_identical() {
+    let Some(device) = device("expert_down_with_weights_loaded_ahead_is_bit_identical") else {
         return;
     };
     let mut rng = Rng(22);
