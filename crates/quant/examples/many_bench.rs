@@ -7,6 +7,7 @@
 //! (`decode_row` + `dot_decoded_many`); the others use `vec_dot_many`. T = 10 is an
 //! expert's share of a 512-token prompt (10 of 512 experts per token), T = 64 a dense
 //! projection's tile. Best of 8 trials, thread CPU time where Linux reports it.
+//! `REDLITE_SIMD=avx2` (or `scalar`) caps the SIMD level, to compare levels.
 
 use redlite_gguf::GgmlType;
 use redlite_quant::{
@@ -40,13 +41,31 @@ fn thread_cpu_ns() -> Option<u64> {
 
 fn main() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    println!("{ROWS} x {COLS} against T tokens, one thread: ns per (row, token)");
+    // `BENCH_TOKENS=8,64` picks the batch sizes; `BENCH_TYPES=IQ2_XXS,Q4_K` the types.
+    let token_counts: Vec<usize> = std::env::var("BENCH_TOKENS")
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .filter_map(|t| t.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 10, 64]);
+    let types = std::env::var("BENCH_TYPES").ok();
+    println!(
+        "{ROWS} x {COLS} against T tokens, one thread, {}: ns per (row, token)",
+        redlite_quant::simd_level()
+    );
     for ty in [
         GgmlType::IQ2XXS,
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q2K,
     ] {
+        if let Some(types) = &types {
+            if !types.split(',').any(|name| name.trim() == ty.to_string()) {
+                continue;
+            }
+        }
         let mut weights = vec![0u8; ROWS * COLS / ty.block_values() * ty.block_bytes()];
         weights.fill_with(|| rng.next_u64() as u8);
         for block in weights.chunks_exact_mut(ty.block_bytes()) {
@@ -59,7 +78,7 @@ fn main() {
             }
         }
         let row_bytes = weights.len() / ROWS;
-        for tokens in [1usize, 10, 64] {
+        for &tokens in &token_counts {
             let acts: Vec<QuantizedActivation> = (0..tokens)
                 .map(|_| {
                     let x: Vec<f32> = (0..COLS).map(|_| rng.uniform(-2.0, 2.0)).collect();

@@ -9,23 +9,34 @@ use std::sync::OnceLock;
 pub(crate) type RowDot = fn(&[u8], &[u8]) -> f32;
 
 /// A SIMD level with its own kernel table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {
     /// Portable Rust: ggml's reference integer math, bit-identical to [`crate::dot_row`].
     Scalar,
     /// x86-64 AVX2 with FMA and F16C.
     Avx2,
+    /// x86-64 AVX-512 F, BW, VL and VNNI (and AVX2): batched kernels of its own, AVX2's
+    /// one-row kernels; bit-identical to [`SimdLevel::Avx2`].
+    Avx512,
 }
 
 impl SimdLevel {
     /// Every level, slowest first.
-    pub const ALL: [SimdLevel; 2] = [SimdLevel::Scalar, SimdLevel::Avx2];
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
 
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
         }
+    }
+
+    /// The level named `name` (as [`SimdLevel::name`] spells it).
+    pub fn from_name(name: &str) -> Option<SimdLevel> {
+        SimdLevel::ALL
+            .into_iter()
+            .find(|level| level.name() == name)
     }
 }
 
@@ -68,8 +79,10 @@ pub(crate) fn table(level: SimdLevel) -> Option<&'static RowDots> {
         SimdLevel::Scalar => Some(&scalar::KERNELS),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => super::avx2::kernels(),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => super::avx512::kernels(),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => None,
+        SimdLevel::Avx2 | SimdLevel::Avx512 => None,
     }
 }
 
@@ -81,13 +94,23 @@ pub fn available_levels() -> Vec<SimdLevel> {
         .collect()
 }
 
-/// The fastest level this CPU runs and its kernels, detected once per process.
+/// The environment variable that caps the level (`scalar`, `avx2`, `avx512`), for
+/// comparing levels in one binary; an unknown name caps nothing.
+pub const SIMD_CAP_VAR: &str = "REDLITE_SIMD";
+
+/// The fastest level this CPU runs (at most the one [`SIMD_CAP_VAR`] names) and its
+/// kernels, detected once per process.
 pub(crate) fn best() -> (SimdLevel, &'static RowDots) {
     static BEST: OnceLock<(SimdLevel, &'static RowDots)> = OnceLock::new();
     *BEST.get_or_init(|| {
+        let cap = std::env::var(SIMD_CAP_VAR)
+            .ok()
+            .and_then(|name| SimdLevel::from_name(name.trim()))
+            .unwrap_or(SimdLevel::Avx512);
         SimdLevel::ALL
             .into_iter()
             .rev()
+            .filter(|&level| level <= cap)
             .find_map(|level| Some((level, table(level)?)))
             .unwrap_or((SimdLevel::Scalar, &scalar::KERNELS))
     })

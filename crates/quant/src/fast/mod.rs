@@ -3,9 +3,10 @@
 //!
 //! Types: Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ1_M, F32 and F16. Each has a
 //! scalar kernel (ggml's reference integer math in the reference order, bit-identical to
-//! [`crate::dot_row`]) and an AVX2 kernel (AVX2 + FMA + F16C). The kernel table is picked
-//! once per process from the CPU's features ([`simd_level`]); [`vec_dot_at`] and
-//! [`matvec_at`] force a level, for tests and benchmarks.
+//! [`crate::dot_row`]) and an AVX2 kernel (AVX2 + FMA + F16C); the AVX-512 level (F, BW,
+//! VL, VNNI) has its own batched kernels, bit-identical to AVX2's. The level is picked once
+//! per process from the CPU's features, capped by [`SIMD_CAP_VAR`] ([`simd_level`]); the
+//! `_at` functions force a level, for tests and benchmarks.
 //!
 //! The SIMD kernels do the same integer sums per block as the reference (exact), then
 //! accumulate the scaled block sums in another float order: results differ from the
@@ -18,6 +19,8 @@ mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests;
@@ -27,7 +30,7 @@ use dispatch::{best, table, RowDot, RowDots};
 use redlite_gguf::GgmlType;
 
 pub use decoded::{decodable, decode_row, DecodedRow};
-pub use dispatch::{available_levels, SimdLevel};
+pub use dispatch::{available_levels, SimdLevel, SIMD_CAP_VAR};
 
 /// An f32 activation row quantized once to the format ggml dots a weight type with
 /// ([`vec_dot_type`]): Q8_K for the k-quants and IQ types, Q8_0 for Q8_0, F16 for F16,
@@ -110,8 +113,8 @@ fn kernel(
     Ok(dot)
 }
 
-/// The name of the SIMD level [`vec_dot`] and [`matvec`] use on this CPU: "avx2" or
-/// "scalar".
+/// The name of the SIMD level [`vec_dot`] and [`matvec`] use on this CPU: "avx512",
+/// "avx2" or "scalar".
 pub fn simd_level() -> &'static str {
     best().0.name()
 }
@@ -215,9 +218,19 @@ pub fn decoded_dots_available() -> bool {
 /// The dot of a row decoded by [`decode_row`] with `act`: bit-identical to [`vec_dot`] on
 /// the original row. Refused where [`decoded_dots_available`] is false.
 pub fn dot_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<f32, QuantError> {
+    dot_decoded_at(best().0, row, act)
+}
+
+/// [`dot_decoded`] with the kernel of `level`; refuses the scalar level and a level this
+/// CPU lacks.
+pub fn dot_decoded_at(
+    level: SimdLevel,
+    row: &DecodedRow,
+    act: &QuantizedActivation,
+) -> Result<f32, QuantError> {
     let ty = check_decoded(row, act)?;
     #[cfg(target_arch = "x86_64")]
-    if let Some(v) = avx2::dot_decoded(row, &act.bytes) {
+    if let Some([v]) = row.dots(level, [&act.bytes[..]]) {
         return Ok(v);
     }
     Err(QuantError::Unsupported {
@@ -270,10 +283,33 @@ pub fn vec_dot_many(
     acts: &[QuantizedActivation],
     out: &mut [f32],
 ) -> Result<(), QuantError> {
+    let (level, kernels) = best();
+    vec_dot_many_with(level, Some(kernels), ty, row, acts, out)
+}
+
+/// [`vec_dot_many`] with the kernels of `level`; refuses a level this CPU lacks.
+pub fn vec_dot_many_at(
+    level: SimdLevel,
+    ty: GgmlType,
+    row: &[u8],
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    vec_dot_many_with(level, table(level), ty, row, acts, out)
+}
+
+fn vec_dot_many_with(
+    level: SimdLevel,
+    kernels: Option<&RowDots>,
+    ty: GgmlType,
+    row: &[u8],
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     let Some(first) = acts.first() else {
         return Ok(());
     };
-    let dot = kernel(Some(best().1), ty, first)?;
+    let dot = kernel(kernels, ty, first)?;
     check_bytes(QuantOp::Dot, ty, first.values, row.len())?;
     if let Some(act) = acts
         .iter()
@@ -288,7 +324,7 @@ pub fn vec_dot_many(
     }
     // Several activations per pass where a batched kernel exists (bit-identical to `dot`).
     #[cfg(target_arch = "x86_64")]
-    let done = grouped(&KQuantRow { ty, row }, acts, out);
+    let done = grouped(level, &KQuantRow { ty, row }, acts, out);
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
     for (o, act) in out.iter_mut().zip(acts).skip(done) {
@@ -297,13 +333,14 @@ pub fn vec_dot_many(
     Ok(())
 }
 
-/// A kernel of one weight row against N activations at once, for any N (`None`: no such
-/// kernel for this row or CPU).
+/// A kernel of one weight row against N activations at once, for any N, at a SIMD level
+/// (`None`: no such kernel for this row, level or CPU). The one place the batched kernels
+/// are chosen by level.
 #[cfg(target_arch = "x86_64")]
 trait RowAgainstMany {
     /// Whether 8 activations at once pay (enough registers for 8 accumulators).
     const EIGHT: bool;
-    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]>;
+    fn dots<const N: usize>(&self, level: SimdLevel, acts: [&[u8]; N]) -> Option<[f32; N]>;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -316,16 +353,24 @@ struct KQuantRow<'r> {
 impl RowAgainstMany for KQuantRow<'_> {
     // Eight would need 24 vector accumulators (sums, scaled sums, min sums): they spill.
     const EIGHT: bool = false;
-    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]> {
-        avx2::vec_dot_xn(self.ty, self.row, acts)
+    fn dots<const N: usize>(&self, level: SimdLevel, acts: [&[u8]; N]) -> Option<[f32; N]> {
+        match level {
+            SimdLevel::Scalar => None,
+            SimdLevel::Avx2 => avx2::vec_dot_xn(self.ty, self.row, acts),
+            SimdLevel::Avx512 => avx512::vec_dot_xn(self.ty, self.row, acts),
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 impl RowAgainstMany for DecodedRow {
     const EIGHT: bool = true;
-    fn dots<const N: usize>(&self, acts: [&[u8]; N]) -> Option<[f32; N]> {
-        avx2::dot_decoded_xn(self, acts)
+    fn dots<const N: usize>(&self, level: SimdLevel, acts: [&[u8]; N]) -> Option<[f32; N]> {
+        match level {
+            SimdLevel::Scalar => None,
+            SimdLevel::Avx2 => avx2::dot_decoded_xn(self, acts),
+            SimdLevel::Avx512 => avx512::dot_decoded_xn(self, acts),
+        }
     }
 }
 
@@ -334,16 +379,21 @@ impl RowAgainstMany for DecodedRow {
 /// where the kernel declines). Every width does the same
 /// operations per activation, so the grouping does not change any result.
 #[cfg(target_arch = "x86_64")]
-fn grouped<K: RowAgainstMany>(kernel: &K, acts: &[QuantizedActivation], out: &mut [f32]) -> usize {
+fn grouped<K: RowAgainstMany>(
+    level: SimdLevel,
+    kernel: &K,
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> usize {
     let n = acts.len().min(out.len());
     let mut done = 0;
     while done < n {
         let (acts, out) = (&acts[done..n], &mut out[done..n]);
         let step = match acts.len() {
-            8.. if K::EIGHT => group::<K, 8>(kernel, acts, out),
-            4.. => group::<K, 4>(kernel, acts, out),
-            3 => group::<K, 3>(kernel, acts, out),
-            2 => group::<K, 2>(kernel, acts, out),
+            8.. if K::EIGHT => group::<K, 8>(level, kernel, acts, out),
+            4.. => group::<K, 4>(level, kernel, acts, out),
+            3 => group::<K, 3>(level, kernel, acts, out),
+            2 => group::<K, 2>(level, kernel, acts, out),
             // One left: the caller's one-activation kernel is faster than a width-1 batch.
             _ => 0,
         };
@@ -358,12 +408,13 @@ fn grouped<K: RowAgainstMany>(kernel: &K, acts: &[QuantizedActivation], out: &mu
 /// The first N of `acts` through `kernel` into `out` (N or 0 done).
 #[cfg(target_arch = "x86_64")]
 fn group<K: RowAgainstMany, const N: usize>(
+    level: SimdLevel,
     kernel: &K,
     acts: &[QuantizedActivation],
     out: &mut [f32],
 ) -> usize {
     let group: [&[u8]; N] = std::array::from_fn(|i| &acts[i].bytes[..]);
-    match kernel.dots(group) {
+    match kernel.dots(level, group) {
         Some(dots) => {
             out[..N].copy_from_slice(&dots);
             N
@@ -374,6 +425,17 @@ fn group<K: RowAgainstMany, const N: usize>(
 
 /// [`dot_decoded`] of one decoded row with each of `acts`, checks done once.
 pub fn dot_decoded_many(
+    row: &DecodedRow,
+    acts: &[QuantizedActivation],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    dot_decoded_many_at(best().0, row, acts, out)
+}
+
+/// [`dot_decoded_many`] with the kernels of `level`; refuses the scalar level and a level
+/// this CPU lacks.
+pub fn dot_decoded_many_at(
+    level: SimdLevel,
     row: &DecodedRow,
     acts: &[QuantizedActivation],
     out: &mut [f32],
@@ -397,11 +459,11 @@ pub fn dot_decoded_many(
     // `dot_decoded` above proved AVX2 is present and the lengths agree; the batched widths
     // are bit-identical to one at a time.
     #[cfg(target_arch = "x86_64")]
-    let done = grouped(row, acts, out);
+    let done = grouped(level, row, acts, out);
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
     for (o, act) in out.iter_mut().zip(acts).skip(done) {
-        *o = dot_decoded(row, act)?;
+        *o = dot_decoded_at(level, row, act)?;
     }
     Ok(())
 }

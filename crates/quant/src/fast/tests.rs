@@ -553,3 +553,70 @@ fn q8k_codes_never_reach_minus_128() {
         assert!(!codes.contains(&0x80), "−128 from {:?}", &values[..4]);
     }
 }
+
+/// Every batched kernel of every SIMD level above AVX2 (AVX-512) against the AVX2 one, bit
+/// for bit: random blocks of each batched type, and batch sizes that use every width the
+/// grouping picks (8, 4, 3, 2 and the single remainder) and the width-1 decoded dot.
+#[test]
+fn batched_kernels_are_bit_identical_across_simd_levels() {
+    use crate::{decode_row, DecodedRow};
+    let levels: Vec<SimdLevel> = available_levels()
+        .into_iter()
+        .filter(|&level| level > SimdLevel::Avx2)
+        .collect();
+    if !available_levels().contains(&SimdLevel::Avx2) || levels.is_empty() {
+        eprintln!("skipped: this CPU has no SIMD level above AVX2");
+        return;
+    }
+    let mut rng = Rng(0xa512_0001);
+    for ty in [
+        GgmlType::Q2K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2XS,
+        GgmlType::IQ1M,
+    ] {
+        for (blocks, n_acts) in [
+            (1usize, 1usize),
+            (3, 2),
+            (2, 3),
+            (1, 4),
+            (5, 8),
+            (4, 15),
+            (2, 23),
+        ] {
+            for trial in 0..3 {
+                let values = blocks * 256;
+                let row = random_rows(&mut rng, ty, values, 1);
+                let acts: Vec<QuantizedActivation> = (0..n_acts)
+                    .map(|t| {
+                        let act = random_activation(&mut rng, values, trial + t);
+                        QuantizedActivation::new(ty, &act)
+                    })
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let bits = |out: &[f32]| out.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let mut want = vec![0f32; n_acts];
+                let mut got = vec![0f32; n_acts];
+                if crate::decodable(ty) {
+                    let mut decoded = DecodedRow::default();
+                    decode_row(ty, &row, &mut decoded).unwrap();
+                    dot_decoded_many_at(SimdLevel::Avx2, &decoded, &acts, &mut want).unwrap();
+                    for &level in &levels {
+                        dot_decoded_many_at(level, &decoded, &acts, &mut got).unwrap();
+                        assert_eq!(bits(&got), bits(&want), "{ty} {level:?}: {n_acts} acts");
+                        let single = dot_decoded_at(level, &decoded, &acts[0]).unwrap();
+                        assert_eq!(single.to_bits(), want[0].to_bits(), "{ty} {level:?}: one");
+                    }
+                } else {
+                    vec_dot_many_at(SimdLevel::Avx2, ty, &row, &acts, &mut want).unwrap();
+                    for &level in &levels {
+                        vec_dot_many_at(level, ty, &row, &acts, &mut got).unwrap();
+                        assert_eq!(bits(&got), bits(&want), "{ty} {level:?}: {n_acts} acts");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -7,15 +7,6 @@ use crate::fast::decoded::DecodedRow;
 use crate::tables::{IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
 
-/// Same i32 block sums and float order as the row kernels of IQ2_XXS, IQ2_XS and IQ1_M
-/// (through the biased activation of `fast::decoded`): the batched kernel at width 1,
-/// which does per activation what every width does.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_decoded(row: &DecodedRow, act: &[u8]) -> f32 {
-    let [dot] = super::many::dot_decoded_xn::<1>(row, [act]);
-    dot
-}
-
 #[inline]
 pub(super) fn load_i8(v: &[u8]) -> __m256i {
     debug_assert!(v.len() >= 32);
@@ -24,7 +15,7 @@ pub(super) fn load_i8(v: &[u8]) -> __m256i {
 }
 
 #[inline]
-pub(super) fn load_i32(v: &[i32]) -> __m256i {
+pub(crate) fn load_i32(v: &[i32]) -> __m256i {
     let v = &v[..8];
     // SAFETY: `v` has 8 readable i32; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }

@@ -14,7 +14,7 @@ pub(crate) type Acts<'a, const N: usize> = [&'a [u8]; N];
 
 /// Block `blk` of each activation.
 #[inline(always)]
-fn block_of<const N: usize>(ys: Acts<'_, N>, blk: usize) -> Acts<'_, N> {
+pub(crate) fn block_of<const N: usize>(ys: Acts<'_, N>, blk: usize) -> Acts<'_, N> {
     let base = blk * Q8K_BYTES;
     // A plain loop, not `map`: a closure would not inherit the caller's target features
     // and is called out of line (an AVX-SSE transition per block).
@@ -29,7 +29,7 @@ fn block_of<const N: usize>(ys: Acts<'_, N>, blk: usize) -> Acts<'_, N> {
 /// that the sub-block offsets into it need no bounds checks (`None`: an activation is too
 /// short, which the callers' length checks rule out).
 #[inline(always)]
-fn block_quants<const N: usize>(
+pub(crate) fn block_quants<const N: usize>(
     ys: Acts<'_, N>,
     blk: usize,
 ) -> Option<([f32; N], [&[u8; 256]; N])> {
@@ -45,8 +45,10 @@ fn block_quants<const N: usize>(
     Some((scales, quants))
 }
 
-/// [`super::decoded::dot_decoded`] for N activations: each decoded weight vector and its
-/// scales are loaded once per sub-block and used N times.
+/// The dot of a decoded row (`fast::decoded`) with N activations: the same i32 block sums
+/// and float order as the row kernels of IQ2_XXS, IQ2_XS and IQ1_M (through the biased
+/// activation); each decoded weight vector and its scales are loaded once per sub-block
+/// and used N times. Width 1 is the one-activation dot.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_decoded_xn<const N: usize>(row: &DecodedRow, ys: Acts<'_, N>) -> [f32; N] {
     let bias = _mm256_set1_epi8(i8::MIN);

@@ -5,16 +5,17 @@
 //! scale (→ i32), exact for every format here; the scaled block sums are accumulated in
 //! eight f32 lanes and summed once at the end.
 
-mod decoded;
+pub(super) mod decoded;
 mod iquants;
 mod kquants;
-mod many;
+pub(super) mod many;
 
 use super::dispatch::RowDots;
 use super::scalar::{f16_to_f32, f32_at, u16_at, Q8_0_BYTES};
 use std::arch::x86_64::*;
 
-static KERNELS: RowDots = RowDots {
+/// The AVX2 table (also the one-row kernels of the AVX-512 level).
+pub(super) const KERNELS: RowDots = RowDots {
     q8_0,
     q2_k,
     q4_k,
@@ -40,8 +41,8 @@ macro_rules! entry {
     ($($name:ident => $kernel:path),* $(,)?) => {
         $(
             fn $name(row: &[u8], act: &[u8]) -> f32 {
-                // SAFETY: only reachable through KERNELS, which `kernels` hands out after
-                // detecting avx2, fma and f16c.
+                // SAFETY: only reachable through the AVX2 and AVX-512 tables, which are
+                // handed out after detecting (at least) avx2, fma and f16c.
                 unsafe { $kernel(row, act) }
             }
         )*
@@ -64,7 +65,7 @@ entry! {
 /// 32 bytes from the start of `bytes` (at least 32 long).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load_256(bytes: &[u8]) -> __m256i {
+pub(super) fn load_256(bytes: &[u8]) -> __m256i {
     let bytes = &bytes[..32];
     // SAFETY: `bytes` has 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
@@ -73,7 +74,7 @@ fn load_256(bytes: &[u8]) -> __m256i {
 /// 16 bytes from the start of `bytes` (at least 16 long).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load_128(bytes: &[u8]) -> __m128i {
+pub(super) fn load_128(bytes: &[u8]) -> __m128i {
     let bytes = &bytes[..16];
     // SAFETY: `bytes` has 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
@@ -99,7 +100,7 @@ fn u64_le(bytes: &[u8]) -> u64 {
 
 /// The f16 at `offset`, widened in general-purpose registers ([`f16_to_f32`]).
 #[inline]
-fn f16_at(bytes: &[u8], offset: usize) -> f32 {
+pub(super) fn f16_at(bytes: &[u8], offset: usize) -> f32 {
     f16_to_f32(u16_at(bytes, offset))
 }
 
@@ -112,7 +113,7 @@ fn hsum_f32x4(v: __m128) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_f32x8(v: __m256) -> f32 {
+pub(super) fn hsum_f32x8(v: __m256) -> f32 {
     hsum_f32x4(_mm_add_ps(
         _mm256_castps256_ps128(v),
         _mm256_extractf128_ps::<1>(v),
@@ -189,12 +190,6 @@ fn f16_avx2(row: &[u8], act: &[u8]) -> f32 {
         tail += f16_at(w, 0) * f16_at(a, 0);
     }
     hsum_f32x8(sum) + tail
-}
-
-/// The decoded-row dot, or `None` where the CPU lacks AVX2, FMA or F16C.
-pub(super) fn dot_decoded(row: &super::decoded::DecodedRow, act: &[u8]) -> Option<f32> {
-    // SAFETY: the features the kernel is compiled for were detected just before.
-    kernels().map(|_| unsafe { decoded::dot_decoded(row, act) })
 }
 
 /// One decoded grid row against N activations (`None` without AVX2).

@@ -1,0 +1,129 @@
+//! The batched kernels at each SIMD level in one process, trials interleaved across levels
+//! (so machine noise hits them alike), best of many short trials: ns per (row, token).
+//! Grid rows are decoded once up front (the decode is timed on its own, per row).
+//!
+//! `cargo run -p redlite-quant --release --example level_bench`
+
+use redlite_gguf::GgmlType;
+use redlite_quant::{
+    available_levels, decode_row, dot_decoded_many_at, scale_fields, vec_dot_many_at, DecodedRow,
+    QuantizedActivation, ScaleKind, SimdLevel,
+};
+use std::time::Instant;
+
+const ROWS: usize = 64;
+const COLS: usize = 2048;
+const TRIALS: usize = 60;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// Best time of `run` in ns, per level, trials interleaved.
+fn best_ns(levels: &[SimdLevel], mut run: impl FnMut(SimdLevel)) -> Vec<f64> {
+    let mut best = vec![f64::INFINITY; levels.len()];
+    for _ in 0..TRIALS {
+        for (b, &level) in best.iter_mut().zip(levels) {
+            let start = Instant::now();
+            run(level);
+            *b = b.min(start.elapsed().as_secs_f64() * 1e9);
+        }
+    }
+    best
+}
+
+fn main() {
+    let levels: Vec<SimdLevel> = available_levels()
+        .into_iter()
+        .filter(|&l| l >= SimdLevel::Avx2)
+        .collect();
+    let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
+    println!("{ROWS} x {COLS}, one thread, ns per (row, token): {names:?}");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for ty in [
+        GgmlType::IQ2XXS,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q2K,
+    ] {
+        let mut weights = vec![0u8; ROWS * COLS / ty.block_values() * ty.block_bytes()];
+        weights.fill_with(|| rng.next_u64() as u8);
+        for block in weights.chunks_exact_mut(ty.block_bytes()) {
+            for field in scale_fields(ty) {
+                let value = match field.kind {
+                    ScaleKind::Dmin => rng.uniform(-0.05, 0.05),
+                    _ => rng.uniform(0.005, 0.05),
+                };
+                field.write(block, value);
+            }
+        }
+        let row_bytes = weights.len() / ROWS;
+        let decodable = redlite_quant::decodable(ty);
+        let decoded: Vec<DecodedRow> = if decodable {
+            weights
+                .chunks_exact(row_bytes)
+                .map(|row| {
+                    let mut d = DecodedRow::default();
+                    decode_row(ty, row, &mut d).expect("decode");
+                    d
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if decodable {
+            let mut scratch = DecodedRow::default();
+            let ns = best_ns(&levels[..1], |_| {
+                for row in weights.chunks_exact(row_bytes) {
+                    decode_row(ty, row, &mut scratch).expect("decode");
+                }
+            });
+            println!(
+                "{:8} decode {:8.1} ns per row",
+                ty.to_string(),
+                ns[0] / ROWS as f64
+            );
+        }
+        for tokens in [2usize, 8, 10, 64] {
+            let acts: Vec<QuantizedActivation> = (0..tokens)
+                .map(|_| {
+                    let x: Vec<f32> = (0..COLS).map(|_| rng.uniform(-2.0, 2.0)).collect();
+                    QuantizedActivation::new(ty, &x).expect("activation")
+                })
+                .collect();
+            let mut out = vec![0f32; tokens];
+            let ns = best_ns(&levels, |level| {
+                if decodable {
+                    for row in &decoded {
+                        dot_decoded_many_at(level, row, &acts, &mut out).expect("dots");
+                    }
+                } else {
+                    for row in weights.chunks_exact(row_bytes) {
+                        vec_dot_many_at(level, ty, row, &acts, &mut out).expect("dots");
+                    }
+                }
+            });
+            let per: Vec<String> = ns
+                .iter()
+                .map(|n| format!("{:7.2}", n / (ROWS * tokens) as f64))
+                .collect();
+            let ratio = ns.last().unwrap_or(&0.0) / ns[0];
+            println!(
+                "{:8} T={tokens:3} {} ratio {ratio:.2}",
+                ty.to_string(),
+                per.join(" ")
+            );
+        }
+    }
+}
