@@ -109,7 +109,7 @@ if stage parity; then
   note "  worst exact (cuBLAS f32): $(grep -h 'Exact' "$OUT/parity-alt.log" | sort -k8 -g | tail -1)"
   # The decode kernels' alternatives (each switch's path against the CPU).
   for v in REDLITE_FUSED_DELTANET=0 REDLITE_ROUTER_TOPK=0 REDLITE_ROUTER_SHARED_ROW=0 \
-      REDLITE_MOE_DOWN_PRELOAD=0 REDLITE_DELTANET_PER_HEAD=1; do
+      REDLITE_MOE_DOWN_PRELOAD=0; do
     env "$v" "$D/cuda_parity" --test-threads=1 --nocapture > "$OUT/parity-$v.log" 2>&1
     note "cuda_parity, $v: $(grep -E '^test result' "$OUT/parity-$v.log" | tail -1)"
   done

@@ -470,47 +470,24 @@ pub(crate) fn deltanet_step(
     width: usize,
     eps: f32,
     inputs: [&CudaView<'_, f32>; 7],
-    buffers: (
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, f32>,
-    ),
-    ticket: &mut CudaViewMut<'_, i32>,
+    conv_state: &mut CudaViewMut<'_, f32>,
+    recurrent: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
-    let dims = [d.k_heads, d.v_heads].map(to_i32);
-    let q_scale = 1.0 / (d.head_dim as f32).sqrt();
-    if deltanet_per_head() {
-        let kernel = device.kernel(&source::deltanet_step_head_kernel(d.head_dim, width))?;
-        let cfg = config((d.v_heads, 1, 1), to_u32(d.head_dim), 0);
-        let args = (inputs, buffers, ticket);
-        return raw::launch_deltanet_step_head(
-            device.stream(),
-            kernel,
-            cfg,
-            args,
-            dims,
-            (eps, q_scale),
-        );
-    }
     let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
     let threads = d.v_heads / d.k_heads * d.head_dim;
     let cfg = config((d.k_heads, 1, 1), to_u32(threads), 0);
+    let dims = [d.k_heads, d.v_heads].map(to_i32);
+    let q_scale = 1.0 / (d.head_dim as f32).sqrt();
     raw::launch_deltanet_step(
         device.stream(),
         kernel,
         cfg,
         inputs,
-        buffers,
+        (conv_state, recurrent, out),
         dims,
         (eps, q_scale),
     )
-}
-
-/// `REDLITE_DELTANET_PER_HEAD=1`: the fused step with a CTA per value head
-/// (`deltanet_step_head_kernel`) instead of one per key head.
-fn deltanet_per_head() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_DELTANET_PER_HEAD").as_deref() == Ok("1"))
 }
 
 pub(crate) fn gated_norm(

@@ -326,12 +326,10 @@ pub fn deltanet_step(
     conv_state: &mut CudaViewMut<'_, f32>,
     recurrent: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
-    ticket: &mut CudaViewMut<'_, i32>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
     let d = s.check(op)?;
     shape(op, "tokens (fused step)", 1, s.tokens)?;
-    shape(op, "ticket length (key heads)", s.k_heads, ticket.len())?;
     let dk = s.head_dim;
     supported(op, "head dim", dk, &DELTA_DK, "32, 64, 128")?;
     let channels = s.channels();
@@ -364,8 +362,9 @@ pub fn deltanet_step(
         width,
         eps,
         [qkv, z, ba, p.conv_w, p.a, p.dt_bias, p.norm_w],
-        (conv_state, recurrent, out),
-        ticket,
+        conv_state,
+        recurrent,
+        out,
     )
 }
 

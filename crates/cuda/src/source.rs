@@ -408,10 +408,6 @@ pub(crate) fn deltanet_step_kernel(dk: usize, width: usize) -> String {
     format!("deltanet_step_kernel<{dk}, {width}>")
 }
 
-pub(crate) fn deltanet_step_head_kernel(dk: usize, width: usize) -> String {
-    format!("deltanet_step_head_kernel<{dk}, {width}>")
-}
-
 pub(crate) fn gated_norm_kernel() -> String {
     format!("gated_norm_kernel<{LAYER_WARPS}>")
 }
@@ -609,12 +605,9 @@ pub fn modules() -> Vec<ModuleSource> {
                 .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
                 .chain(DELTA_DK.iter().map(|&dk| delta_chunked_kernel(dk)))
                 .chain(DELTA_DK.iter().flat_map(|&dk| {
-                    CONV_KERNELS.iter().flat_map(move |&w| {
-                        [
-                            deltanet_step_kernel(dk, w),
-                            deltanet_step_head_kernel(dk, w),
-                        ]
-                    })
+                    CONV_KERNELS
+                        .iter()
+                        .map(move |&w| deltanet_step_kernel(dk, w))
                 }))
                 .chain([
                     "deltanet_split_kernel".to_string(),

@@ -291,46 +291,6 @@ pub(crate) fn launch_delta_rule(
 /// state, out, k_heads, v_heads, eps, q_scale)`; inputs are (qkv, z, ba, conv_w, a, dt_bias,
 /// norm_w).
 #[allow(clippy::type_complexity)]
-/// The fused DeltaNet step with a CTA per value head: `launch_deltanet_step`'s arguments
-/// and the key heads' ticket counters.
-pub(crate) fn launch_deltanet_step_head(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    (inputs, (conv_state, state, out), ticket): (
-        [&CudaView<'_, f32>; 7],
-        (
-            &mut CudaViewMut<'_, f32>,
-            &mut CudaViewMut<'_, f32>,
-            &mut CudaViewMut<'_, f32>,
-        ),
-        &mut CudaViewMut<'_, i32>,
-    ),
-    dims: [i32; 2],
-    (eps, q_scale): (f32, f32),
-) -> Result<(), CudaError> {
-    let [qkv, z, ba, conv_w, a, dt_bias, norm_w] = inputs;
-    let mut launch = builder(stream, kernel);
-    launch.arg(qkv).arg(z).arg(ba).arg(conv_w).arg(conv_state);
-    launch
-        .arg(a)
-        .arg(dt_bias)
-        .arg(norm_w)
-        .arg(state)
-        .arg(out)
-        .arg(ticket);
-    for d in &dims {
-        launch.arg(d);
-    }
-    launch.arg(&eps).arg(&q_scale);
-    // SAFETY: arguments match the signature (ticket, k_heads, v_heads); the op entry checked
-    // every length as for `launch_deltanet_step` and the ticket's (k_heads); grid v_heads x
-    // block DK threads (the kernel's bound) covers exactly the heads.
-    launched(stream, "cuLaunchKernel(deltanet_step_head)", unsafe {
-        launch.launch(config)
-    })
-}
-
 pub(crate) fn launch_deltanet_step(
     stream: &CudaStream,
     kernel: &CudaFunction,

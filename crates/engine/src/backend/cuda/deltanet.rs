@@ -78,7 +78,6 @@ pub fn forward(
             &mut state.conv.as_view_mut(),
             &mut state.recurrent.as_view_mut(),
             &mut o,
-            &mut s.deltanet_ticket.as_view_mut(),
         )?;
         device.mark("DeltaNet ssm_out");
         matmul(device, &w.out.view(), &o.as_view(), out)?;
