@@ -11,7 +11,7 @@ use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
 
 mod common;
-use common::{device, random_matrix, reference_rows, Rng};
+use common::{device, q8_matrix as matrix, random_matrix, reference_rows, Rng};
 
 /// (rows, cols) swept for each type: odd row counts, one block, and a row wider than the
 /// shared-memory x limit (12,288 floats) so both matvec specializations run.
@@ -390,19 +390,6 @@ fn grouped_gate_up_equals_the_per_pair_launch() {
             upload(&random_matrix(ty, ff, cols, &mut rng)),
             upload(&random_matrix(ty, ff, cols, &mut rng)),
         );
-        fn matrix(
-            bytes: &redlite_cuda::CudaSlice<u8>,
-            ty: GgmlType,
-            (rows, cols): (usize, usize),
-        ) -> WeightMatrix<'_> {
-            WeightMatrix {
-                ty,
-                rows,
-                cols,
-                bytes: bytes.as_view(),
-                dots: Dots::Q8K,
-            }
-        }
         let stack = (n_expert * ff, cols);
         let (gate, up) = (matrix(&gate, ty, stack), matrix(&up, ty, stack));
         let (s_gate, s_up) = (

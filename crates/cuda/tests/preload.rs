@@ -4,23 +4,11 @@
 //! lanes per row, an expert id out of range, with and without the shared expert. Skips with
 //! a message where there is no GPU.
 
-use redlite_cuda::{
-    moe_down, moe_gate_up, with_preload, CudaSlice, Device, Dots, WeightMatrix, Q8_DOT_TYPES,
-};
+use redlite_cuda::{moe_down, moe_gate_up, with_preload, CudaSlice, Device, Q8_DOT_TYPES};
 use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, random_matrix, Rng};
-
-fn matrix(bytes: &CudaSlice<u8>, ty: GgmlType, rows: usize, cols: usize) -> WeightMatrix<'_> {
-    WeightMatrix {
-        ty,
-        rows,
-        cols,
-        bytes: bytes.as_view(),
-        dots: Dots::Q8K,
-    }
-}
+use common::{device, q8_matrix as matrix, random_matrix, Rng};
 
 /// The indices where two outputs differ in their bits.
 fn differing(a: &[f32], b: &[f32]) -> Vec<usize> {
@@ -61,12 +49,15 @@ fn expert_down_with_weights_loaded_ahead_is_bit_identical() {
             let s_up = upload_random(&device, ty, ff, cols, &mut rng);
             let s_down = upload_random(&device, ty, rows, ff, &mut rng);
             let (gate, up) = (
-                matrix(&gate, ty, n_expert * ff, cols),
-                matrix(&up, ty, n_expert * ff, cols),
+                matrix(&gate, ty, (n_expert * ff, cols)),
+                matrix(&up, ty, (n_expert * ff, cols)),
             );
-            let down = matrix(&down, ty, n_expert * rows, ff);
-            let (s_gate, s_up) = (matrix(&s_gate, ty, ff, cols), matrix(&s_up, ty, ff, cols));
-            let s_down = matrix(&s_down, ty, rows, ff);
+            let down = matrix(&down, ty, (n_expert * rows, ff));
+            let (s_gate, s_up) = (
+                matrix(&s_gate, ty, (ff, cols)),
+                matrix(&s_up, ty, (ff, cols)),
+            );
+            let s_down = matrix(&s_down, ty, (rows, ff));
             // One id out of range: its products are zeros, its down term is left out.
             let mut ids: Vec<i32> = (0..used).map(|k| ((3 * k + 1) % n_expert) as i32).collect();
             ids[4] = -1;

@@ -6,29 +6,16 @@
 
 use redlite_gguf::GgmlType;
 use redlite_quant::{
-    available_levels, decode_row, dot_decoded_many_at, scale_fields, vec_dot_many_at, DecodedRow,
-    QuantizedActivation, ScaleKind, SimdLevel,
+    available_levels, decode_row, dot_decoded_many_at, vec_dot_many_at, DecodedRow,
+    QuantizedActivation, SimdLevel,
 };
 use std::time::Instant;
 
+mod common;
+use common::{random_matrix, Rng};
 const ROWS: usize = 64;
 const COLS: usize = 2048;
 const TRIALS: usize = 60;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
 
 /// Best time of `run` in ns, per level, trials interleaved.
 fn best_ns(levels: &[SimdLevel], mut run: impl FnMut(SimdLevel)) -> Vec<f64> {
@@ -57,17 +44,7 @@ fn main() {
         GgmlType::Q5K,
         GgmlType::Q2K,
     ] {
-        let mut weights = vec![0u8; ROWS * COLS / ty.block_values() * ty.block_bytes()];
-        weights.fill_with(|| rng.next_u64() as u8);
-        for block in weights.chunks_exact_mut(ty.block_bytes()) {
-            for field in scale_fields(ty) {
-                let value = match field.kind {
-                    ScaleKind::Dmin => rng.uniform(-0.05, 0.05),
-                    _ => rng.uniform(0.005, 0.05),
-                };
-                field.write(block, value);
-            }
-        }
+        let weights = random_matrix(&mut rng, ty, ROWS, COLS);
         let row_bytes = weights.len() / ROWS;
         let decodable = redlite_quant::decodable(ty);
         let decoded: Vec<DecodedRow> = if decodable {

@@ -11,33 +11,14 @@
 
 use redlite_gguf::GgmlType;
 use redlite_quant::{
-    decodable, decode_row, dot_decoded_many, scale_fields, vec_dot_many, DecodedRow,
-    QuantizedActivation, ScaleKind,
+    decodable, decode_row, dot_decoded_many, vec_dot_many, DecodedRow, QuantizedActivation,
 };
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{random_matrix, thread_cpu_ns, Rng};
 const ROWS: usize = 512;
 const COLS: usize = 2048;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
-
-fn thread_cpu_ns() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    stat.split_whitespace().next()?.parse().ok()
-}
 
 fn main() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -66,17 +47,7 @@ fn main() {
                 continue;
             }
         }
-        let mut weights = vec![0u8; ROWS * COLS / ty.block_values() * ty.block_bytes()];
-        weights.fill_with(|| rng.next_u64() as u8);
-        for block in weights.chunks_exact_mut(ty.block_bytes()) {
-            for field in scale_fields(ty) {
-                let value = match field.kind {
-                    ScaleKind::Dmin => rng.uniform(-0.05, 0.05),
-                    _ => rng.uniform(0.005, 0.05),
-                };
-                field.write(block, value);
-            }
-        }
+        let weights = random_matrix(&mut rng, ty, ROWS, COLS);
         let row_bytes = weights.len() / ROWS;
         for &tokens in &token_counts {
             let acts: Vec<QuantizedActivation> = (0..tokens)

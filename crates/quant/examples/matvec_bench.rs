@@ -8,14 +8,12 @@
 //! best of 12 trials of 40 ms, in the thread's CPU time where Linux reports it, else wall
 //! time: fairer on a shared machine.
 
-use half::f16;
 use redlite_gguf::GgmlType;
-use redlite_quant::{
-    available_levels, matvec_at, quantize_row, scale_fields, set_iq1m_scale, QuantizedActivation,
-    ScaleKind,
-};
+use redlite_quant::{available_levels, matvec_at, QuantizedActivation};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{random_matrix, thread_cpu_ns, Rng};
 const ROWS: usize = 512;
 const COLS: usize = 2048;
 const STREAM_BYTES: usize = 384 << 20;
@@ -34,53 +32,6 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::F16,
     GgmlType::F32,
 ];
-
-/// xorshift64*: enough for random blocks.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
-
-/// This thread's time on a CPU (Linux `schedstat`), in ns.
-fn thread_cpu_ns() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    stat.split_whitespace().next()?.parse().ok()
-}
-
-fn random_matrix(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
-    let values = ROWS * COLS;
-    if !ty.is_quantized() {
-        let floats: Vec<f32> = (0..values).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let mut bytes = vec![0u8; values * ty.block_bytes()];
-        quantize_row(ty, &floats, &mut bytes).expect("float types quantize");
-        return bytes;
-    }
-    let mut bytes = vec![0u8; values / ty.block_values() * ty.block_bytes()];
-    bytes.fill_with(|| rng.next_u64() as u8);
-    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-        for field in scale_fields(ty) {
-            let value = match field.kind {
-                ScaleKind::Dmin => rng.uniform(-0.05, 0.05),
-                _ => rng.uniform(0.005, 0.05),
-            };
-            field.write(block, value);
-        }
-        if ty == GgmlType::IQ1M {
-            set_iq1m_scale(block, f16::from_f32(rng.uniform(0.005, 0.05))).expect("IQ1_M");
-        }
-    }
-    bytes
-}
 
 fn main() {
     let stream = std::env::args().any(|a| a == "--stream");
@@ -101,7 +52,7 @@ fn main() {
     );
     let mut out = vec![0.0f32; ROWS];
     for ty in TYPES {
-        let matrix = random_matrix(&mut rng, ty);
+        let matrix = random_matrix(&mut rng, ty, ROWS, COLS);
         let copies = if stream {
             (STREAM_BYTES / matrix.len()).max(2)
         } else {

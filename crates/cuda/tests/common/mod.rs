@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use half::f16;
-use redlite_cuda::{CudaError, Device};
+use redlite_cuda::{CudaError, CudaSlice, Device, Dots, WeightMatrix};
 use redlite_gguf::GgmlType;
 use redlite_quant::{dequantize_row, scale_fields, set_iq1m_scale, ScaleKind};
 
@@ -78,5 +78,20 @@ pub fn device(test: &str) -> Option<Device> {
             None
         }
         Err(error) => panic!("{test}: CUDA device failed to open: {error}"),
+    }
+}
+
+/// `bytes` on the device as a `rows` x `cols` matrix of `ty` with Q8_K activations.
+pub fn q8_matrix(
+    bytes: &CudaSlice<u8>,
+    ty: GgmlType,
+    (rows, cols): (usize, usize),
+) -> WeightMatrix<'_> {
+    WeightMatrix {
+        ty,
+        rows,
+        cols,
+        bytes: bytes.as_view(),
+        dots: Dots::Q8K,
     }
 }
