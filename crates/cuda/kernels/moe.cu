@@ -435,6 +435,23 @@ moe_gate_up_q8_grouped_kernel(const u8* __restrict__ gate, const u8* __restrict_
     }
 }
 
+// The down kernels' input of token t quantized into shared memory `staging`: the `used`
+// SwiGLU rows of act (ff values each), then the shared expert's (shared_ff values; 0 when
+// none). `ad` gets the block scales, `aq` the codes (the routed ones first). Ends with a
+// CTA barrier.
+static __device__ __forceinline__ void quantize_down_input(float4* staging,
+                                                           const float* __restrict__ act,
+                                                           const float* __restrict__ act_shared,
+                                                           int t, int used, int ff,
+                                                           int shared_ff, float*& ad, i8*& aq) {
+    const int routed = used * ff;
+    ad = reinterpret_cast<float*>(staging);
+    aq = reinterpret_cast<i8*>(staging) + q8_scales_bytes(routed + shared_ff);
+    quantize_q8k_shared(act + i64(t) * routed, routed,
+                        shared_ff > 0 ? act_shared + i64(t) * shared_ff : nullptr, shared_ff,
+                        ad, aq);
+}
+
 template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
@@ -467,12 +484,10 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
         }
     }
     const int routed = used * ff;
-    const int staged = routed + (shared_down != nullptr ? shared_ff : 0);
-    float* ad = reinterpret_cast<float*>(q8_shared);
-    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(staged);
-    quantize_q8k_shared(act + i64(t) * routed, routed,
-                        shared_down != nullptr ? act_shared + i64(t) * shared_ff : nullptr,
-                        staged - routed, ad, aq);
+    float* ad;
+    i8* aq;
+    quantize_down_input(q8_shared, act, act_shared, t, used, ff,
+                        shared_down != nullptr ? shared_ff : 0, ad, aq);
     if (rows_here <= 0) return;
     const int blocks = ff / B::VALUES;
     float partial[ROWS];

@@ -8,7 +8,7 @@
 // order by the same operations: the same bits. Measured on the H200 (IQ2_XXS experts of the
 // 80B model): 12.8 -> 11.5 us a launch. The same scheme for the dense and gate/up matvecs,
 // whose lanes hold 2-4 items, was slower (10.0 -> 11.1 and 13.3 -> 15.1 us) and was
-// removed. Needs moe.cu (the skip tests) and q8dot.cuh before it.
+// removed. Needs moe.cu (the skip tests, quantize_down_input) and q8dot.cuh before it.
 
 // Down + weighted sum: one row per lane group (moe_down_q8_kernel with ROWS = 1). A term is
 // a selected expert or the shared one (k = used); each lane holds at most IPL items of a
@@ -61,12 +61,10 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     };
     if (row < rows) load_terms(0);
     const int routed = used * ff;
-    const int staged = routed + (shared_down != nullptr ? shared_ff : 0);
-    float* ad = reinterpret_cast<float*>(q8_shared);
-    i8* aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(staged);
-    quantize_q8k_shared(act + i64(t) * routed, routed,
-                        shared_down != nullptr ? act_shared + i64(t) * shared_ff : nullptr,
-                        staged - routed, ad, aq);
+    float* ad;
+    i8* aq;
+    quantize_down_input(q8_shared, act, act_shared, t, used, ff,
+                        shared_down != nullptr ? shared_ff : 0, ad, aq);
     if (row >= rows) return;
     const int blocks = ff / B::VALUES;
     float partial = 0.0f;

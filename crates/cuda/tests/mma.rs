@@ -5,24 +5,14 @@
 
 use redlite_cuda::{
     matmul_mma, matmul_with, moe_down, moe_down_mma, moe_gate_up, moe_gate_up_mma, CudaSlice,
-    Device, Dots, MmaGroups, MmaTiles, PrefillKernels, WeightMatrix, MMA_TYPES,
+    Device, MmaGroups, MmaTiles, PrefillKernels, MMA_TYPES,
 };
 use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, random_matrix, Rng};
+use common::{device, q8_matrix as matrix, random_matrix, Rng};
 
 const TOKENS: [usize; 5] = [1, 7, 64, 200, 512];
-
-fn matrix(bytes: &CudaSlice<u8>, ty: GgmlType, (rows, cols): (usize, usize)) -> WeightMatrix<'_> {
-    WeightMatrix {
-        ty,
-        rows,
-        cols,
-        bytes: bytes.as_view(),
-        dots: Dots::Q8K,
-    }
-}
 
 /// Asserts `found` (tokens x width) is within the bound of `expected`, naming the first
 /// diverging value.

@@ -6,13 +6,12 @@
 
 use redlite_gguf::GgmlType;
 use redlite_quant::{
-    available_levels, decode_row, dot_decoded_many_at, vec_dot_many_at, DecodedRow,
-    QuantizedActivation, SimdLevel,
+    available_levels, decode_row, dot_decoded_many_at, vec_dot_many_at, DecodedRow, SimdLevel,
 };
 use std::time::Instant;
 
 mod common;
-use common::{random_matrix, Rng};
+use common::{random_activations, random_matrix, Rng};
 const ROWS: usize = 64;
 const COLS: usize = 2048;
 const TRIALS: usize = 60;
@@ -73,12 +72,7 @@ fn main() {
             );
         }
         for tokens in [2usize, 8, 10, 64] {
-            let acts: Vec<QuantizedActivation> = (0..tokens)
-                .map(|_| {
-                    let x: Vec<f32> = (0..COLS).map(|_| rng.uniform(-2.0, 2.0)).collect();
-                    QuantizedActivation::new(ty, &x).expect("activation")
-                })
-                .collect();
+            let acts = random_activations(&mut rng, ty, tokens, COLS);
             let mut out = vec![0f32; tokens];
             let ns = best_ns(&levels, |level| {
                 if decodable {

@@ -10,13 +10,11 @@
 //! `REDLITE_SIMD=avx2` (or `scalar`) caps the SIMD level, to compare levels.
 
 use redlite_gguf::GgmlType;
-use redlite_quant::{
-    decodable, decode_row, dot_decoded_many, vec_dot_many, DecodedRow, QuantizedActivation,
-};
+use redlite_quant::{decodable, decode_row, dot_decoded_many, vec_dot_many, DecodedRow};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{random_matrix, thread_cpu_ns, Rng};
+use common::{random_activations, random_matrix, thread_cpu_ns, Rng};
 const ROWS: usize = 512;
 const COLS: usize = 2048;
 
@@ -50,12 +48,7 @@ fn main() {
         let weights = random_matrix(&mut rng, ty, ROWS, COLS);
         let row_bytes = weights.len() / ROWS;
         for &tokens in &token_counts {
-            let acts: Vec<QuantizedActivation> = (0..tokens)
-                .map(|_| {
-                    let x: Vec<f32> = (0..COLS).map(|_| rng.uniform(-2.0, 2.0)).collect();
-                    QuantizedActivation::new(ty, &x).expect("activation")
-                })
-                .collect();
+            let acts = random_activations(&mut rng, ty, tokens, COLS);
             let mut out = vec![0f32; tokens];
             let mut decoded = DecodedRow::default();
             let mut run = || {

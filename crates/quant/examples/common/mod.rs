@@ -3,7 +3,7 @@
 
 use half::f16;
 use redlite_gguf::GgmlType;
-use redlite_quant::{quantize_row, scale_fields, set_iq1m_scale, ScaleKind};
+use redlite_quant::{quantize_row, scale_fields, set_iq1m_scale, QuantizedActivation, ScaleKind};
 
 /// xorshift64*: enough for random blocks.
 pub struct Rng(pub u64);
@@ -52,4 +52,19 @@ pub fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> V
         }
     }
     bytes
+}
+
+/// `tokens` activations of `cols` values in [-2, 2), quantized for rows of `ty`.
+pub fn random_activations(
+    rng: &mut Rng,
+    ty: GgmlType,
+    tokens: usize,
+    cols: usize,
+) -> Vec<QuantizedActivation> {
+    (0..tokens)
+        .map(|_| {
+            let x: Vec<f32> = (0..cols).map(|_| rng.uniform(-2.0, 2.0)).collect();
+            QuantizedActivation::new(ty, &x).expect("activation")
+        })
+        .collect()
 }

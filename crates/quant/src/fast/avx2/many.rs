@@ -138,6 +138,28 @@ pub(crate) fn affine_k_xn<const N: usize, const FIVE_BIT: bool>(
     out
 }
 
+/// A Q2_K block's min terms for N activations (`packed`: its 16 scale/min bytes), added to
+/// `acc_min` (the AVX-512 kernel shares it, for the same f32 steps).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q2_k_add_mins<const N: usize>(
+    x: &[u8],
+    packed: __m128i,
+    yb: Acts<'_, N>,
+    acc_min: &mut [__m256; N],
+) {
+    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+        _mm_srli_epi16::<4>(packed),
+        _mm_set1_epi8(0x0f),
+    ));
+    for t in 0..N {
+        let yd = f32_at(yb[t], 0);
+        let min_sums = _mm256_madd_epi16(mins, load_256(&yb[t][Q8K_BSUMS..]));
+        let dmin = _mm256_set1_ps(yd * f16_at(x, 82));
+        acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums), dmin, acc_min[t]);
+    }
+}
+
 /// [`super::kquants`]' Q2_K kernel for N activations: the 2-bit codes, the scales and the
 /// mins are unpacked once per block and used N times.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -148,16 +170,7 @@ pub(crate) fn q2_k_xn<const N: usize>(row: &[u8], ys: Acts<'_, N>) -> [f32; N] {
     for (blk, x) in row.chunks_exact(84).enumerate() {
         let yb = block_of(ys, blk);
         let packed = super::load_128(x);
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
-            _mm_srli_epi16::<4>(packed),
-            _mm_set1_epi8(0x0f),
-        ));
-        for t in 0..N {
-            let yd = f32_at(yb[t], 0);
-            let min_sums = _mm256_madd_epi16(mins, load_256(&yb[t][Q8K_BSUMS..]));
-            let dmin = _mm256_set1_ps(yd * f16_at(x, 82));
-            acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums), dmin, acc_min[t]);
-        }
+        q2_k_add_mins(x, packed, yb, &mut acc_min);
         let mut sumi = [_mm256_setzero_si256(); N];
         for half in 0..2 {
             let mut bits = load_256(&x[16 + 32 * half..]);

@@ -8,7 +8,7 @@ use super::{fold_halves, load_512, load_i16x32, Acts};
 use crate::fast::avx2::many::{block_of, block_quants};
 use crate::fast::avx2::{f16_at, hsum_f32x8, load_256};
 use crate::fast::decoded::DecodedRow;
-use crate::fast::scalar::{f32_at, Q8K_BSUMS, Q8K_QS};
+use crate::fast::scalar::{f32_at, Q8K_QS};
 use std::arch::x86_64::*;
 
 /// The upper 16 of 32 i16 lanes: the second 32-byte piece of a vector.
@@ -108,16 +108,7 @@ pub(super) fn q2_k_xn<const N: usize>(row: &[u8], ys: Acts<'_, N>) -> [f32; N] {
     for (blk, x) in row.chunks_exact(84).enumerate() {
         let yb = block_of(ys, blk);
         let packed = crate::fast::avx2::load_128(x);
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
-            _mm_srli_epi16::<4>(packed),
-            _mm_set1_epi8(0x0f),
-        ));
-        for t in 0..N {
-            let yd = f32_at(yb[t], 0);
-            let min_sums = _mm256_madd_epi16(mins, load_256(&yb[t][Q8K_BSUMS..]));
-            let dmin = _mm256_set1_ps(yd * f16_at(x, 82));
-            acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums), dmin, acc_min[t]);
-        }
+        crate::fast::avx2::many::q2_k_add_mins(x, packed, yb, &mut acc_min);
         let all_scales = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(
             packed,
             _mm_set1_epi8(0x0f),
