@@ -3,7 +3,8 @@
 //!
 //! * exact precision (f32 math on dequantized weights) against transformers: logits and the
 //!   residual stream after every layer, so a failure names the first layer that diverges;
-//! * ggml precision (activations quantized as llama.cpp does) against llama.cpp: top-1.
+//! * ggml precision (activations quantized as llama.cpp does) against llama.cpp: top-1, the
+//!   reference's near-ties excepted.
 
 mod golden_support;
 
@@ -167,6 +168,10 @@ fn exact_precision_matches_transformers_layer_by_layer() {
 
 #[test]
 fn ggml_precision_matches_llamacpp_top1() {
+    // Relative gap under which two of the reference's logits count as tied: the logits of
+    // these quantized models differ from llama.cpp's by ~1e-2 relative (the table's last
+    // column), so a smaller gap is not a reliable order.
+    const TIE: f32 = 1e-2;
     let dir = tempfile::tempdir().unwrap();
     let mut table = Vec::new();
     for model in models(dir.path()) {
@@ -176,12 +181,19 @@ fn ggml_precision_matches_llamacpp_top1() {
             let (logits, _) = run(&model, Precision::Ggml, &toks, false);
             let vocab = logits.len() / toks.len();
             let ids = &model.golden[&format!("{prompt}/llamacpp/topk_ids")];
+            let vals = model.golden[&format!("{prompt}/llamacpp/topk_vals")].f32();
             let k = ids.shape[1];
             for p in 0..toks.len() {
                 total += 1;
-                agree += usize::from(
-                    argmax(&logits[p * vocab..(p + 1) * vocab]) == ids.i32()[p * k] as usize,
-                );
+                let (ids, vals) = (&ids.i32()[p * k..(p + 1) * k], &vals[p * k..(p + 1) * k]);
+                let ours = argmax(&logits[p * vocab..(p + 1) * vocab]);
+                // A near-tie in the reference (its top two within TIE of each other) may
+                // go either way under another summation order: ours is then its runner-up.
+                let tie = ids
+                    .iter()
+                    .zip(vals)
+                    .any(|(&id, &v)| id as usize == ours && vals[0] - v <= TIE * vals[0].abs());
+                agree += usize::from(ours == ids[0] as usize || tie);
             }
             let rels = topk_rel(
                 &logits,

@@ -38,11 +38,21 @@ pub struct DecodedRow {
     /// 8 i32 lanes per block: −Σ over its sub-blocks of `madd(maddubs(128, w), scales)`,
     /// what biasing the activation by 128 adds to each lane of the block sum.
     pub(crate) offsets: Vec<i32>,
+    /// Q4_K only (empty for the grid types): the super-block's `dmin` per block and the
+    /// 6-bit min of each 32-value sub-block, the values being `d·scale·q − dmin·min`.
+    pub(crate) dmin: Vec<f32>,
+    pub(crate) mins: Vec<i16>,
 }
 
-/// Whether [`decode_row`] supports `ty`.
+/// Whether the decoded-row dots ([`super::dot_decoded`]) support `ty`.
 pub fn decodable(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ1M)
+}
+
+/// Whether [`decode_row`] and the tile kernels ([`super::dot_decoded_tile`]) support `ty`:
+/// the grid types and Q4_K.
+pub fn tileable(ty: GgmlType) -> bool {
+    decodable(ty) || ty == GgmlType::Q4K
 }
 
 /// For each sign byte, a mask with 0xFF in the bytes to negate.
@@ -91,7 +101,7 @@ fn put_scales(scales: &mut [i16], at: usize, low: i16, high: i16) {
 /// Decodes a row of `ty` (whole blocks) into `out`.
 pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), QuantError> {
     let op = QuantOp::Dot;
-    if !decodable(ty) {
+    if !tileable(ty) {
         return Err(QuantError::Unsupported { op, ty });
     }
     let block = ty.block_bytes();
@@ -109,6 +119,12 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
     out.w.resize(blocks * QK, 0);
     out.scales.resize(blocks * QK / SUB * 16, 0);
     out.offsets.resize(blocks * 8, 0);
+    if ty == GgmlType::Q4K {
+        decode_q4k(row, out);
+        return Ok(());
+    }
+    out.dmin.clear();
+    out.mins.clear();
     #[cfg(target_arch = "x86_64")]
     if super::avx2::decode_grid_row(ty, row, out) {
         return Ok(());
@@ -199,6 +215,56 @@ pub(crate) fn decode_values(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
                 }
             }
         }
+    }
+}
+
+/// Q4_K blocks (d, dmin: f16; 12 bytes of 6-bit scales and mins; 128 bytes of 4-bit codes,
+/// 32-value sub-block 2j in the low nibbles of bytes 32j..32j+32, 2j + 1 in the high ones):
+/// the codes as bytes 0..=15, each sub-block's scale in its 16 scale lanes, its min, and the
+/// offsets.
+fn decode_q4k(row: &[u8], out: &mut DecodedRow) {
+    let blocks = row.len() / 144;
+    out.dmin.resize(blocks, 0.0);
+    out.mins.resize(blocks * 8, 0);
+    for (b, x) in row.chunks_exact(144).enumerate() {
+        out.d[b] = f16_to_f32(u16_at(x, 0));
+        out.dmin[b] = f16_to_f32(u16_at(x, 2));
+        let packed = &x[4..16];
+        for j in 0..8 {
+            let (scale, min) = if j < 4 {
+                (packed[j] & 63, packed[j + 4] & 63)
+            } else {
+                (
+                    (packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4),
+                    (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4),
+                )
+            };
+            put_scales(
+                &mut out.scales,
+                (b * 8 + j) * 16,
+                i16::from(scale),
+                i16::from(scale),
+            );
+            out.mins[b * 8 + j] = i16::from(min);
+        }
+        let (codes, w) = (&x[16..144], &mut out.w[b * QK..(b + 1) * QK]);
+        for (pair, (lo, hi)) in codes
+            .chunks_exact(32)
+            .zip(w.chunks_exact_mut(64).map(|c| c.split_at_mut(32)))
+        {
+            for ((l, h), &c) in lo.iter_mut().zip(hi.iter_mut()).zip(pair) {
+                *l = c & 0x0f;
+                *h = c >> 4;
+            }
+        }
+    }
+    let blocks = out
+        .w
+        .chunks_exact(QK)
+        .zip(out.scales.chunks_exact(QK / SUB * 16))
+        .zip(out.offsets.chunks_exact_mut(8));
+    for ((w, scales), offsets) in blocks {
+        block_offsets(w, scales, offsets);
     }
 }
 

@@ -14,8 +14,10 @@
 //! per-block terms).
 
 mod decoded;
+pub use tile::{dot_decoded_tile, tiles_available, ActTile, TILE_TOKENS};
 mod dispatch;
 mod scalar;
+mod tile;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -29,7 +31,7 @@ use crate::{check_bytes, quantize_row, row_bytes, vec_dot_type, QuantError, Quan
 use dispatch::{best, table, RowDot, RowDots};
 use redlite_gguf::GgmlType;
 
-pub use decoded::{decodable, decode_row, DecodedRow};
+pub use decoded::{decodable, decode_row, tileable, DecodedRow};
 pub use dispatch::{available_levels, SimdLevel, SIMD_CAP_VAR};
 
 /// An f32 activation row quantized once to the format ggml dots a weight type with
@@ -249,6 +251,10 @@ fn check_decoded(row: &DecodedRow, act: &QuantizedActivation) -> Result<GgmlType
             ty: GgmlType::IQ2XXS,
         });
     };
+    if !decodable(ty) {
+        // A decoded Q4_K row is for the tile kernels only.
+        return Err(QuantError::Unsupported { op, ty });
+    }
     if act.ty != GgmlType::Q8K {
         return Err(QuantError::ActivationType {
             op,
@@ -466,4 +472,23 @@ pub fn dot_decoded_many_at(
         *o = dot_decoded_at(level, row, act)?;
     }
     Ok(())
+}
+
+/// Asks the CPU to bring `bytes` into its caches (a hint: no effect on results). Weight rows
+/// are read from a file mapping in 4 KiB pages, where the hardware's stream prefetchers stop
+/// at every page boundary; decoding the next rows while these arrive hides the memory's
+/// latency.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for line in bytes.chunks(64) {
+            // SAFETY: a prefetch never faults and reads nothing into the program; the address
+            // is that of a live slice.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }

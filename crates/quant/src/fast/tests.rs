@@ -28,7 +28,7 @@ const FAST_TYPES: [GgmlType; 10] = [
 ];
 
 /// SplitMix64, as in the crate tests.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
@@ -46,7 +46,7 @@ impl Rng {
 }
 
 /// Random valid rows: random bytes with finite scales, or random floats for F32 / F16.
-fn random_rows(rng: &mut Rng, ty: GgmlType, values: usize, rows: usize) -> Vec<u8> {
+pub(super) fn random_rows(rng: &mut Rng, ty: GgmlType, values: usize, rows: usize) -> Vec<u8> {
     if !ty.is_quantized() {
         let floats: Vec<f32> = (0..values * rows).map(|_| rng.uniform(-1.0, 1.0)).collect();
         let mut bytes = vec![0u8; values * rows * ty.block_bytes()];
@@ -342,7 +342,7 @@ fn decoded_rows_dot_bit_identically() {
 }
 
 /// Random valid blocks with finite scales.
-fn decoded_test_row(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
+pub(super) fn decoded_test_row(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut bytes: Vec<u8> = (0..blocks * ty.block_bytes())
         .map(|_| {

@@ -8,8 +8,9 @@ use std::sync::Mutex;
 
 use redlite_gguf::{GgmlType, GgufModel};
 use redlite_quant::{
-    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many, matvec,
-    vec_dot_many, vec_dot_type, DecodedRow, QuantizedActivation,
+    decodable, decode_row, decoded_dots_available, dequantize_row, dot_decoded_many,
+    dot_decoded_tile, matvec, prefetch, tileable, tiles_available, vec_dot_many, vec_dot_type,
+    ActTile, DecodedRow, QuantizedActivation, TILE_TOKENS,
 };
 
 use crate::backend::cpu::pool;
@@ -54,8 +55,13 @@ const MAX_BATCHED_PIECE_ROWS: usize = 32;
 /// Tokens per tile of a batched product: 32 Q8_K activations of 2048 values are 73 KiB.
 const TOKEN_TILE: usize = 32;
 
-/// Tokens handed to one parallel task (activation quantization, transposes).
-const TOKENS_PER_TASK: usize = 16;
+/// Tokens handed to one parallel task (activation quantization, transposes): one
+/// activation tile.
+const TOKENS_PER_TASK: usize = TILE_TOKENS;
+
+/// The fewest tokens that take the tile kernels (`dot_decoded_tile`): below, most of a
+/// tile's 16 lanes would idle and the batched row kernels are faster (measured, `tile_bench`).
+const TILE_MIN_TOKENS: usize = 8;
 
 /// f32 dot product with eight partial sums (lane `l` sums elements `8c + l`), then a fixed
 /// pairwise reduction: a repeatable order that compiles to vector multiplies and adds (no
@@ -103,8 +109,16 @@ pub fn dot_le_bytes(a: &[u8], b: &[f32]) -> f32 {
 /// F32 weights), or each token quantized to the type's dot format (ggml precision).
 /// The f32 rows are borrowed, not copied.
 pub enum Prepared<'x> {
-    F32 { x: &'x [f32], cols: usize },
-    Quantized(Vec<QuantizedActivation>),
+    F32 {
+        x: &'x [f32],
+        cols: usize,
+    },
+    Quantized {
+        acts: Vec<QuantizedActivation>,
+        /// The same tokens interleaved 16 at a time for the tile kernels (grid weights, a
+        /// batch of at least [`TILE_MIN_TOKENS`], a CPU with AVX-512 VNNI); else empty.
+        tiles: Vec<ActTile>,
+    },
 }
 
 impl<'x> Prepared<'x> {
@@ -115,31 +129,44 @@ impl<'x> Prepared<'x> {
         if mm.precision == Precision::Exact {
             return Ok(Prepared::F32 { x, cols });
         }
-        // Tokens quantized in parallel, a block of them per task.
-        let blocks: Vec<Mutex<Vec<QuantizedActivation>>> = x
+        let tokens = x.len() / cols.max(1);
+        // Tiles for any Q8_K batch: one preparation can serve several weight types (products
+        // with the same input), and each takes the tiles if its type has tile kernels.
+        let tiled =
+            tokens >= TILE_MIN_TOKENS && vec_dot_type(ty) == GgmlType::Q8K && tiles_available();
+        // Tokens quantized in parallel, a block of them (and its tile) per task.
+        let blocks: Vec<Mutex<(Vec<QuantizedActivation>, Option<ActTile>)>> = x
             .chunks(cols * TOKENS_PER_TASK)
-            .map(|_| Mutex::new(Vec::new()))
+            .map(|_| Mutex::new((Vec::new(), None)))
             .collect();
         pool::for_each(blocks.len(), &|i| {
             let xs = x.chunks(cols * TOKENS_PER_TASK).nth(i).unwrap_or_default();
             let acts = xs
                 .chunks(cols)
                 .map(|xt| QuantizedActivation::new(ty, xt))
-                .collect::<std::result::Result<_, _>>()?;
-            *blocks[i].lock().unwrap_or_else(|p| p.into_inner()) = acts;
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let tile = if tiled {
+                Some(ActTile::new(&acts)?)
+            } else {
+                None
+            };
+            *blocks[i].lock().unwrap_or_else(|p| p.into_inner()) = (acts, tile);
             Ok(())
         })?;
-        let acts = blocks
-            .into_iter()
-            .flat_map(|b| b.into_inner().unwrap_or_else(|p| p.into_inner()))
-            .collect();
-        Ok(Prepared::Quantized(acts))
+        let mut acts = Vec::with_capacity(tokens);
+        let mut tiles = Vec::new();
+        for block in blocks {
+            let (a, tile) = block.into_inner().unwrap_or_else(|p| p.into_inner());
+            acts.extend(a);
+            tiles.extend(tile);
+        }
+        Ok(Prepared::Quantized { acts, tiles })
     }
 
     pub fn tokens(&self) -> usize {
         match self {
             Prepared::F32 { x, cols } => x.len() / cols.max(&1),
-            Prepared::Quantized(acts) => acts.len(),
+            Prepared::Quantized { acts, .. } => acts.len(),
         }
     }
 }
@@ -188,21 +215,47 @@ fn rows_serial(
             }
             return Ok(());
         }
-        Prepared::Quantized(acts) => acts,
+        Prepared::Quantized { acts, tiles } => (acts, tiles),
     };
+    let (acts, tiles) = acts;
+    let tiles: &[ActTile] = if tileable(w.ty) { tiles } else { &[] };
     if let [act] = &acts[..] {
         matvec(w.ty, rows, n, act, &mut by_row[..n])?;
         return Ok(());
     }
-    // Grid rows are decoded once per batch and reused by every token (bit-identical dots).
-    let decoded = decodable(w.ty) && decoded_dots_available();
+    // Grid rows (and rows for the tile kernels) are decoded once per batch and reused by
+    // every token.
+    let decoded = (decodable(w.ty) && decoded_dots_available()) || !tiles.is_empty();
     if decoded {
         if scratch.decoded.len() < n {
             scratch.decoded.resize_with(n, DecodedRow::default);
         }
-        for (row, d) in rows.chunks_exact(w.row_bytes).zip(&mut scratch.decoded) {
+        let ahead = bytes.get((first + n) * w.row_bytes..).unwrap_or_default();
+        for (k, (row, d)) in rows
+            .chunks_exact(w.row_bytes)
+            .zip(&mut scratch.decoded)
+            .enumerate()
+        {
+            // Two rows ahead, the next piece's first rows at the end.
+            let next = rows
+                .get((k + 2) * w.row_bytes..(k + 3) * w.row_bytes)
+                .or_else(|| {
+                    let j = k + 2 - n;
+                    ahead.get(j * w.row_bytes..(j + 1) * w.row_bytes)
+                });
+            prefetch(next.unwrap_or_default());
             decode_row(w.ty, row, d)?;
         }
+    }
+    if decoded && !tiles.is_empty() {
+        // Activation tiles outermost: the piece's decoded rows stay in cache while each
+        // tile of 16 tokens passes them once.
+        let rows: Vec<&DecodedRow> = scratch.decoded[..n].iter().collect();
+        for (i, tile) in tiles.iter().enumerate() {
+            let out = &mut by_row[i * TILE_TOKENS..];
+            dot_decoded_tile(&rows, tile, out, tokens)?;
+        }
+        return Ok(());
     }
     // Token tiles outermost: the piece's rows stay in cache while a tile of activations
     // streams past them once.

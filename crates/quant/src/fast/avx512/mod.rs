@@ -10,6 +10,7 @@
 //! order, so every result is bit-identical to the AVX2 level.
 
 mod many;
+pub(crate) mod tile;
 
 use super::avx2;
 use super::decoded::DecodedRow;
