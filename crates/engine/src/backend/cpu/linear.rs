@@ -163,6 +163,51 @@ impl<'x> Prepared<'x> {
         Ok(Prepared::Quantized { acts, tiles })
     }
 
+    /// The activation format of a quantized batch (`None` for f32 rows).
+    pub fn format(&self) -> Option<GgmlType> {
+        match self {
+            Prepared::F32 { .. } => None,
+            Prepared::Quantized { acts, .. } => acts.first().map(|a| a.ty()),
+        }
+    }
+
+    /// Tokens `picks` of a quantized batch as a batch of their own: each token's activation
+    /// copied, the same bits as quantizing its values anew (f32 rows are refused: the
+    /// caller gathers those).
+    pub fn select(&self, picks: &[usize]) -> Result<Prepared<'static>> {
+        let Prepared::Quantized { acts, .. } = self else {
+            return Err(crate::error::EngineError::BadConfig(
+                "only quantized batches can be selected from".into(),
+            ));
+        };
+        let picked = picks
+            .iter()
+            .map(|&t| {
+                acts.get(t).cloned().ok_or_else(|| {
+                    crate::error::EngineError::BadConfig(format!(
+                        "token {t} of a batch of {}",
+                        acts.len()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let tiled = picked.len() >= TILE_MIN_TOKENS
+            && picked.first().map(|a| a.ty()) == Some(GgmlType::Q8K)
+            && tiles_available();
+        let tiles = if tiled {
+            picked
+                .chunks(TILE_TOKENS)
+                .map(ActTile::new)
+                .collect::<std::result::Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(Prepared::Quantized {
+            acts: picked,
+            tiles,
+        })
+    }
+
     pub fn tokens(&self) -> usize {
         match self {
             Prepared::F32 { x, cols } => x.len() / cols.max(&1),

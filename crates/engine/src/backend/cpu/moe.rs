@@ -7,7 +7,9 @@ use std::sync::Mutex;
 
 use redlite_quant::vec_dot_type;
 
-use crate::backend::cpu::linear::{matmul_same_input, run_jobs, MatmulCtx, Prepared, RowJob};
+use crate::backend::cpu::linear::{
+    matmul_same_input, run_jobs, MatmulCtx, Precision, Prepared, RowJob,
+};
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
@@ -19,6 +21,9 @@ type Routed = Vec<(usize, f32)>;
 
 /// Tokens routed per parallel task.
 const ROUTE_TOKENS_PER_TASK: usize = 16;
+
+/// Model-width values per task of the experts' weighted sum.
+const SUM_COLS_PER_TASK: usize = 128;
 
 /// The `k` largest of `p` (ties to the lower index), with their probabilities.
 pub fn top_k(p: &[f32], k: usize) -> Vec<(usize, f32)> {
@@ -95,6 +100,17 @@ pub fn forward(
             routes[expert].push((t, weight / sum));
         }
     }
+    // Each token's input quantized once for every expert whose gate dots the same format
+    // (the same bits as quantizing each expert's copy); the experts' batches are picked
+    // from it. Only f32 rows (exact precision) are gathered per expert.
+    let base = match mm.precision {
+        Precision::Ggml => Some(Prepared::new(mm, w.gate_exps.ty, h, e)?),
+        Precision::Exact => None,
+    };
+    let picks_from_base = |ty| {
+        base.as_ref()
+            .is_some_and(|b| b.format() == Some(vec_dot_type(ty)))
+    };
     let gather = |served: &[(usize, f32)]| -> Vec<f32> {
         served
             .iter()
@@ -112,7 +128,13 @@ pub fn forward(
             down: &w.down_exps,
             slab: expert,
             width: c.expert_ff,
-            x: Cow::Owned(gather(&served)),
+            x: if picks_from_base(w.gate_exps.ty)
+                && vec_dot_type(w.up_exps.ty) == vec_dot_type(w.gate_exps.ty)
+            {
+                Cow::Borrowed(&[][..])
+            } else {
+                Cow::Owned(gather(&served))
+            },
             served,
         })
         .collect();
@@ -127,16 +149,40 @@ pub fn forward(
         down: &w.shared_down,
         slab: 0,
         width: c.shared_ff,
-        x: Cow::Borrowed(h),
+        x: if picks_from_base(w.shared_gate.ty)
+            && vec_dot_type(w.shared_up.ty) == vec_dot_type(w.shared_gate.ty)
+        {
+            Cow::Borrowed(&[][..])
+        } else {
+            Cow::Borrowed(h)
+        },
         served: shared,
     });
 
     // Gate and up projections of every unit in one parallel region.
-    // Gate and up usually share a type: their input is then quantized once.
+    // Gate and up usually share a type: their input is then prepared once. Batches picked
+    // from `base` are copies, made in parallel; the others are prepared (in parallel
+    // inside) one by one.
+    let picked: Vec<Mutex<Option<Prepared<'static>>>> =
+        units.iter().map(|_| Mutex::new(None)).collect();
+    pool::for_each(units.len(), &|i| {
+        let (u, Some(base)) = (&units[i], base.as_ref()) else {
+            return Ok(());
+        };
+        if u.x.is_empty() {
+            let tokens: Vec<usize> = u.served.iter().map(|&(t, _)| t).collect();
+            *picked[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(base.select(&tokens)?);
+        }
+        Ok(())
+    })?;
     let preps = units
         .iter()
-        .map(|u| {
-            let gate = Prepared::new(mm, u.gate.ty, &u.x, e)?;
+        .zip(picked)
+        .map(|(u, picked)| {
+            let gate = match picked.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                Some(gate) => gate,
+                None => Prepared::new(mm, u.gate.ty, &u.x, e)?,
+            };
             let up = if vec_dot_type(u.up.ty) == vec_dot_type(u.gate.ty) {
                 None
             } else {
@@ -188,10 +234,23 @@ pub fn forward(
         .into_iter()
         .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect();
-    let down_preps = units
-        .iter()
-        .zip(&swiglu)
-        .map(|(u, a)| Prepared::new(mm, u.down.ty, a, u.width))
+    // One unit's input per task (a unit serves ~10 tokens of a prompt: one block).
+    let down_preps: Vec<Mutex<Option<Prepared<'_>>>> =
+        units.iter().map(|_| Mutex::new(None)).collect();
+    pool::for_each(units.len(), &|i| {
+        let prep = Prepared::new(mm, units[i].down.ty, &swiglu[i], units[i].width)?;
+        *down_preps[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(prep);
+        Ok(())
+    })?;
+    let down_preps = down_preps
+        .into_iter()
+        .map(|p| {
+            p.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .ok_or_else(|| {
+                    crate::error::EngineError::BadConfig("unprepared expert input".into())
+                })
+        })
         .collect::<Result<Vec<_>>>()?;
     let mut downs: Vec<Vec<f32>> = units
         .iter()
@@ -211,14 +270,33 @@ pub fn forward(
         .collect();
     run_jobs(mm, jobs)?;
 
+    // The weighted sum, a slice of the model width per task: each output value still adds
+    // its units in unit order.
     out.iter_mut().for_each(|v| *v = 0.0);
-    for (u, d) in units.iter().zip(&downs) {
-        let n = u.served.len();
-        for (i, &(t, weight)) in u.served.iter().enumerate() {
-            for r in 0..e {
-                out[t * e + r] += weight * d[r * n + i];
-            }
+    let slices: Vec<Mutex<Vec<&mut [f32]>>> = (0..e.div_ceil(SUM_COLS_PER_TASK))
+        .map(|_| Mutex::new(Vec::new()))
+        .collect();
+    // Slice j holds every token's columns from j·SUM_COLS_PER_TASK, in token order.
+    for row in out.chunks_mut(e) {
+        for (j, part) in row.chunks_mut(SUM_COLS_PER_TASK).enumerate() {
+            slices[j]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(part);
         }
     }
+    pool::for_each(slices.len(), &|j| {
+        let mut rows = slices[j].lock().unwrap_or_else(|p| p.into_inner());
+        let r0 = j * SUM_COLS_PER_TASK;
+        for (u, d) in units.iter().zip(&downs) {
+            let n = u.served.len();
+            for (i, &(t, weight)) in u.served.iter().enumerate() {
+                for (k, o) in rows[t].iter_mut().enumerate() {
+                    *o += weight * d[(r0 + k) * n + i];
+                }
+            }
+        }
+        Ok(())
+    })?;
     Ok(())
 }
