@@ -76,7 +76,7 @@ fn store_sub(w: &mut [u8], scales: &mut [i16], weights: __m256i, scale: __m256i)
 /// Two grid entries of `table` (by index) as one 128-bit vector, the first low.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn grid_pair(table: &[u64], first: usize, second: usize) -> __m128i {
+pub(super) fn grid_pair(table: &[u64], first: usize, second: usize) -> __m128i {
     let low = _mm_cvtsi64_si128(table[first] as i64);
     let high: *const u64 = &table[second];
     // SAFETY: `high` points at one table entry (8 readable bytes); loadh has no alignment requirement.
@@ -91,7 +91,7 @@ fn grid_pair(table: &[u64], first: usize, second: usize) -> __m128i {
 /// the count is), as `KSIGNS_IQ2XS` says.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn sign_bytes(bits: __m256i, byte: __m256i, bit: __m256i) -> __m256i {
+pub(super) fn sign_bytes(bits: __m256i, byte: __m256i, bit: __m256i) -> __m256i {
     let picked = _mm256_and_si256(_mm256_shuffle_epi8(bits, byte), bit);
     let negative = _mm256_cmpeq_epi8(picked, bit);
     let parity = _mm256_slli_epi64::<63>(_mm256_sad_epu8(negative, _mm256_setzero_si256()));
@@ -120,8 +120,8 @@ const fn sign_layout(first: usize, stride: usize, byte: bool) -> [u8; 32] {
 }
 
 /// IQ2_XXS: the sign word (a sub-block's high u32) holds group `l`'s bits at `7l`.
-static IQ2XXS_SIGN_BYTE: [u8; 32] = sign_layout(0, 7, true);
-static IQ2XXS_SIGN_BIT: [u8; 32] = sign_layout(0, 7, false);
+pub(super) static IQ2XXS_SIGN_BYTE: [u8; 32] = sign_layout(0, 7, true);
+pub(super) static IQ2XXS_SIGN_BIT: [u8; 32] = sign_layout(0, 7, false);
 /// IQ2_XS: a sub-block's four u16 hold group `l`'s sign bits at `16l + 9`.
 static IQ2XS_SIGN_BYTE: [u8; 32] = sign_layout(9, 16, true);
 static IQ2XS_SIGN_BIT: [u8; 32] = sign_layout(9, 16, false);

@@ -1,6 +1,7 @@
 //! AVX2 codebook kernels against Q8_K: IQ2_XXS, IQ2_XS, IQ1_M. Each group of 8 values is
 //! one u64 grid entry; four groups (a 32-value sub-block) fill one vector.
 
+use super::decoded::{grid_pair, sign_bytes, IQ2XXS_SIGN_BIT, IQ2XXS_SIGN_BYTE};
 use super::{f16_at, hsum_f32x8, load_256, split_scales, u64_le};
 use crate::fast::scalar::{f16_to_f32, f32_at, iq1m_d, u16_at, Q8K_BYTES, Q8K_QS};
 use crate::tables::{IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
@@ -53,13 +54,20 @@ pub(super) fn f16c_at(bytes: &[u8], offset: usize) -> f32 {
 }
 
 /// One IQ2_XXS sub-block (`word`: four grid indices, then 4 × 7 sign bits and the scale in
-/// the top four bits) against 32 Q8_K values: eight i32 lanes.
+/// the top four bits) against 32 Q8_K values: eight i32 lanes. The signs are built in
+/// vector registers from the broadcast sign word (`decoded::sign_bytes`: the same ±1 bytes
+/// as a `SIGN_MASKS` lookup, without the four loads and inserts).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq2_xxs_sub(word: u64, q8: &[u8]) -> __m256i {
-    let grid = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((word >> (8 * l)) & 0xff) as usize]);
-    let signs = [0, 1, 2, 3].map(|l| SIGN_MASKS[((word >> (32 + 7 * l)) & 127) as usize]);
-    let pairs = grid_pairs(grid, signs, q8);
+fn iq2_xxs_sub(word: u64, q8: &[u8], sign_byte: __m256i, sign_bit: __m256i) -> __m256i {
+    let index = |l: u64| ((word >> (8 * l)) & 0xff) as usize;
+    let magnitudes = _mm256_set_m128i(
+        grid_pair(&IQ2XXS_GRID, index(2), index(3)),
+        grid_pair(&IQ2XXS_GRID, index(0), index(1)),
+    );
+    let bits = _mm256_set1_epi32((word >> 32) as i32);
+    let q8 = _mm256_sign_epi8(load_256(q8), sign_bytes(bits, sign_byte, sign_bit));
+    let pairs = _mm256_maddubs_epi16(magnitudes, q8);
     _mm256_madd_epi16(pairs, _mm256_set1_epi16(2 * (word >> 60) as i16 + 1))
 }
 
@@ -68,13 +76,18 @@ fn iq2_xxs_sub(word: u64, q8: &[u8]) -> __m256i {
 /// so the block sum is the same vector as one sub-block at a time).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn iq2_xxs(row: &[u8], act: &[u8]) -> f32 {
+    let sign_byte = load_256(&IQ2XXS_SIGN_BYTE);
+    let sign_bit = load_256(&IQ2XXS_SIGN_BIT);
     let mut acc = _mm256_setzero_ps();
     for (x, y) in row.chunks_exact(66).zip(act.chunks_exact(Q8K_BYTES)) {
         let q8 = &y[Q8K_QS..Q8K_QS + 256];
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for (w, q) in x[2..].chunks_exact(16).zip(q8.chunks_exact(64)) {
-            even = _mm256_add_epi32(even, iq2_xxs_sub(u64_le(w), q));
-            odd = _mm256_add_epi32(odd, iq2_xxs_sub(u64_le(&w[8..]), &q[32..]));
+            even = _mm256_add_epi32(even, iq2_xxs_sub(u64_le(w), q, sign_byte, sign_bit));
+            odd = _mm256_add_epi32(
+                odd,
+                iq2_xxs_sub(u64_le(&w[8..]), &q[32..], sign_byte, sign_bit),
+            );
         }
         let sumi = _mm256_add_epi32(even, odd);
         let d = _mm256_set1_ps(f16c_at(x, 0) * f32_at(y, 0));
