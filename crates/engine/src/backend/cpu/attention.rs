@@ -133,26 +133,40 @@ fn attend_token(
     let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut q = vec![0f32; hd];
     let mut key = vec![0f32; hd];
     let mut val = vec![0f32; hd];
-    let mut scores = Vec::with_capacity(pos + 1);
-    for head in 0..nh {
-        let base = head * 2 * hd;
-        rms_norm(&qg[base..base + hd], &w.q_norm, c.rms_eps, &mut q);
-        rope(&mut q, pos, c.rope_dim, c.rope_base);
-        let kvh = head / group;
-        scores.clear();
+    let mut qs = vec![0f32; group * hd];
+    let mut scores = vec![0f32; group * (pos + 1)];
+    // The query heads of one KV head together: each key and value is read once for all of
+    // them; every head's own arithmetic is what it was one head at a time.
+    for kvh in 0..nkv {
+        let heads = kvh * group..(kvh + 1) * group;
+        for (head, q) in heads.clone().zip(qs.chunks_exact_mut(hd)) {
+            let base = head * 2 * hd;
+            rms_norm(&qg[base..base + hd], &w.q_norm, c.rms_eps, q);
+            rope(q, pos, c.rope_dim, c.rope_base);
+        }
         for p in 0..=pos {
             kv.read_k(p, kvh * hd, &mut key);
-            scores.push(dot(&q, &key) * scale);
+            for (g, q) in qs.chunks_exact(hd).enumerate() {
+                scores[g * (pos + 1) + p] = dot(q, &key) * scale;
+            }
         }
-        softmax(&mut scores);
-        let oh = &mut o[head * hd..][..hd];
-        for (p, &s) in scores.iter().enumerate() {
+        for s in scores.chunks_exact_mut(pos + 1) {
+            softmax(s);
+        }
+        for p in 0..=pos {
             kv.read_v(p, kvh * hd, &mut val);
-            oh.iter_mut().zip(&val).for_each(|(a, b)| *a += s * b);
+            for (g, head) in heads.clone().enumerate() {
+                let s = scores[g * (pos + 1) + p];
+                let oh = &mut o[head * hd..][..hd];
+                oh.iter_mut().zip(&val).for_each(|(a, b)| *a += s * b);
+            }
         }
+    }
+    for head in 0..nh {
+        let base = head * 2 * hd;
+        let oh = &mut o[head * hd..][..hd];
         let gate = &qg[base + hd..base + 2 * hd];
         oh.iter_mut().zip(gate).for_each(|(a, g)| *a *= sigmoid(*g));
     }
