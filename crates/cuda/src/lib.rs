@@ -61,8 +61,8 @@ pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use expert_cache::{
-    expert_cache_fill, expert_cache_lookup, CacheCounts, CacheTables, FillTarget, MappedHost,
-    CACHE_MAX_EXPERTS,
+    expert_cache_fill, expert_cache_lookup, CacheCounts, CachePolicy, CacheTables, FillTarget,
+    MappedHost, CACHE_MAX_EXPERTS,
 };
 pub use graph::Graph;
 pub use layer_ops::{

@@ -32,8 +32,8 @@ use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
-pub use experts::ExpertResidency;
 use experts::LayerCache;
+pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
 use moe::LayerSkew;
 use scratch::Scratch;
@@ -114,7 +114,7 @@ impl CudaBackend {
             Precision::Exact => Dots::F32,
             Precision::Ggml => Dots::Q8K,
         };
-        if let ExpertResidency::Cache { slots } = residency {
+        if let ExpertResidency::Cache { slots, .. } = residency {
             if slots < config.n_expert_used.max(1) || slots >= config.n_expert {
                 return Err(EngineError::BadConfig(format!(
                     "an expert cache of {slots} slots per layer: expected {} (the router's top-k) to {} (one short of every expert)",
