@@ -13,12 +13,16 @@
 #   bash scripts/device/run.sh            # QUICK=1: no llama.cpp, no IQ1_M
 #   STAGES="parity demo" bash ...         # only these stages, of: kernels parity cache pairdrift
 #                                         # grouped serve ab mtp demo profile sanitize compare offload
-#                                         # prefill ncu mmaab llamabuild decode preloadtest
-#                                         # (default: all but sanitize and offload; compare and
+#                                         # prefill ncu mmaab llamabuild decode preloadtest skew
+#                                         # (default: all but sanitize, offload and skew; compare and
 #                                         # offload need QUICK unset)
 # The offload stage (issue 8: llama.cpp --n-cpu-moe against redlite's expert cache at
 # --gpu-limit 24GiB) writes the 42 GiB Q4_K_M file: run it without the stages that need the
 # IQ2_XXS files (the disk holds 64 GiB).
+# The skew stage (issue 8: the expert cache at --gpu-limit 16GiB under uniform and skewed
+# routing, LRU and LFU) takes up to SKEW_TIMEOUT_S (300) s a run, four runs: split it over
+# calls with SKEW_RUNS (e.g. "uniform-lru uniform-lfu"); each call's table shows every run
+# done on the machine so far.
 set -u
 STAGES=" ${STAGES:-kernels parity cache pairdrift grouped serve ab mtp demo profile compare} "
 [ "${SKIP_KERNELS:-0}" = 1 ] && STAGES="${STAGES/ kernels / }"
@@ -53,7 +57,7 @@ note "libcublas: ${blas_lib:-not found}"
 # call on the warm machine finds it written).
 M="$W/full-IQ2_XXS-mtp.gguf"; MTP_FLAG=--mtp
 [ "${PLAIN:-0}" = 1 ] && M="$W/full-IQ2_XXS.gguf" && MTP_FLAG=
-for s in grouped serve ab mtp profile compare prefill ncu decode pairdrift; do
+for s in grouped serve ab mtp profile compare prefill ncu decode skew pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS $MTP_FLAG 2>&1 | tail -1
@@ -116,9 +120,9 @@ if stage parity; then
 fi
 
 if stage cache; then
-  # The expert cache: bit for bit residency on tiny models (prefill, chunks, decode, graph),
-  # LRU order and copies, the allocator's limit; then the full Q4_K_M file's logits with a
-  # 16 GiB cache against residency.
+  # The expert cache: bit for bit residency on tiny models (prefill, chunks, decode, graph;
+  # LRU and LFU), both victim orders and the copies, the allocator's limit; then the full
+  # Q4_K_M file's logits with a 16 GiB cache against residency.
   stamp "expert cache"
   "$D/cuda_expert_cache" --test-threads=1 --nocapture > "$OUT/cache-tests.log" 2>&1
   note "cuda_expert_cache: $(grep -E '^test result' "$OUT/cache-tests.log" | tail -1)"
@@ -372,6 +376,56 @@ if stage offload; then
       > "$OUT/offload-Q4_K_M-$spread.txt" 2>&1
     note ""; grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M-$spread.txt" | tee -a "$SUMMARY"
   done
+fi
+if stage skew; then
+  # Issue 8: the expert cache under uniform routing (REDLITE_BENCH_ROUTE_SPREAD=1, its worst
+  # case) and under the skew measured on Qwen3-30B-A3B (REDLITE_BENCH_ROUTE_SKEW=0.22,
+  # docs/CUDA.md), each with LRU and LFU replacement (REDLITE_CACHE_POLICY): bench pp512 and
+  # tg64 of the IQ2_XXS file at --gpu-limit 16GiB (a cache of about 378 of 512 experts per
+  # layer). Neither routing is the model's: both replace the router's choice. The uniform runs
+  # recompile the kernels (the spread is a compile option; NVRTC's disk cache keeps both).
+  # Results stay in $W (kept while the machine is warm), so the runs can be split over calls.
+  stamp "expert cache: routing x replacement"
+  for run in ${SKEW_RUNS:-uniform-lru uniform-lfu skew-lru skew-lfu}; do
+    case "$run" in
+      uniform-*) routing=(REDLITE_BENCH_ROUTE_SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+      skew-*) routing=(REDLITE_BENCH_ROUTE_SPREAD=0 REDLITE_BENCH_ROUTE_SKEW="${SKEW_DECAY:-0.22}") ;;
+      *) note "skew: unknown run $run (expected uniform-lru, uniform-lfu, skew-lru or skew-lfu)"; continue ;;
+    esac
+    timeout "${SKEW_TIMEOUT_S:-300}" env "${routing[@]}" REDLITE_CACHE_POLICY="${run#*-}" \
+      "$R" bench -m "$F" --device cuda --gpu-limit "${SKEW_LIMIT:-16GiB}" -p 512 -n 64 -r 1 \
+      --json > "$W/skew-$run.json" 2> "$OUT/skew-$run.log"
+    note "skew $run: exit $? after $SECONDS s"
+  done
+  note "expert cache, --gpu-limit ${SKEW_LIMIT:-16GiB} (IQ2_XXS; uniform: REDLITE_BENCH_ROUTE_SPREAD=1, skew: REDLITE_BENCH_ROUTE_SKEW=${SKEW_DECAY:-0.22}; neither is the model's routing):"
+  python3 - "$W" <<'PY' | tee -a "$SUMMARY"
+import json, os, sys
+print("| routing | policy | pp512 t/s | pp hit rate | pp MiB/token | tg64 t/s | tg hit rate | tg MiB/token | tg layer hit rates |")
+print("|---|---|---|---|---|---|---|---|---|")
+for run in ("uniform-lru", "uniform-lfu", "skew-lru", "skew-lfu"):
+    path = os.path.join(sys.argv[1], f"skew-{run}.json")
+    if not os.path.exists(path):
+        continue
+    routing, policy = run.split("-")
+    try:
+        results = {r["test"].split()[0][:2]: r for r in json.load(open(path))["results"]}
+    except Exception as e:
+        print(f"| {routing} | {policy} | no result ({type(e).__name__}: cut off or failed, see skew-{run}.log) |")
+        continue
+    cells = []
+    for test in ("pp", "tg"):
+        r = results.get(test)
+        c = (r or {}).get("expert_cache")
+        if not r:
+            cells += ["-", "-", "-"]
+        elif not c:
+            cells += [f"{r['avg_ts']:.1f}", "resident", "0"]
+        else:
+            cells += [f"{r['avg_ts']:.1f}", f"{100 * c['hit_rate']:.1f} %", f"{c['bytes_per_token'] / 2**20:.1f}"]
+    layers = ((results.get("tg") or {}).get("expert_cache") or {}).get("layer_hit_rates") or []
+    spread = f"{100 * min(layers):.0f}-{100 * max(layers):.0f} %" if layers else "-"
+    print(f"| {routing} | {policy} | " + " | ".join(cells) + f" | {spread} |")
+PY
 fi
 stamp "done"
 tar czf "$RESULTS/logs.tgz" -C "$OUT" .

@@ -162,7 +162,11 @@ pub fn cuda_backend(
     let device = Arc::new(redlite_cuda::Device::open(0)?);
     device.set_limit(gpu.limit);
     let residency = match gpu.cache_slots {
-        Some(slots) => ExpertResidency::Cache { slots },
+        Some(slots) => {
+            let policy = redlite_engine::backend::cuda::cache_policy_from_env()?;
+            eprintln!("expert cache: {policy} replacement");
+            ExpertResidency::Cache { slots, policy }
+        }
         None => ExpertResidency::Resident,
     };
     let precision = CudaBackend::precision_from_env();

@@ -8,14 +8,19 @@
 //   slot_of[n_expert]  slot holding expert e, or -1
 //   expert_of[slots]   expert in slot s, or -1 (empty)
 //   stamp[slots]       the lookup call that last used slot s (0: never)
+//   uses[n_expert]     LFU: the lookup calls that needed expert e (cached or not), halved
+//                      at every `half_life`-th call
 //   clock[1]           lookup calls so far
 //   stats[4]           experts looked up that were hits, misses, lookup calls, and
 //                      lookups that needed more slots than the cache has (must stay 0:
 //                      the host splits a batch so its experts fit)
 //
-// Replacement is least recently used: the victims are the slots with the oldest stamps
-// (ties: the lower slot), taken in that order for the missing experts in increasing id
-// order. A slot used by the current call is never a victim while the call's experts fit.
+// Replacement (`lfu` 0) is least recently used: the victims are the slots with the oldest
+// stamps (ties: the lower slot). With `lfu` 1 it is least frequently used with aging: the
+// slots whose experts have the fewest uses (ties: the oldest stamp, then the lower slot).
+// The victims are taken in that order for the missing experts in increasing id order. A
+// slot used by the current call is never a victim while the call's experts fit. The policy
+// only picks slots: the expert products read the same bytes whichever slot holds them.
 // Needs common.cuh before it.
 
 #define CACHE_MAX_THREADS 1024
@@ -24,14 +29,15 @@
 // 1024). `ids`: `pairs` expert ids (the router's choice; out-of-range ids are ignored and
 // get slot -1, skipped pairs (-2) slot -2). Writes `slot_ids` (the slot of each pair's
 // expert), `fills` (pairs of expert, slot to copy, in rank order) and `fill_count`.
+// `half_life` (LFU only) is at least 1.
 __global__ void expert_cache_lookup_kernel(
     const int* __restrict__ ids, int pairs, int n_expert, int slots, int* __restrict__ slot_of,
-    int* __restrict__ expert_of, u32* __restrict__ stamp, u32* __restrict__ clock,
-    int* __restrict__ slot_ids, int* __restrict__ fills, int* __restrict__ fill_count,
-    u64* __restrict__ stats) {
+    int* __restrict__ expert_of, u32* __restrict__ stamp, u32* __restrict__ uses,
+    u32* __restrict__ clock, int* __restrict__ slot_ids, int* __restrict__ fills,
+    int* __restrict__ fill_count, u64* __restrict__ stats, int lfu, u32 half_life) {
     __shared__ u8 need[CACHE_MAX_THREADS];
     __shared__ int missing[CACHE_MAX_THREADS];
-    __shared__ u32 keys[CACHE_MAX_THREADS];
+    __shared__ u64 keys[CACHE_MAX_THREADS];
     __shared__ int warp_misses[CACHE_MAX_THREADS / WARP_SIZE];
     __shared__ int warp_hits[CACHE_MAX_THREADS / WARP_SIZE];
     __shared__ u32 step;
@@ -55,6 +61,11 @@ __global__ void expert_cache_lookup_kernel(
     const int held = needed ? slot_of[tid] : -1;
     const bool miss = needed && held < 0;
     if (needed && held >= 0) stamp[held] = step;
+    if (lfu && tid < n_expert) {
+        // Halving every half_life calls: a use counts half as much half_life calls later.
+        const u32 count = step % half_life == 0 ? uses[tid] >> 1 : uses[tid];
+        uses[tid] = count + (needed ? 1u : 0u);
+    }
     const unsigned miss_bits = __ballot_sync(0xffffffffu, miss);
     const unsigned hit_bits = __ballot_sync(0xffffffffu, needed && !miss);
     if (lane == 0) {
@@ -77,23 +88,34 @@ __global__ void expert_cache_lookup_kernel(
     if (miss) {
         missing[warp_misses[warp] + __popc(miss_bits & ((1u << lane) - 1u))] = tid;
     }
-    // Stamps of this call's hits are written; every thread sees them after the barrier.
-    if (tid < slots) keys[tid] = stamp[tid];
+    // Stamps of this call's hits and the uses are written; every thread sees them after the
+    // barriers above. This call's slots (stamped `step`) sort last under both policies.
+    if (tid < slots) {
+        const u32 last = stamp[tid];
+        const int held_by = expert_of[tid];
+        if (!lfu) {
+            keys[tid] = last;
+        } else if (last == step) {
+            keys[tid] = ~0ull;
+        } else {
+            keys[tid] = (u64(held_by >= 0 ? uses[held_by] : 0u) << 32) | last;
+        }
+    }
     __syncthreads();
 
     const int misses = miss_total;
     const int free_slots = slots - hit_total;
     int rank = CACHE_MAX_THREADS;
     if (misses > 0 && tid < slots) {
-        const u32 key = keys[tid];
+        const u64 key = keys[tid];
         rank = 0;
         for (int s = 0; s < slots; ++s) {
-            const u32 other = keys[s];
+            const u64 other = keys[s];
             rank += (other < key || (other == key && s < tid)) ? 1 : 0;
         }
     }
-    // The oldest slots go to the missing experts; an old expert leaves its slot first (it is
-    // not needed by this call: needed ones were stamped with `step`, the newest).
+    // The first slots in key order go to the missing experts; an old expert leaves its slot
+    // first (it is not needed by this call: needed ones sort last).
     const bool victim = rank < misses && rank < free_slots;
     if (victim) {
         const int old = expert_of[tid];

@@ -19,6 +19,61 @@ static __device__ __forceinline__ int route_spread(int id, const float* row, int
     return int((u32(id) + h) % u32(n_expert));
 }
 
+// Benchmark-only (REDLITE_BENCH_ROUTE_SKEW=<decay>, see route_skew.rs and docs/CUDA.md): a
+// token's `used` chosen experts replaced by `used` distinct experts drawn from a fixed
+// popularity law, the router's weights kept in their places; not the model's output. Expert
+// rank x·n_expert (x in [0, 1), rank 0 the hottest) has density ∝ exp(-x / decay), drawn by
+// inverting its CDF: x = -decay · ln(1 - u · (1 - exp(-1 / decay))). Ranks become experts
+// through the layer's permutation (stride · rank + offset) mod n_expert, stride coprime to
+// n_expert, so each layer has other hot experts. The random stream starts from a hash of the
+// token's router logits and the layer's seed: the same logits give the same experts. A
+// drawn rank already taken is drawn again (64 tries), then the next free rank is taken.
+// One thread per token; ids `[tokens][used]`, logits `[tokens][n_expert]`.
+#define ROUTE_SKEW_THREADS 128
+#define ROUTE_SKEW_TRIES 64
+
+static __device__ __forceinline__ u32 route_skew_mix(u32 z) {
+    z ^= z >> 16;
+    z *= 0x85ebca6bu;
+    z ^= z >> 13;
+    z *= 0xc2b2ae35u;
+    return z ^ (z >> 16);
+}
+
+__global__ void __launch_bounds__(ROUTE_SKEW_THREADS)
+moe_route_skew_kernel(const float* __restrict__ logits, int* __restrict__ ids, int tokens,
+                      int n_expert, int used, u32 seed, u32 stride, u32 offset, float decay) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tokens) return;
+    const float* l = logits + i64(t) * n_expert;
+    int* chosen = ids + i64(t) * used;
+    u32 state = route_skew_mix(seed ^ __float_as_uint(l[0]) * 0x9e3779b1u);
+    state = route_skew_mix(state ^ __float_as_uint(l[1 % n_expert]) * 0x85ebca6bu);
+    state = route_skew_mix(state ^ __float_as_uint(l[n_expert - 1]) * 0x2c1b3c6du);
+    const float mass = 1.0f - expf(-1.0f / decay);
+    const auto expert_of = [&](int rank) {
+        return int((u64(stride) * u64(rank) + offset) % u64(n_expert));
+    };
+    const auto taken = [&](int e, int k) {
+        for (int j = 0; j < k; ++j) {
+            if (chosen[j] == e) return true;
+        }
+        return false;
+    };
+    for (int k = 0; k < used; ++k) {
+        int rank = 0;
+        for (int attempt = 0; attempt < ROUTE_SKEW_TRIES; ++attempt) {
+            state += 0x9e3779b9u;
+            const float u = float(route_skew_mix(state) >> 8) * (1.0f / 16777216.0f);
+            const float x = -decay * logf(1.0f - u * mass);
+            rank = min(int(x * float(n_expert)), n_expert - 1);
+            if (!taken(expert_of(rank), k)) break;
+        }
+        while (taken(expert_of(rank), k)) rank = (rank + 1) % n_expert;
+        chosen[k] = expert_of(rank);
+    }
+}
+
 // The warp's largest (v, index), ties to the lower index; every lane ends with it.
 static __device__ __forceinline__ void warp_argmax(float& v, int& index) {
 #pragma unroll

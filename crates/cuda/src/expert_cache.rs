@@ -1,8 +1,8 @@
 //! The GPU side of the expert cache (issue 8): the host copy of a layer's experts in
 //! page-locked memory the kernels read over PCIe ([`MappedHost`]), the device tables of a
 //! layer's slots ([`CacheTables`]), and the two ops that run between the router and the
-//! expert products: [`expert_cache_lookup`] (which slot holds each chosen expert; least
-//! recently used slots take the misses) and [`expert_cache_fill`] (copies the missing
+//! expert products: [`expert_cache_lookup`] (which slot holds each chosen expert; the
+//! [`CachePolicy`] picks the slots that take the misses) and [`expert_cache_fill`] (copies the missing
 //! experts into their slots). Both only queue kernels: a decode step with a cache is still
 //! one CUDA graph, and the expert products run unchanged on the slot stacks with slot ids,
 //! so their results are bit for bit those of a resident stack.
@@ -74,20 +74,62 @@ pub struct CacheCounts {
     pub overflows: u64,
 }
 
+/// Which slots give way to missing experts. Either way the expert products read the same
+/// bytes (only the slot holding them differs), so logits do not depend on the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// Least recently used: the slots last used longest ago.
+    #[default]
+    Lru,
+    /// Least frequently used, with aging: per expert (cached or not), the lookups that needed
+    /// it, every count halved at each `half_life`-th lookup; the slots whose experts have
+    /// the fewest, ties to the least recently used. Aging lets the counts follow a change of
+    /// topic (without it an expert hot long ago would keep its slot for as long as it took
+    /// the new ones to catch up).
+    Lfu { half_life: u32 },
+}
+
+impl CachePolicy {
+    /// The LFU's default half-life in lookups (one per decode token and layer): long enough
+    /// that the counts of a steady routing separate the hot experts (tens of uses), short
+    /// enough to follow a new topic within about a thousand tokens.
+    pub const LFU_HALF_LIFE: u32 = 1024;
+    /// LFU with the default half-life.
+    pub const LFU: CachePolicy = CachePolicy::Lfu {
+        half_life: CachePolicy::LFU_HALF_LIFE,
+    };
+}
+
+impl std::fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CachePolicy::Lru => f.write_str("LRU"),
+            CachePolicy::Lfu { half_life } => write!(f, "LFU (half-life {half_life} lookups)"),
+        }
+    }
+}
+
 /// The device tables of one layer's cache of `slots` experts out of `n_expert`.
 pub struct CacheTables {
     n_expert: usize,
     slots: usize,
+    policy: CachePolicy,
     slot_of: CudaSlice<i32>,
     expert_of: CudaSlice<i32>,
     stamp: CudaSlice<u32>,
+    uses: CudaSlice<u32>,
     clock: CudaSlice<u32>,
     stats: CudaSlice<u64>,
 }
 
 impl CacheTables {
-    /// An empty cache: every slot free, every expert absent.
-    pub fn new(device: &Device, n_expert: usize, slots: usize) -> Result<CacheTables, CudaError> {
+    /// An empty cache replacing slots by `policy`: every slot free, every expert absent.
+    pub fn new(
+        device: &Device,
+        n_expert: usize,
+        slots: usize,
+        policy: CachePolicy,
+    ) -> Result<CacheTables, CudaError> {
         let op = CudaOp::ExpertCache;
         fits(
             op,
@@ -104,12 +146,22 @@ impl CacheTables {
                 found: 0,
             });
         }
+        if policy == (CachePolicy::Lfu { half_life: 0 }) {
+            return Err(CudaError::Shape {
+                op,
+                what: "LFU half-life in lookups (at least 1)",
+                expected: 1,
+                found: 0,
+            });
+        }
         Ok(CacheTables {
             n_expert,
             slots,
+            policy,
             slot_of: device.upload(&vec![-1i32; n_expert])?,
             expert_of: device.upload(&vec![-1i32; slots])?,
             stamp: device.alloc_zeros(slots)?,
+            uses: device.alloc_zeros(n_expert)?,
             clock: device.alloc_zeros(1)?,
             stats: device.alloc_zeros(4)?,
         })
@@ -121,6 +173,10 @@ impl CacheTables {
 
     pub fn n_expert(&self) -> usize {
         self.n_expert
+    }
+
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
     }
 
     /// The counters so far (waits for the queued work).
@@ -174,10 +230,15 @@ pub fn expert_cache_lookup(
         slot_of: &mut tables.slot_of,
         expert_of: &mut tables.expert_of,
         stamp: &mut tables.stamp,
+        uses: &mut tables.uses,
         clock: &mut tables.clock,
         stats: &mut tables.stats,
     };
     let dims = (to_i32(pairs), to_i32(tables.n_expert), to_i32(tables.slots));
+    let policy = match tables.policy {
+        CachePolicy::Lru => (0, 1),
+        CachePolicy::Lfu { half_life } => (1, half_life),
+    };
     raw::launch_expert_cache_lookup(
         device.stream(),
         kernel,
@@ -188,6 +249,7 @@ pub fn expert_cache_lookup(
         fills,
         fill_count,
         dims,
+        policy,
     )
 }
 

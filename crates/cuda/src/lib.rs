@@ -44,6 +44,7 @@ mod moe_pairs;
 mod ops;
 mod profile;
 mod raw;
+mod route_skew;
 mod router_topk;
 mod source;
 mod tables;
@@ -60,8 +61,8 @@ pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use expert_cache::{
-    expert_cache_fill, expert_cache_lookup, CacheCounts, CacheTables, FillTarget, MappedHost,
-    CACHE_MAX_EXPERTS,
+    expert_cache_fill, expert_cache_lookup, CacheCounts, CachePolicy, CacheTables, FillTarget,
+    MappedHost, CACHE_MAX_EXPERTS,
 };
 pub use graph::Graph;
 pub use layer_ops::{
@@ -79,6 +80,7 @@ pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
+pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES, WEIGHT_KINDS,

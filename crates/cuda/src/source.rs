@@ -27,6 +27,8 @@ pub(crate) const MOE_COMBINE_KERNEL: &str = "moe_combine_kernel";
 /// The GPU expert cache's kernels (`expert_cache.cu`).
 pub(crate) const EXPERT_CACHE_LOOKUP: &str = "expert_cache_lookup_kernel";
 pub(crate) const EXPERT_CACHE_FILL: &str = "expert_cache_fill_kernel";
+/// The benchmark-only skewed routing (`moe_route.cu`, `route_skew.rs`).
+pub(crate) const MOE_ROUTE_SKEW_KERNEL: &str = "moe_route_skew_kernel";
 const MMA_DECODE: &str = include_str!("../kernels/mma_decode.cuh");
 const MMA: &str = include_str!("../kernels/mma.cu");
 
@@ -580,6 +582,7 @@ pub fn modules() -> Vec<ModuleSource> {
                     "moe_route_kernel".to_string(),
                     route_v2_kernel(),
                     router_topk_kernel(),
+                    MOE_ROUTE_SKEW_KERNEL.to_string(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
                 .collect(),

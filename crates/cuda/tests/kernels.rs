@@ -4,8 +4,8 @@
 
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
-    moe_route, router_topk, CudaError, CudaSlice, Device, Dots, ExpertTiles, WeightMatrix,
-    GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
+    moe_route, moe_route_skew, router_topk, skew_permutation, CudaError, CudaSlice, Device, Dots,
+    ExpertTiles, RouteSkew, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -364,6 +364,57 @@ fn fused_router_equals_matmul_then_routing() {
             assert_eq!(get(&want_w), get(&w), "{case}: weights");
             assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
+        }
+    }
+}
+
+/// The benchmark-only skewed routing: `used` distinct experts in range per token, the same
+/// ones for the same logits, and over 4,096 tokens of the model's shape (512 experts, top 10)
+/// the layer's hottest ranks (through its permutation) take the law's share of the picks.
+#[test]
+fn skewed_routing_draws_distinct_experts_from_the_law() {
+    let Some(device) = device("skewed_routing_draws_distinct_experts_from_the_law") else {
+        return;
+    };
+    let mut rng = Rng(17);
+    let (n_expert, used, tokens) = (512usize, 10usize, 4096usize);
+    let logits: Vec<f32> = (0..tokens * n_expert).map(|_| rng.signed()).collect();
+    let logits = device.upload(&logits).unwrap();
+    let skew = RouteSkew::new(RouteSkew::QWEN3_DIVERSE).unwrap();
+    for layer in [0, 1, 47] {
+        let draw = || {
+            let mut ids = device.alloc_zeros::<i32>(tokens * used).unwrap();
+            let mut view = ids.as_view_mut();
+            moe_route_skew(&device, skew, layer, &logits.as_view(), &mut view, n_expert).unwrap();
+            device.download(&ids).unwrap()
+        };
+        let ids = draw();
+        assert_eq!(
+            ids,
+            draw(),
+            "layer {layer}: the same logits, the same experts"
+        );
+        let mut picks = vec![0usize; n_expert];
+        for (t, row) in ids.chunks(used).enumerate() {
+            for (k, &e) in row.iter().enumerate() {
+                assert!(
+                    (0..n_expert as i32).contains(&e),
+                    "layer {layer} token {t}: {e}"
+                );
+                assert!(!row[..k].contains(&e), "layer {layer} token {t}: {e} twice");
+                picks[e as usize] += 1;
+            }
+        }
+        let (_, stride, offset) = skew_permutation(layer, n_expert);
+        let expert = |rank: usize| (stride as usize * rank + offset as usize) % n_expert;
+        for (hottest, tolerance) in [(51usize, 0.02), (261, 0.015)] {
+            let share = (0..hottest).map(|r| picks[expert(r)]).sum::<usize>() as f64
+                / (tokens * used) as f64;
+            let want = skew.share_of_hottest(hottest as f64 / n_expert as f64);
+            assert!(
+                (share - want).abs() < tolerance,
+                "layer {layer}: the hottest {hottest} ranks took {share:.3} of the picks, the law {want:.3}"
+            );
         }
     }
 }

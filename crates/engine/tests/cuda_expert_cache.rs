@@ -1,7 +1,8 @@
 //! The GPU expert cache (issue 8): with fewer slots than experts, every logit is bit for bit
 //! the one of full residency (prefill in one call and in chunks, decode with and without the
-//! decode graph), in both precisions; the lookup replaces the least recently used slot and
-//! the copies bring the right bytes; `--gpu-limit` refuses an allocation past it. Without a
+//! decode graph), in both precisions and under both replacement policies; the lookup
+//! replaces the least recently (LRU) or least frequently (LFU, with aging) used slot and the
+//! copies bring the right bytes; `--gpu-limit` refuses an allocation past it. Without a
 //! CUDA driver, NVRTC or GPU the tests print why and pass.
 #![cfg(feature = "cuda")]
 
@@ -11,7 +12,8 @@ use std::sync::Arc;
 
 use cuda_support::device;
 use redlite_cuda::{
-    expert_cache_fill, expert_cache_lookup, CacheTables, CudaError, Device, FillTarget, MappedHost,
+    expert_cache_fill, expert_cache_lookup, CachePolicy, CacheTables, CudaError, Device,
+    FillTarget, MappedHost,
 };
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cuda::{CudaBackend, ExpertResidency};
@@ -46,6 +48,10 @@ fn session(
     let backend = CudaBackend::with_options(device.clone(), gguf, config, p, residency).unwrap();
     Session::new(backend, 256, KvType::F32, chunk).unwrap()
 }
+
+/// The policies the logits are checked under: LRU, and LFU with a half-life short enough
+/// that the counts are halved several times within a test.
+const POLICIES: [CachePolicy; 2] = [CachePolicy::Lru, CachePolicy::Lfu { half_life: 4 }];
 
 fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 53 + 7) % 900).collect()
@@ -86,18 +92,21 @@ fn an_expert_cache_gives_the_logits_of_residency() {
                 let mut resident = session(&device, &gguf, p, ExpertResidency::Resident, chunk);
                 let want = run(&mut resident, prompt_part, steps);
                 // 4 slots: the top-k, every token's experts swapped in; 9: some stay.
-                for slots in [4, 9] {
-                    let cache = ExpertResidency::Cache { slots };
+                for (slots, policy) in [4, 9].into_iter().flat_map(|s| POLICIES.map(|p| (s, p))) {
+                    let cache = ExpertResidency::Cache { slots, policy };
                     let mut cached = session(&device, &gguf, p, cache, chunk);
                     let got = run(&mut cached, prompt_part, steps);
-                    let case = format!("{} {p:?} chunk {chunk} slots {slots}", recipe.name());
+                    let case = format!(
+                        "{} {p:?} chunk {chunk} slots {slots} {policy}",
+                        recipe.name()
+                    );
                     if let Some(at) = first_difference(&want, &got, vocab) {
                         failures.push(format!("{case}: logits differ first at row {at}"));
                     }
                     let counts = cached.backend.expert_cache_counts().unwrap();
                     let hits: u64 = counts.iter().map(|c| c.hits).sum();
                     let misses: u64 = counts.iter().map(|c| c.misses).sum();
-                    println!("{case:<32} hits {hits} misses {misses}");
+                    println!("{case:<56} hits {hits} misses {misses}");
                     assert_eq!(counts.len(), 4, "{case}: a cache per layer");
                     assert!(misses >= 16, "{case}: {misses} misses");
                     if slots == 9 {
@@ -119,32 +128,36 @@ fn the_decode_graph_with_a_cache_equals_eager_launches() {
     let gguf = tiny(dir.path(), Recipe::IQ2XXS);
     let vocab = config_from_gguf(&gguf).unwrap().n_vocab;
     let tokens = prompt(40);
-    let cache = ExpertResidency::Cache { slots: 5 };
-    let mut graphed = session(&device, &gguf, Precision::Ggml, cache, 512);
-    let mut eager = session(&device, &gguf, Precision::Ggml, cache, 512);
-    eager.backend.disable_graphs().unwrap();
-    let want = run(&mut eager, &tokens[..8], &tokens[8..]);
-    let got = run(&mut graphed, &tokens[..8], &tokens[8..]);
-    assert_eq!(first_difference(&want, &got, vocab), None);
-    assert_eq!(
-        graphed.backend.expert_cache_counts().unwrap(),
-        eager.backend.expert_cache_counts().unwrap(),
-        "same lookups, hits and misses"
-    );
+    for policy in POLICIES {
+        let cache = ExpertResidency::Cache { slots: 5, policy };
+        let mut graphed = session(&device, &gguf, Precision::Ggml, cache, 512);
+        let mut eager = session(&device, &gguf, Precision::Ggml, cache, 512);
+        eager.backend.disable_graphs().unwrap();
+        let want = run(&mut eager, &tokens[..8], &tokens[8..]);
+        let got = run(&mut graphed, &tokens[..8], &tokens[8..]);
+        assert_eq!(first_difference(&want, &got, vocab), None, "{policy}");
+        assert_eq!(
+            graphed.backend.expert_cache_counts().unwrap(),
+            eager.backend.expert_cache_counts().unwrap(),
+            "{policy}: same lookups, hits and misses"
+        );
+    }
 }
 
-#[test]
-fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
-    let Some(device) = device("lookups_replace_the_least_recently_used_slot") else {
-        return;
-    };
+/// One lookup: the chosen experts, then each of the 3 slots' expert after it.
+type Call = (&'static [i32], [i32; 3]);
+
+/// Runs `calls` through a fresh cache of 3 slots over 8 experts under `policy`, checking after
+/// each the expert of every slot, the slot of every pair and the bytes copied into the slots,
+/// then the (hits, misses) over all calls.
+fn check_lookups(device: &Device, policy: CachePolicy, calls: &[Call], hits_misses: (u64, u64)) {
     let (n_expert, slots) = (8, 3);
     // Expert e's bytes: e in every byte of gate, 100 + e of up, 200 + e of down; down rows
     // 48 bytes, gate/up 32 (multiples of 16: the wide copy), and a narrow variant.
     for (gate_bytes, down_bytes) in [(32usize, 48usize), (6, 10)] {
         let mut hosts = Vec::new();
         for (base, bytes) in [(0u8, gate_bytes), (100, gate_bytes), (200, down_bytes)] {
-            let mut host = MappedHost::new(&device, n_expert * bytes).unwrap();
+            let mut host = MappedHost::new(device, n_expert * bytes).unwrap();
             for (e, chunk) in host.bytes_mut().unwrap().chunks_mut(bytes).enumerate() {
                 chunk.fill(base + e as u8);
             }
@@ -155,28 +168,18 @@ fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
             device.alloc_zeros::<u8>(slots * gate_bytes).unwrap(),
             device.alloc_zeros::<u8>(slots * down_bytes).unwrap(),
         ];
-        let mut tables = CacheTables::new(&device, n_expert, slots).unwrap();
+        let mut tables = CacheTables::new(device, n_expert, slots, policy).unwrap();
         let mut fills = device.alloc_zeros::<i32>(2 * slots).unwrap();
         let mut count = device.alloc_zeros::<i32>(1).unwrap();
-        // Each call: the chosen experts, then each slot's expert after it.
-        let calls: [(&[i32], [i32; 3]); 5] = [
-            (&[0, 1], [0, 1, -1]),
-            (&[2, 0], [0, 1, 2]),
-            // Expert 1 is the least recently used: slot 1 goes to 3.
-            (&[3], [0, 3, 2]),
-            // 0 and 2 both last used by call 2; ties go to the lower slot.
-            (&[4, 3], [4, 3, 2]),
-            // Out-of-range ids are ignored.
-            (&[-1, 9, 2], [4, 3, 2]),
-        ];
         for (i, (ids, want_slots)) in calls.iter().enumerate() {
+            let case = format!("{policy}, call {i}");
             let ids_dev = device.upload(ids).unwrap();
             let mut slot_ids = device.alloc_zeros::<i32>(ids.len()).unwrap();
             let pairs = ids.len().min(slots);
             let mut fills_here = fills.slice_mut(..2 * pairs);
             let mut count_view = count.slice_mut(..);
             expert_cache_lookup(
-                &device,
+                device,
                 &mut tables,
                 &ids_dev.slice(..),
                 &mut slot_ids.slice_mut(..),
@@ -191,21 +194,21 @@ fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
                 down_bytes,
             };
             expert_cache_fill(
-                &device,
+                device,
                 &fills.slice(..2 * pairs),
                 &count.slice(..),
                 target,
                 n_expert,
             )
             .unwrap();
-            let slot_of = tables.slot_of(&device).unwrap();
+            let slot_of = tables.slot_of(device).unwrap();
             let mut held = [-1i32; 3];
             for (e, &s) in slot_of.iter().enumerate() {
                 if s >= 0 {
                     held[s as usize] = e as i32;
                 }
             }
-            assert_eq!(&held, want_slots, "call {i}: experts per slot");
+            assert_eq!(&held, want_slots, "{case}: experts per slot");
             let got_slots = device.download(&slot_ids).unwrap();
             for (id, s) in ids.iter().zip(&got_slots) {
                 let want = if (0..n_expert as i32).contains(id) {
@@ -213,7 +216,7 @@ fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
                 } else {
                     -1
                 };
-                assert_eq!(*s, want, "call {i}: slot of expert {id}");
+                assert_eq!(*s, want, "{case}: slot of expert {id}");
             }
             for (t, (stack, (base, bytes))) in stacks
                 .iter()
@@ -226,16 +229,101 @@ fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
                         let slot = &bytes_now[s * bytes..(s + 1) * bytes];
                         assert!(
                             slot.iter().all(|&b| b == base + e as u8),
-                            "call {i}: tensor {t} slot {s} does not hold expert {e}"
+                            "{case}: tensor {t} slot {s} does not hold expert {e}"
                         );
                     }
                 }
             }
         }
-        let counts = tables.counts(&device).unwrap();
-        assert_eq!(counts.lookups, 5);
-        assert_eq!((counts.hits, counts.misses, counts.overflows), (3, 5, 0));
+        let counts = tables.counts(device).unwrap();
+        assert_eq!(counts.lookups, calls.len() as u64, "{policy}");
+        assert_eq!(
+            (counts.hits, counts.misses, counts.overflows),
+            (hits_misses.0, hits_misses.1, 0),
+            "{policy}: hits, misses, overflows"
+        );
     }
+}
+
+#[test]
+fn lookups_replace_the_least_recently_used_slot_and_copy_its_bytes() {
+    let Some(device) = device("lookups_replace_the_least_recently_used_slot") else {
+        return;
+    };
+    let calls: [Call; 5] = [
+        (&[0, 1], [0, 1, -1]),
+        (&[2, 0], [0, 1, 2]),
+        // Expert 1 is the least recently used: slot 1 goes to 3.
+        (&[3], [0, 3, 2]),
+        // 0 and 2 both last used by call 2; ties go to the lower slot.
+        (&[4, 3], [4, 3, 2]),
+        // Out-of-range ids are ignored.
+        (&[-1, 9, 2], [4, 3, 2]),
+    ];
+    check_lookups(&device, CachePolicy::Lru, &calls, (3, 5));
+}
+
+/// LFU's victims: the fewest uses first (every lookup that needed an expert counts, cached or
+/// not), ties to the least recently used slot, then the lower slot.
+#[test]
+fn lookups_replace_the_least_frequently_used_slot() {
+    let Some(device) = device("lookups_replace_the_least_frequently_used_slot") else {
+        return;
+    };
+    let calls: [Call; 7] = [
+        (&[0, 1], [0, 1, -1]),
+        (&[0, 2], [0, 1, 2]),
+        (&[0], [0, 1, 2]),
+        (&[1, 2], [0, 1, 2]),
+        // Uses: 0 three, 1 and 2 two (both last used by call 4): slot 1 goes to 3, where
+        // LRU would evict 0 (last used by call 3).
+        (&[3], [0, 3, 2]),
+        // Uses: 0 three, 2 two, 3 one: the missing 1 and 4 (in id order) take slots 1 and 2.
+        (&[4, 1], [0, 1, 4]),
+        // Out-of-range ids are ignored.
+        (&[-1, 9, 0], [0, 1, 4]),
+    ];
+    check_lookups(
+        &device,
+        CachePolicy::Lfu { half_life: 1000 },
+        &calls,
+        (5, 6),
+    );
+}
+
+/// LFU's aging: counts halve at every `half_life`-th lookup, so an expert used often long ago
+/// gives way to ones used recently. Without aging the old expert stays; LRU evicts it too.
+#[test]
+fn lfu_counts_age_by_halving() {
+    let Some(device) = device("lfu_counts_age_by_halving") else {
+        return;
+    };
+    const OLD: &[i32] = &[0];
+    const RECENT: &[i32] = &[1, 2];
+    const NEW: &[i32] = &[3];
+    // Expert 0 in calls 1 to 6, 1 and 2 in calls 7 to 9, then 3 needs a slot.
+    let calls = |last: [i32; 3]| {
+        let mut calls: Vec<Call> = vec![(OLD, [0, -1, -1]); 6];
+        calls.extend([(RECENT, [0, 1, 2]); 3]);
+        calls.push((NEW, last));
+        calls
+    };
+    // No aging: uses 6, 3 and 3; 1 and 2 tie (last used by call 9), the lower slot goes.
+    check_lookups(
+        &device,
+        CachePolicy::Lfu { half_life: 1000 },
+        &calls([0, 3, 2]),
+        (9, 4),
+    );
+    // Half-life 2 (halved at calls 2, 4, ..., 10 before counting): by call 10, 0 has 0 uses
+    // left, 1 and 2 one each, so 0 goes.
+    check_lookups(
+        &device,
+        CachePolicy::Lfu { half_life: 2 },
+        &calls([3, 1, 2]),
+        (9, 4),
+    );
+    check_lookups(&device, CachePolicy::Lru, &calls([3, 1, 2]), (9, 4));
 }
 
 #[test]

@@ -41,12 +41,16 @@ pub(crate) struct TableArgs<'a> {
     pub slot_of: &'a mut CudaSlice<i32>,
     pub expert_of: &'a mut CudaSlice<i32>,
     pub stamp: &'a mut CudaSlice<u32>,
+    pub uses: &'a mut CudaSlice<u32>,
     pub clock: &'a mut CudaSlice<u32>,
     pub stats: &'a mut CudaSlice<u64>,
 }
 
+/// The replacement policy's arguments: `lfu` (0: LRU, 1: LFU) and the LFU's half-life.
+pub(crate) type PolicyArgs = (i32, u32);
+
 /// `expert_cache_lookup_kernel(ids, pairs, n_expert, slots, slot_of, expert_of, stamp,
-/// clock, slot_ids, fills, fill_count, stats)`.
+/// uses, clock, slot_ids, fills, fill_count, stats, lfu, half_life)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_expert_cache_lookup(
     stream: &CudaStream,
@@ -58,6 +62,7 @@ pub(crate) fn launch_expert_cache_lookup(
     fills: &mut CudaViewMut<'_, i32>,
     fill_count: &mut CudaViewMut<'_, i32>,
     (pairs, n_expert, slots): (i32, i32, i32),
+    (lfu, half_life): PolicyArgs,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch
@@ -68,14 +73,18 @@ pub(crate) fn launch_expert_cache_lookup(
         .arg(tables.slot_of)
         .arg(tables.expert_of)
         .arg(tables.stamp)
+        .arg(tables.uses)
         .arg(tables.clock)
         .arg(slot_ids)
         .arg(fills)
         .arg(fill_count)
-        .arg(tables.stats);
+        .arg(tables.stats)
+        .arg(&lfu)
+        .arg(&half_life);
     // SAFETY: arguments match the signature; one CTA of at least max(n_expert, slots) and at
-    // most 1024 threads (the op entry); ids and slot_ids hold `pairs`, slot_of n_expert,
-    // expert_of and stamp `slots`, fills 2 x min(pairs, slots), clock one, stats four values.
+    // most 1024 threads (the op entry); ids and slot_ids hold `pairs`, slot_of and uses
+    // n_expert, expert_of and stamp `slots`, fills 2 x min(pairs, slots), clock one, stats four
+    // values; half_life is at least 1 (the tables' constructor).
     launched(stream, "cuLaunchKernel(expert_cache_lookup)", unsafe {
         launch.launch(config)
     })

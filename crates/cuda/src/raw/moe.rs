@@ -76,6 +76,38 @@ pub(crate) fn launch_router_topk(
     })
 }
 
+/// `moe_route_skew_kernel(logits, ids, tokens, n_expert, used, seed, stride, offset, decay)`,
+/// one thread per token.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_route_skew(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    logits: &CudaView<'_, f32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    (tokens, n_expert, used): (i32, i32, i32),
+    (seed, stride, offset): (u32, u32, u32),
+    decay: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(logits)
+        .arg(ids)
+        .arg(&tokens)
+        .arg(&n_expert)
+        .arg(&used)
+        .arg(&seed)
+        .arg(&stride)
+        .arg(&offset)
+        .arg(&decay);
+    // SAFETY: arguments match the signature; logits hold tokens x n_expert values (n_expert
+    // >= 1), ids tokens x used (used <= n_expert, so the search for a free rank ends), and
+    // the grid covers `tokens` threads (the rest return).
+    launched(stream, "cuLaunchKernel(moe_route_skew)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `moe_gate_up_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_moe_gate_up(

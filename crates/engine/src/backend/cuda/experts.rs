@@ -3,16 +3,17 @@
 //! GPU hold `slots` experts (the slot stacks, which the expert products read exactly as they
 //! read a resident stack, with slot ids in place of expert ids), the whole stacks stay in
 //! page-locked host memory, and every MoE call looks its experts up first (misses copied
-//! in by a kernel reading host memory over PCIe; least recently used slots give way).
-//! Same kernels, same order of every sum: logits are bit for bit those of residency.
+//! in by a kernel reading host memory over PCIe; the least recently or, with
+//! `REDLITE_CACHE_POLICY=lfu`, least frequently used slots give way). Same kernels, same
+//! order of every sum: logits are bit for bit those of residency, under either policy.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::error::{EngineError, Result};
 use redlite_cuda::{
-    expert_cache_fill, expert_cache_lookup, CacheCounts, CacheTables, CudaSlice, CudaView,
-    CudaViewMut, Device, FillTarget, MappedHost, SKIP_PAIR,
+    expert_cache_fill, expert_cache_lookup, CacheCounts, CachePolicy, CacheTables, CudaSlice,
+    CudaView, CudaViewMut, Device, FillTarget, MappedHost, SKIP_PAIR,
 };
 
 /// Where the routed experts of every MoE layer live.
@@ -22,8 +23,22 @@ pub enum ExpertResidency {
     #[default]
     Resident,
     /// `slots` experts of every MoE layer on the GPU (at least the router's top-k, fewer than
-    /// the layer's experts), the rest copied in on demand.
-    Cache { slots: usize },
+    /// the layer's experts), the rest copied in on demand; `policy` picks the slots that
+    /// give way.
+    Cache { slots: usize, policy: CachePolicy },
+}
+
+/// The replacement policy `REDLITE_CACHE_POLICY` names: `lru` (or unset: the default) or
+/// `lfu` (least frequently used, counts halved every [`CachePolicy::LFU_HALF_LIFE`]
+/// lookups). Anything else is refused.
+pub fn cache_policy_from_env() -> Result<CachePolicy> {
+    match std::env::var("REDLITE_CACHE_POLICY").as_deref() {
+        Err(_) | Ok("") | Ok("lru") => Ok(CachePolicy::Lru),
+        Ok("lfu") => Ok(CachePolicy::LFU),
+        Ok(other) => Err(EngineError::BadConfig(format!(
+            "REDLITE_CACHE_POLICY={other}: expected lru or lfu"
+        ))),
+    }
 }
 
 /// The suffixes of a layer's expert stacks, in the order the fill kernel takes them.
@@ -71,13 +86,13 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
-    /// The cache of block `layer` (`n_expert` experts), from the host copies `stacks` made
-    /// while loading.
+    /// The cache of block `layer` (`n_expert` experts, `slots` of them on the GPU, replaced
+    /// by `policy`), from the host copies `stacks` made while loading.
     pub fn new(
         device: &Device,
         n_expert: usize,
         layer: usize,
-        slots: usize,
+        (slots, policy): (usize, CachePolicy),
         stacks: &HostStacks,
     ) -> Result<LayerCache> {
         let name = |s: &str| format!("blk.{layer}.{s}");
@@ -88,7 +103,7 @@ impl LayerCache {
         ];
         let per_expert = |h: &MappedHost| h.len() / n_expert.max(1);
         Ok(LayerCache {
-            tables: CacheTables::new(device, n_expert, slots)?,
+            tables: CacheTables::new(device, n_expert, slots, policy)?,
             gate_bytes: per_expert(&host[0]),
             down_bytes: per_expert(&host[2]),
             host,

@@ -24,7 +24,7 @@ mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redlite_cuda::{Device, Dots, Position};
+use redlite_cuda::{Device, Dots, Position, RouteSkew};
 use redlite_gguf::GgufModel;
 
 pub use crate::backend::cpu::linear::Precision;
@@ -32,9 +32,10 @@ use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
-pub use experts::ExpertResidency;
 use experts::LayerCache;
+pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
+use moe::LayerSkew;
 use scratch::Scratch;
 pub use state::{CudaAct, CudaState};
 use weights::{CudaWeights, Mixer};
@@ -55,6 +56,9 @@ pub struct CudaBackend {
     /// With an expert cache: each block's (index `n_layer`: the MTP block's). Behind a lock
     /// for the same reason as `scratch`.
     caches: Mutex<Vec<Option<LayerCache>>>,
+    /// Benchmark only: the skewed routing law that replaces the router's choice
+    /// (`REDLITE_BENCH_ROUTE_SKEW`), or `None` (the router's choice).
+    route_skew: Option<RouteSkew>,
 }
 
 impl CudaBackend {
@@ -110,7 +114,7 @@ impl CudaBackend {
             Precision::Exact => Dots::F32,
             Precision::Ggml => Dots::Q8K,
         };
-        if let ExpertResidency::Cache { slots } = residency {
+        if let ExpertResidency::Cache { slots, .. } = residency {
             if slots < config.n_expert_used.max(1) || slots >= config.n_expert {
                 return Err(EngineError::BadConfig(format!(
                     "an expert cache of {slots} slots per layer: expected {} (the router's top-k) to {} (one short of every expert)",
@@ -124,6 +128,7 @@ impl CudaBackend {
         for (layer, cache) in cached {
             caches[layer] = Some(cache);
         }
+        let route_skew = route_skew_from_env()?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
@@ -135,6 +140,7 @@ impl CudaBackend {
             dots,
             residency,
             caches: Mutex::new(caches),
+            route_skew,
         })
     }
 
@@ -229,6 +235,23 @@ impl CudaBackend {
 
     fn not_a(&self, layer: usize, kind: &str) -> EngineError {
         EngineError::BadConfig(format!("layer {layer} is not {kind} layer"))
+    }
+}
+
+/// `REDLITE_BENCH_ROUTE_SKEW=<decay>` (benchmark only, docs/CUDA.md): every MoE layer's
+/// experts drawn from [`RouteSkew`]'s law of that decay (0.22: the skew measured on
+/// Qwen3-30B-A3B); unset, empty or 0: the router's choice. Anything else is refused.
+fn route_skew_from_env() -> Result<Option<RouteSkew>> {
+    let value = std::env::var("REDLITE_BENCH_ROUTE_SKEW").unwrap_or_default();
+    if value.is_empty() || value == "0" {
+        return Ok(None);
+    }
+    match value.parse::<f32>().ok().and_then(RouteSkew::new) {
+        Some(skew) => Ok(Some(skew)),
+        None => Err(EngineError::BadConfig(format!(
+            "REDLITE_BENCH_ROUTE_SKEW={value}: expected a decay from 0.01 to 100 (a fraction of the experts; {} fits Qwen3-30B-A3B's measured routing), or 0 for the router's choice",
+            RouteSkew::QWEN3_DIVERSE
+        ))),
     }
 }
 
@@ -415,11 +438,13 @@ impl Backend for CudaBackend {
         let mut scratch = self.scratch(b.tokens)?;
         let mut caches = self.caches()?;
         let cache = caches.get_mut(layer).and_then(|c| c.as_mut());
+        let skew = self.route_skew.map(|skew| LayerSkew { skew, layer });
         moe::forward(
             &self.device,
             &self.config,
             &self.weights.layer(layer)?.moe,
             cache,
+            skew,
             &mut scratch,
             &h.rows(b.tokens)?,
             &mut out.rows_mut(b.tokens)?,

@@ -14,14 +14,15 @@
 //! pairs (same logits, bit for bit). Off: on the H200 it measured 3 % slower at pp512
 //! (docs/PERF.md), the per-pair launch already reads repeated rows from L2.
 //! With an expert cache (`experts`), the products run on the layer's slot stacks with slot
-//! ids, after a lookup that copies the misses in.
+//! ids, after a lookup that copies the misses in. Benchmarks of the cache may replace the
+//! router's choice by draws from a skewed law (`REDLITE_BENCH_ROUTE_SKEW`, [`LayerSkew`]).
 
 use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
-    moe_gate_up_mma, moe_route, router_topk, router_topk_takes, CudaView, CudaViewMut, Device,
-    ExpertTiles, MmaGroups, PrefillKernels, SharedGateUp,
+    moe_gate_up_mma, moe_route, moe_route_skew, router_topk, router_topk_takes, CudaView,
+    CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, RouteSkew, SharedGateUp,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -31,15 +32,25 @@ use crate::backend::cuda::weights::MoeWeights;
 use crate::error::Result;
 use crate::model::config::HybridConfig;
 
+/// Benchmark only (`REDLITE_BENCH_ROUTE_SKEW`): block `layer`'s experts drawn from `skew`
+/// instead of the router's choice (its weights kept); not the model's output.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerSkew {
+    pub skew: RouteSkew,
+    pub layer: usize,
+}
+
 /// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`. With `cache`, the layer's
 /// expert stacks in `w` are its slot stacks: the chosen experts are looked up (and copied
 /// in) first and the products read slots; a prompt's experts come through in waves
-/// (`moe_pairs`).
+/// (`moe_pairs`). With `skew`, the chosen experts are replaced before anything reads them.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     cache: Option<&mut LayerCache>,
+    skew: Option<LayerSkew>,
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
@@ -97,6 +108,18 @@ pub fn forward(
             &mut ids,
             &mut weights,
             &mut shared_weight,
+        )?;
+    }
+    if let Some(bench) = skew {
+        // Every routing path above leaves token t's logits at router[t * n_expert..].
+        let logits = s.router.slice(..t * c.n_expert);
+        moe_route_skew(
+            device,
+            bench.skew,
+            bench.layer,
+            &logits,
+            &mut ids,
+            c.n_expert,
         )?;
     }
     if t > 1 && (cache.is_some() || pair_down()) {

@@ -153,7 +153,7 @@ fn matrix(
     name: &str,
 ) -> Result<DeviceMatrix> {
     match residency {
-        ExpertResidency::Cache { slots } if is_expert_stack(name) => {
+        ExpertResidency::Cache { slots, .. } if is_expert_stack(name) => {
             DeviceMatrix::slot_stack(device, g, name, dots, (slots, config.n_expert), host)
         }
         _ if name.ends_with(ROUTER) => DeviceMatrix::router(device, g, name, dots),
@@ -171,8 +171,11 @@ fn caches(
 ) -> Result<Vec<(usize, LayerCache)>> {
     match residency {
         ExpertResidency::Resident => Ok(Vec::new()),
-        ExpertResidency::Cache { slots } => layers
-            .map(|l| Ok((l, LayerCache::new(device, config.n_expert, l, slots, host)?)))
+        ExpertResidency::Cache { slots, policy } => layers
+            .map(|l| {
+                let cache = LayerCache::new(device, config.n_expert, l, (slots, policy), host)?;
+                Ok((l, cache))
+            })
             .collect(),
     }
 }
