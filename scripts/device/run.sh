@@ -59,6 +59,7 @@ M="$W/full-IQ2_XXS-mtp.gguf"; MTP_FLAG=--mtp
 [ "${PLAIN:-0}" = 1 ] && M="$W/full-IQ2_XXS.gguf" && MTP_FLAG=
 for s in grouped serve ab mtp profile compare prefill ncu decode skew pairdrift; do
   [ "$s" = pairdrift ] && stage offload && break
+  [ "$s" = skew ] && [ -n "${SKEW_LAYERS:-}" ] && continue  # the skew stage writes its own
   if stage "$s"; then
     [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS $MTP_FLAG 2>&1 | tail -1
     break
@@ -385,6 +386,15 @@ if stage skew; then
   # layer). Neither routing is the model's: both replace the router's choice. The uniform runs
   # recompile the kernels (the spread is a compile option; NVRTC's disk cache keeps both).
   # Results stay in $W (kept while the machine is warm), so the runs can be split over calls.
+  # SKEW_LAYERS=N: a file of the full model's shapes with N layers instead (the page-locked
+  # copy and the warm-up shrink with it; hit rates and bytes a layer are what a policy changes),
+  # with SKEW_EXPERTS (e.g. cache=3540MiB: the same 378 of 512 slots a layer for 12 layers).
+  SF="$F"; where=(--gpu-limit "${SKEW_LIMIT:-16GiB}")
+  if [ -n "${SKEW_LAYERS:-}" ]; then
+    SF="$W/full-IQ2_XXS-L$SKEW_LAYERS.gguf"
+    [ -f "$SF" ] || "$R" synth "$SF" --preset full --recipe IQ2_XXS --layers "$SKEW_LAYERS" 2>&1 | tail -1
+    where=(--experts "${SKEW_EXPERTS:-cache=3540MiB}")
+  fi
   stamp "expert cache: routing x replacement"
   for run in ${SKEW_RUNS:-uniform-lru uniform-lfu skew-lru skew-lfu}; do
     case "$run" in
@@ -393,11 +403,11 @@ if stage skew; then
       *) note "skew: unknown run $run (expected uniform-lru, uniform-lfu, skew-lru or skew-lfu)"; continue ;;
     esac
     timeout "${SKEW_TIMEOUT_S:-300}" env "${routing[@]}" REDLITE_CACHE_POLICY="${run#*-}" \
-      "$R" bench -m "$F" --device cuda --gpu-limit "${SKEW_LIMIT:-16GiB}" -p 512 -n 64 -r 1 \
+      "$R" bench -m "$SF" --device cuda "${where[@]}" -p 512 -n 64 -r 1 \
       --json > "$W/skew-$run.json" 2> "$OUT/skew-$run.log"
     note "skew $run: exit $? after $SECONDS s"
   done
-  note "expert cache, --gpu-limit ${SKEW_LIMIT:-16GiB} (IQ2_XXS; uniform: REDLITE_BENCH_ROUTE_SPREAD=1, skew: REDLITE_BENCH_ROUTE_SKEW=${SKEW_DECAY:-0.22}; neither is the model's routing):"
+  note "expert cache, ${where[*]} ($(basename "$SF"); uniform: REDLITE_BENCH_ROUTE_SPREAD=1, skew: REDLITE_BENCH_ROUTE_SKEW=${SKEW_DECAY:-0.22}; neither is the model's routing):"
   python3 - "$W" <<'PY' | tee -a "$SUMMARY"
 import json, os, sys
 print("| routing | policy | pp512 t/s | pp hit rate | pp MiB/token | tg64 t/s | tg hit rate | tg MiB/token | tg layer hit rates |")
