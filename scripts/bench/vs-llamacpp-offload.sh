@@ -12,13 +12,15 @@
 #
 # Env: WORK (/tmp/rl), RECIPE (Q4_K_M), LIMIT (24GiB), NCMOE (26), PP (512), TG (128),
 # ROUNDS (1), OUT (logs), SPREAD (0; 1: redlite's routing spread uniformly over the experts,
-# REDLITE_BENCH_ROUTE_SPREAD=1, the cache's worst case: random weights route to few experts).
+# REDLITE_BENCH_ROUTE_SPREAD=1, the cache's worst case: random weights route to few experts);
+# REDLITE_BENCH_ROUTE_SKEW and REDLITE_CACHE_POLICY pass through to redlite (docs/CUDA.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/rl}"; RECIPE="${RECIPE:-Q4_K_M}"; LIMIT="${LIMIT:-24GiB}"
 NCMOE="${NCMOE:-26}"; PP="${PP:-512}"; TG="${TG:-128}"; ROUNDS="${ROUNDS:-1}"
 LOGS="${OUT:-$WORK/logs}"; MODEL="$WORK/full-$RECIPE.gguf"; R="$ROOT/target/release/redlite"
 SPREAD="${SPREAD:-0}"; TAG="$RECIPE-$LIMIT"; [ "$SPREAD" = 1 ] && TAG="$TAG-spread"
+SKEW="${REDLITE_BENCH_ROUTE_SKEW:-0}"; [ "$SKEW" != 0 ] && TAG="$TAG-skew$SKEW"
 mkdir -p "$WORK" "$LOGS"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 

@@ -372,10 +372,19 @@ fi
 
 if stage offload; then
   stamp "offload: llama.cpp --n-cpu-moe vs the expert cache"
-  for spread in 0 1; do
-    RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" SPREAD=$spread bash "$O" bench \
-      > "$OUT/offload-Q4_K_M-$spread.txt" 2>&1
-    note ""; grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M-$spread.txt" | tee -a "$SUMMARY"
+  # OFFLOAD_ROUTES: the synthetic file's own routing (natural), uniform (the cache's worst
+  # case) and/or the published skew (skew: REDLITE_BENCH_ROUTE_SKEW=SKEW_DECAY); redlite only.
+  for route in ${OFFLOAD_ROUTES:-natural uniform}; do
+    case "$route" in
+      natural) routing=(SPREAD=0 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+      uniform) routing=(SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+      skew) routing=(SPREAD=0 REDLITE_BENCH_ROUTE_SKEW="${SKEW_DECAY:-0.22}") ;;
+      *) note "offload: unknown route $route (natural, uniform or skew)"; continue ;;
+    esac
+    env "${routing[@]}" RECIPE=Q4_K_M LIMIT=24GiB NCMOE="${NCMOE:-26}" bash "$O" bench \
+      > "$OUT/offload-Q4_K_M-$route.txt" 2>&1
+    note ""; note "routing: $route, cache policy ${REDLITE_CACHE_POLICY:-default}"
+    grep -E '^(\||Q4_K_M)' "$OUT/offload-Q4_K_M-$route.txt" | tee -a "$SUMMARY"
   done
 fi
 if stage skew; then
