@@ -199,25 +199,11 @@ fn matvec_rows(
         out.fill(0.0);
         return Ok(());
     }
-    // Rows ~4 KiB ahead are requested while this one is dotted (see `prefetch`).
-    let ahead = (PREFETCH_BYTES / row_len).max(1);
-    for (k, (y, row)) in out
-        .iter_mut()
-        .zip(weights.chunks_exact(row_len))
-        .enumerate()
-    {
-        prefetch(
-            weights
-                .get((k + ahead) * row_len..(k + ahead + 1) * row_len)
-                .unwrap_or_default(),
-        );
+    for (y, row) in out.iter_mut().zip(weights.chunks_exact(row_len)) {
         *y = dot(row, &act.bytes);
     }
     Ok(())
 }
-
-/// How far ahead of the row being dotted a one-token product requests rows.
-const PREFETCH_BYTES: usize = 4096;
 
 /// Whether [`dot_decoded`] runs on this CPU (it needs AVX2).
 pub fn decoded_dots_available() -> bool {
