@@ -14,21 +14,14 @@ use redlite_quant::{decodable, decode_row, dot_decoded_many, vec_dot_many, Decod
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{random_activations, random_matrix, thread_cpu_ns, Rng};
+use common::{bench_tokens, random_activations, random_matrix, thread_cpu_ns, Rng};
 const ROWS: usize = 512;
 const COLS: usize = 2048;
 
 fn main() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // `BENCH_TOKENS=8,64` picks the batch sizes; `BENCH_TYPES=IQ2_XXS,Q4_K` the types.
-    let token_counts: Vec<usize> = std::env::var("BENCH_TOKENS")
-        .ok()
-        .map(|list| {
-            list.split(',')
-                .filter_map(|t| t.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![1, 10, 64]);
+    let token_counts = bench_tokens(&[1, 10, 64]);
     let types = std::env::var("BENCH_TYPES").ok();
     println!(
         "{ROWS} x {COLS} against T tokens, one thread, {}: ns per (row, token)",

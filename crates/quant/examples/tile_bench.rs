@@ -12,7 +12,7 @@ use redlite_quant::{
 use std::time::Instant;
 
 mod common;
-use common::{random_activations, random_matrix, Rng};
+use common::{bench_tokens, random_activations, random_matrix, Rng};
 const ROWS: usize = 512;
 const COLS: usize = 2048;
 
@@ -21,14 +21,7 @@ fn main() {
         println!("no AVX-512 VNNI here (or REDLITE_SIMD caps it): nothing to compare");
         return;
     }
-    let token_counts: Vec<usize> = std::env::var("BENCH_TOKENS")
-        .ok()
-        .map(|list| {
-            list.split(',')
-                .filter_map(|t| t.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![4, 8, 10, 16, 32, 64]);
+    let token_counts = bench_tokens(&[4, 8, 10, 16, 32, 64]);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     println!("{ROWS} x {COLS} against T tokens, one thread: ns per (row, token), rows decoded");
     for ty in [GgmlType::IQ2XXS, GgmlType::IQ2XS, GgmlType::IQ1M] {

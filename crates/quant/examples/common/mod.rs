@@ -68,3 +68,15 @@ pub fn random_activations(
         })
         .collect()
 }
+
+/// The batch sizes `BENCH_TOKENS` lists (e.g. `8,64`), else `default`.
+pub fn bench_tokens(default: &[usize]) -> Vec<usize> {
+    std::env::var("BENCH_TOKENS")
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .filter_map(|t| t.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| default.to_vec())
+}

@@ -136,14 +136,7 @@ pub fn decode_row(ty: GgmlType, row: &[u8], out: &mut DecodedRow) -> Result<(), 
 /// The portable decoder (and the reference the AVX2 one is tested against).
 pub(crate) fn decode_blocks(ty: GgmlType, row: &[u8], out: &mut DecodedRow) {
     decode_values(ty, row, out);
-    let blocks = out
-        .w
-        .chunks_exact(QK)
-        .zip(out.scales.chunks_exact(QK / SUB * 16))
-        .zip(out.offsets.chunks_exact_mut(8));
-    for ((w, scales), offsets) in blocks {
-        block_offsets(w, scales, offsets);
-    }
+    fill_offsets(out);
 }
 
 /// The portable decoder's `d`, weights and scales (not the offsets).
@@ -258,6 +251,11 @@ fn decode_q4k(row: &[u8], out: &mut DecodedRow) {
             }
         }
     }
+    fill_offsets(out);
+}
+
+/// [`DecodedRow::offsets`] of every block, from the decoded weights and scales.
+fn fill_offsets(out: &mut DecodedRow) {
     let blocks = out
         .w
         .chunks_exact(QK)

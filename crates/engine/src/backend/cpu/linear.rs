@@ -115,8 +115,9 @@ pub enum Prepared<'x> {
     },
     Quantized {
         acts: Vec<QuantizedActivation>,
-        /// The same tokens interleaved 16 at a time for the tile kernels (grid weights, a
-        /// batch of at least [`TILE_MIN_TOKENS`], a CPU with AVX-512 VNNI); else empty.
+        /// The same tokens interleaved 16 at a time for the tile kernels (a Q8_K batch of
+        /// at least [`TILE_MIN_TOKENS`] on a CPU with AVX-512 VNNI; else empty), used by the
+        /// weight types that have tile kernels.
         tiles: Vec<ActTile>,
     },
 }
@@ -132,8 +133,7 @@ impl<'x> Prepared<'x> {
         let tokens = x.len() / cols.max(1);
         // Tiles for any Q8_K batch: one preparation can serve several weight types (products
         // with the same input), and each takes the tiles if its type has tile kernels.
-        let tiled =
-            tokens >= TILE_MIN_TOKENS && vec_dot_type(ty) == GgmlType::Q8K && tiles_available();
+        let tiled = wants_tiles(tokens, vec_dot_type(ty));
         // Tokens quantized in parallel, a block of them (and its tile) per task.
         let blocks: Vec<Mutex<(Vec<QuantizedActivation>, Option<ActTile>)>> = x
             .chunks(cols * TOKENS_PER_TASK)
@@ -191,10 +191,8 @@ impl<'x> Prepared<'x> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let tiled = picked.len() >= TILE_MIN_TOKENS
-            && picked.first().map(|a| a.ty()) == Some(GgmlType::Q8K)
-            && tiles_available();
-        let tiles = if tiled {
+        let format = picked.first().map_or(GgmlType::F32, |a| a.ty());
+        let tiles = if wants_tiles(picked.len(), format) {
             picked
                 .chunks(TILE_TOKENS)
                 .map(ActTile::new)
@@ -214,6 +212,11 @@ impl<'x> Prepared<'x> {
             Prepared::Quantized { acts, .. } => acts.len(),
         }
     }
+}
+
+/// Whether a batch of `tokens` activations in `format` is interleaved for the tile kernels.
+fn wants_tiles(tokens: usize, format: GgmlType) -> bool {
+    tokens >= TILE_MIN_TOKENS && format == GgmlType::Q8K && tiles_available()
 }
 
 /// Per-thread scratch for decoding weight rows.
@@ -238,7 +241,7 @@ fn rows_serial(
     let bytes = mm.gguf.data(w.loc);
     let tokens = prep.tokens();
     let rows = &bytes[first * w.row_bytes..(first + n) * w.row_bytes];
-    let acts = match prep {
+    let (acts, tiles) = match prep {
         Prepared::F32 { x, cols } => {
             for (row, row_out) in rows
                 .chunks_exact(w.row_bytes)
@@ -262,7 +265,6 @@ fn rows_serial(
         }
         Prepared::Quantized { acts, tiles } => (acts, tiles),
     };
-    let (acts, tiles) = acts;
     let tiles: &[ActTile] = if tileable(w.ty) { tiles } else { &[] };
     if let [act] = &acts[..] {
         matvec(w.ty, rows, n, act, &mut by_row[..n])?;
