@@ -49,10 +49,11 @@ pub mod tables;
 pub use block::{Block, Dot, Quantize};
 pub use error::{QuantError, QuantOp};
 pub use fast::{
-    available_levels, decodable, decode_row, decoded_dots_available, dot_decoded, dot_decoded_at,
-    dot_decoded_many, dot_decoded_many_at, dot_decoded_tile, matvec, matvec_at, prefetch,
-    simd_level, tileable, tiles_available, vec_dot, vec_dot_at, vec_dot_many, vec_dot_many_at,
-    ActTile, DecodedRow, QuantizedActivation, SimdLevel, SIMD_CAP_VAR, TILE_TOKENS,
+    available_levels, decodable, decode_row, decoded_dots_available, disable_tiles, dot_decoded,
+    dot_decoded_at, dot_decoded_many, dot_decoded_many_at, dot_decoded_tile, matvec, matvec_at,
+    prefetch, simd_level, tileable, tiles_available, vec_dot, vec_dot_at, vec_dot_many,
+    vec_dot_many_at, ActTile, DecodedRow, QuantizedActivation, SimdLevel, SIMD_CAP_VAR, TILES_VAR,
+    TILE_TOKENS,
 };
 pub use iq3::{BlockIQ3S, BlockIQ3XXS};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};

@@ -51,6 +51,9 @@ fn start_scheduler(
     let tokenizer = opened.tokenizer.clone();
     let mtp = config.draft > 0;
     let cpu = || {
+        // Batch-invariant text: every token takes the one-token kernels' order of sums,
+        // whatever it is batched with (the prompt tile kernels sum in another order).
+        redlite_quant::disable_tiles();
         let (gguf, model) = (opened.gguf.clone(), opened.config.clone());
         serve::spawn(
             move || {

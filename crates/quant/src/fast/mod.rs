@@ -14,7 +14,7 @@
 //! per-block terms).
 
 mod decoded;
-pub use tile::{dot_decoded_tile, tiles_available, ActTile, TILE_TOKENS};
+pub use tile::{disable_tiles, dot_decoded_tile, tiles_available, ActTile, TILES_VAR, TILE_TOKENS};
 mod dispatch;
 mod scalar;
 mod tile;

@@ -14,6 +14,9 @@
 //! [`super::dot_decoded`], in another order (one f32 sum per block instead of eight lane
 //! sums), so results differ from it by rounding only (tested within a bound).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
 use redlite_gguf::GgmlType;
 
 use super::decoded::DecodedRow;
@@ -94,8 +97,30 @@ impl ActTile {
     }
 }
 
-/// Whether [`dot_decoded_tile`] runs here (AVX-512 VNNI, not capped by `REDLITE_SIMD`).
+/// Set by [`disable_tiles`].
+static TILES_OFF: AtomicBool = AtomicBool::new(false);
+
+/// `REDLITE_CPU_TILES=0` turns the tile kernels off for a whole run.
+pub const TILES_VAR: &str = "REDLITE_CPU_TILES";
+
+/// Turns the tile kernels off for the rest of the process. Their sums run in another order
+/// than the one-token kernels', so with them a token's result depends on whether its batch
+/// reaches [`TILE_TOKENS`]-wide tiles; without them every token takes the same kernels
+/// whatever it is batched with. The server does this: a request's text must not depend on
+/// the requests it shares a batch with.
+pub fn disable_tiles() {
+    TILES_OFF.store(true, Ordering::Relaxed);
+}
+
+/// Whether [`dot_decoded_tile`] runs here (AVX-512 VNNI, not capped by `REDLITE_SIMD`, not
+/// turned off by [`disable_tiles`] or `REDLITE_CPU_TILES=0`).
 pub fn tiles_available() -> bool {
+    static OFF_BY_ENV: OnceLock<bool> = OnceLock::new();
+    if TILES_OFF.load(Ordering::Relaxed)
+        || *OFF_BY_ENV.get_or_init(|| std::env::var(TILES_VAR).as_deref() == Ok("0"))
+    {
+        return false;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         super::dispatch::best().0 == super::SimdLevel::Avx512
