@@ -35,7 +35,6 @@ fn main() {
                 d
             })
             .collect();
-        let rows: Vec<&DecodedRow> = decoded.iter().collect();
         for &tokens in &token_counts {
             let acts = random_activations(&mut rng, ty, tokens, COLS);
             let mut out = vec![0f32; ROWS * tokens];
@@ -53,7 +52,7 @@ fn main() {
                     .collect();
                 for (i, tile) in tiles.iter().enumerate() {
                     let out = &mut out[i * TILE_TOKENS..];
-                    dot_decoded_tile(&rows, tile, out, tokens).expect("tile dots");
+                    dot_decoded_tile(&decoded, tile, out, tokens).expect("tile dots");
                 }
                 tiled = tiled.min(start.elapsed().as_secs_f64());
             }

@@ -135,7 +135,7 @@ pub fn tiles_available() -> bool {
 /// Refused where [`tiles_available`] is false, for rows of mixed types or lengths, and for
 /// rows whose length is not the tile's.
 pub fn dot_decoded_tile(
-    rows: &[&DecodedRow],
+    rows: &[DecodedRow],
     tile: &ActTile,
     out: &mut [f32],
     stride: usize,
@@ -262,8 +262,7 @@ mod tests {
                 let tile = ActTile::new(&acts).unwrap();
                 let stride = tokens + 3;
                 let mut out = vec![f32::NAN; n_rows * stride];
-                let rows: Vec<&DecodedRow> = decoded.iter().collect();
-                dot_decoded_tile(&rows, &tile, &mut out, stride).unwrap();
+                dot_decoded_tile(&decoded, &tile, &mut out, stride).unwrap();
                 for (r, row) in raw.iter().enumerate() {
                     for (t, act) in acts.iter().enumerate() {
                         let want = vec_dot(ty, row, act).unwrap();

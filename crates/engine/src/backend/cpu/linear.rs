@@ -297,10 +297,9 @@ fn rows_serial(
     if decoded && !tiles.is_empty() {
         // Activation tiles outermost: the piece's decoded rows stay in cache while each
         // tile of 16 tokens passes them once.
-        let rows: Vec<&DecodedRow> = scratch.decoded[..n].iter().collect();
         for (i, tile) in tiles.iter().enumerate() {
             let out = &mut by_row[i * TILE_TOKENS..];
-            dot_decoded_tile(&rows, tile, out, tokens)?;
+            dot_decoded_tile(&scratch.decoded[..n], tile, out, tokens)?;
         }
         return Ok(());
     }

@@ -29,7 +29,7 @@ enum Kind {
 /// reaches `(rows − 1) · stride + tokens`).
 pub(crate) fn dot_rows(
     ty: GgmlType,
-    rows: &[&DecodedRow],
+    rows: &[DecodedRow],
     tile: &ActTile,
     out: &mut [f32],
     stride: usize,
@@ -69,13 +69,13 @@ pub(crate) fn dot_rows(
 /// scale being `(2s + 1) / 8`), removed at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn pass<const M: usize, const UNIT: usize, const MINS: bool>(
-    rows: &[&DecodedRow],
+    rows: &[DecodedRow],
     tile: &ActTile,
     out: &mut [f32],
     stride: usize,
 ) {
     let (tokens, blocks, q, dy, sums) = tile.raw();
-    let rows: [&DecodedRow; M] = std::array::from_fn(|m| rows[m]);
+    let rows: [&DecodedRow; M] = std::array::from_fn(|m| &rows[m]);
     let mut acc = [_mm512_setzero_ps(); M];
     for b in 0..blocks {
         let mut block: [__m512i; M] = std::array::from_fn(|m| {
