@@ -238,7 +238,7 @@ pub fn bench_gen_mtp(
             let n = draft.min(n_gen - generated - 1).min(room);
             if n == 0 {
                 let logits = session.step(token)?;
-                token = sampler.sample(&logits)?;
+                token = sampler.sample(logits)?;
                 generated += 1;
                 continue;
             }

@@ -111,7 +111,7 @@ pub fn generate(
             continue;
         }
         match session.step(token) {
-            Ok(next) => token = sampler.sample(&next)?,
+            Ok(next) => token = sampler.sample(next)?,
             Err(EngineError::ContextFull { .. }) => break StopReason::ContextFull,
             Err(e) => return Err(e),
         }

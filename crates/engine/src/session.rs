@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, SeqState};
 use crate::error::{EngineError, Result};
-use crate::model::forward::{forward, Logits, Output, Workspace};
+use crate::model::forward::{forward, forward_into, Logits, Output, Workspace};
 use crate::model::mtp::{forward_mtp, Hidden};
 use crate::state::KvType;
 
@@ -25,6 +25,8 @@ pub struct Session<B: Backend> {
     /// The MTP block's state, once `enable_mtp` was called.
     mtp: Option<MtpState<B>>,
     timings: MtpTimings,
+    /// The last decode step's output, its buffer reused by the next step.
+    last: Output,
 }
 
 /// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
@@ -79,6 +81,7 @@ impl<B: Backend> Session<B> {
             kv_type,
             mtp: None,
             timings: MtpTimings::default(),
+            last: Output::default(),
         })
     }
 
@@ -353,9 +356,21 @@ impl<B: Backend> Session<B> {
         Ok(total)
     }
 
-    /// Logits after one more token.
-    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
-        Ok(self.feed(&[token], false, false)?.logits)
+    /// Logits after one more token. The buffer is the session's, reused by the next step:
+    /// a decode step allocates nothing once it has grown.
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        self.mtp_catch_up(token, false)?;
+        forward_into(
+            &self.backend,
+            &mut self.state,
+            &mut self.work,
+            &[token],
+            Logits::Last,
+            false,
+            &mut self.last,
+        )?;
+        self.mtp_pending(&[token]);
+        Ok(&self.last.logits)
     }
 }
 
@@ -365,7 +380,7 @@ pub trait Runner {
     /// See [`Session::feed`].
     fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output>;
     /// Logits after one more token.
-    fn step(&mut self, token: u32) -> Result<Vec<f32>>;
+    fn step(&mut self, token: u32) -> Result<&[f32]>;
     /// Back to an empty sequence.
     fn reset(&mut self);
     /// Tokens processed so far.
@@ -399,7 +414,7 @@ impl<B: Backend> Runner for Session<B> {
     fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output> {
         Session::feed(self, tokens, all, capture_hidden)
     }
-    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+    fn step(&mut self, token: u32) -> Result<&[f32]> {
         Session::step(self, token)
     }
     fn reset(&mut self) {

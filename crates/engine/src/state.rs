@@ -82,6 +82,15 @@ impl KvCache {
     pub fn read_v(&self, pos: usize, offset: usize, out: &mut [f32]) {
         self.v.read(pos * self.width + offset, out);
     }
+
+    /// Positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        let len = match &self.k {
+            KvData::F32(d) => d.len(),
+            KvData::F16(d) => d.len(),
+        };
+        len / self.width.max(1)
+    }
 }
 
 /// Conv window and recurrent matrices of one DeltaNet layer.

@@ -90,7 +90,7 @@ fn decode_continues_a_prefill_exactly_as_one_prefill() {
     for (i, &t) in tokens[30..].iter().enumerate() {
         let logits = stepwise.step(t).unwrap();
         let pos = 30 + i;
-        let rel = max_rel(&all[pos * vocab..(pos + 1) * vocab], &logits, vocab);
+        let rel = max_rel(&all[pos * vocab..(pos + 1) * vocab], logits, vocab);
         assert!(
             rel <= 1e-5,
             "position {pos}: decode differs from prefill by {rel:.2e}"

@@ -68,12 +68,76 @@ pub fn forward<B: Backend>(
     logits: Logits,
     capture_hidden: bool,
 ) -> Result<Output> {
-    let mut seqs = [SeqInput {
+    let mut output = Output::default();
+    forward_into(
+        backend,
         state,
+        work,
         tokens,
         logits,
+        capture_hidden,
+        &mut output,
+    )?;
+    Ok(output)
+}
+
+/// [`forward`] into `output`, whose buffers are cleared and reused: once they have grown,
+/// a decode step allocates nothing here.
+pub fn forward_into<B: Backend>(
+    backend: &B,
+    state: &mut B::State,
+    work: &mut Workspace<B>,
+    tokens: &[u32],
+    logits: Logits,
+    capture_hidden: bool,
+    output: &mut Output,
+) -> Result<()> {
+    let n = tokens.len();
+    check_batch(work, n)?;
+    state.check_room(n)?;
+    let last = [n - 1];
+    let every: Vec<usize>;
+    let logit_rows: &[usize] = match logits {
+        Logits::None => &[],
+        Logits::Last => &last,
+        Logits::All => {
+            every = (0..n).collect();
+            &every
+        }
+    };
+    let b = Batch {
+        tokens: n,
+        pos0: state.pos(),
+    };
+    let mut segs = [Segment {
+        row0: 0,
+        tokens: n,
+        state,
     }];
-    forward_batch(backend, work, &mut seqs, capture_hidden)
+    run(
+        backend,
+        work,
+        tokens,
+        &mut segs,
+        logit_rows,
+        b,
+        capture_hidden,
+        output,
+    )
+}
+
+/// Refuses an empty batch or one larger than the workspace.
+fn check_batch<B: Backend>(work: &Workspace<B>, total: usize) -> Result<()> {
+    if total == 0 {
+        return Err(EngineError::BadConfig("no tokens to process".into()));
+    }
+    if total > work.max_tokens {
+        return Err(EngineError::BadConfig(format!(
+            "a batch of {total} tokens exceeds the workspace of {}",
+            work.max_tokens
+        )));
+    }
+    Ok(())
 }
 
 /// Runs several sequences in one forward call: their rows are stacked (in order) so every
@@ -87,15 +151,10 @@ pub fn forward_batch<B: Backend>(
     capture_hidden: bool,
 ) -> Result<Output> {
     let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-    if seqs.iter().any(|s| s.tokens.is_empty()) || total == 0 {
+    if seqs.iter().any(|s| s.tokens.is_empty()) {
         return Err(EngineError::BadConfig("no tokens to process".into()));
     }
-    if total > work.max_tokens {
-        return Err(EngineError::BadConfig(format!(
-            "a batch of {total} tokens exceeds the workspace of {}",
-            work.max_tokens
-        )));
-    }
+    check_batch(work, total)?;
     let mut ids = Vec::with_capacity(total);
     let mut logit_rows = Vec::new();
     let mut segs = Vec::with_capacity(seqs.len());
@@ -124,9 +183,37 @@ pub fn forward_batch<B: Backend>(
         },
     };
     let mut output = Output::default();
+    run(
+        backend,
+        work,
+        &ids,
+        &mut segs,
+        &logit_rows,
+        b,
+        capture_hidden,
+        &mut output,
+    )?;
+    Ok(output)
+}
+
+/// The layers, the final norm and the logits of `logit_rows`, into `output` (cleared
+/// first); every segment's state advances by its tokens.
+#[allow(clippy::too_many_arguments)]
+fn run<B: Backend>(
+    backend: &B,
+    work: &mut Workspace<B>,
+    ids: &[u32],
+    segs: &mut [Segment<'_, B::State>],
+    logit_rows: &[usize],
+    b: Batch,
+    capture_hidden: bool,
+    output: &mut Output,
+) -> Result<()> {
+    output.logits.clear();
+    output.hidden.clear();
     let keep_normed = work.keep_normed;
     let Workspace { x, h, mix, .. } = work;
-    backend.embed(&ids, x)?;
+    backend.embed(ids, x)?;
     if capture_hidden {
         output.hidden.push(backend.to_host(b, x));
     }
@@ -136,8 +223,8 @@ pub fn forward_batch<B: Backend>(
     }
     for (layer, kind) in layers.iter().enumerate() {
         match kind {
-            LayerKind::DeltaNet => backend.deltanet(layer, &mut segs, h, mix)?,
-            LayerKind::Attention => backend.attention(layer, &mut segs, h, mix)?,
+            LayerKind::DeltaNet => backend.deltanet(layer, segs, h, mix)?,
+            LayerKind::Attention => backend.attention(layer, segs, h, mix)?,
         }
         backend.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
         backend.moe(layer, b, h, mix)?;
@@ -156,12 +243,11 @@ pub fn forward_batch<B: Backend>(
         seg.state.set_pos(pos + seg.tokens);
     }
     if logit_rows.is_empty() && !keep_normed {
-        return Ok(output);
+        return Ok(());
     }
     backend.rms_norm(Norm::Output, b, x, h)?;
     if logit_rows.is_empty() {
-        return Ok(output);
+        return Ok(());
     }
-    backend.logits(&logit_rows, h, &mut output.logits)?;
-    Ok(output)
+    backend.logits(logit_rows, h, &mut output.logits)
 }

@@ -3,11 +3,11 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use std::sync::Mutex;
-
 use crate::backend::cpu::linear::{dot, matmul, matmul_same_input, MatmulCtx};
+use crate::backend::cpu::one_token::Product;
 use crate::backend::cpu::ops::{rms_norm, sigmoid, softmax};
 use crate::backend::cpu::pool;
+use crate::backend::cpu::scratch::Scratch;
 use crate::backend::cpu::weights::AttentionWeights;
 use crate::backend::Batch;
 use crate::error::Result;
@@ -40,17 +40,21 @@ pub fn forward(
 ) -> Result<()> {
     let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
     let tokens = h.len() / c.n_embd;
-    let mut qg = vec![0f32; tokens * 2 * nh * hd];
-    let mut k = vec![0f32; tokens * nkv * hd];
-    let mut v = vec![0f32; tokens * nkv * hd];
+    let mut qg = Scratch::zeroed(tokens * 2 * nh * hd);
+    let mut k = Scratch::zeroed(tokens * nkv * hd);
+    let mut v = Scratch::zeroed(tokens * nkv * hd);
     matmul_same_input(
         mm,
         h,
         tokens,
-        &mut [(&w.q, &mut qg), (&w.k, &mut k), (&w.v, &mut v)],
+        &mut [
+            Product::whole(&w.q, &mut qg),
+            Product::whole(&w.k, &mut k),
+            Product::whole(&w.v, &mut v),
+        ],
     )?;
 
-    let mut o = vec![0f32; tokens * nh * hd];
+    let mut o = Scratch::zeroed(tokens * nh * hd);
     let mut row0 = 0;
     for (b, kv) in seqs.iter_mut() {
         let rows = |width: usize| row0 * width..(row0 + b.tokens) * width;
@@ -84,7 +88,7 @@ fn attend(
     o: &mut [f32],
 ) {
     let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
-    let mut tmp = vec![0f32; hd];
+    let mut tmp = Scratch::zeroed(hd);
     for t in 0..b.tokens {
         let pos = b.pos0 + t;
         for j in 0..nkv {
@@ -103,17 +107,14 @@ fn attend(
     // Each token's heads read only the cache: tokens run in parallel, each writing its own
     // output row (the same arithmetic as one after another).
     let kv = &*kv;
-    let rows: Vec<Mutex<&mut [f32]>> = o.chunks_mut(nh * hd).map(Mutex::new).collect();
-    let ran = pool::for_each(rows.len(), &|t| {
-        // Task t alone takes row t: the lock is never contended.
-        let mut row = rows[t].lock().unwrap_or_else(|p| p.into_inner());
+    let ran = pool::for_each_piece(o, nh * hd, &|t, row| {
         attend_token(
             c,
             w,
             b.pos0 + t,
             &qg[t * 2 * nh * hd..][..2 * nh * hd],
             kv,
-            &mut row,
+            row,
         );
         Ok(())
     });
@@ -133,10 +134,11 @@ fn attend_token(
     let (nh, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut key = vec![0f32; hd];
-    let mut val = vec![0f32; hd];
-    let mut qs = vec![0f32; group * hd];
-    let mut scores = vec![0f32; group * (pos + 1)];
+    let mut key = Scratch::zeroed(hd);
+    let mut val = Scratch::zeroed(hd);
+    let mut qs = Scratch::zeroed(group * hd);
+    // Sized for the whole cache once: the scores grow by one position per decode step.
+    let mut scores = Scratch::with_capacity(group * (pos + 1), group * kv.capacity());
     // The query heads of one KV head together: each key and value is read once for all of
     // them; every head's own arithmetic is what it was one head at a time.
     for kvh in 0..nkv {

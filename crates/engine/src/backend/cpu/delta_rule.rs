@@ -14,10 +14,9 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use std::sync::Mutex;
-
 use crate::backend::cpu::linear::dot;
 use crate::backend::cpu::pool;
+use crate::backend::cpu::scratch::Scratch;
 
 /// Sizes of one layer's recurrence.
 #[derive(Clone, Copy, Debug)]
@@ -67,35 +66,22 @@ fn for_each_head(
 ) {
     let (dk, dv) = (d.dk, d.dv);
     // One token: head h's outputs are contiguous in `out`, written in place.
-    let mut staged = if tokens == 1 {
-        Vec::new()
+    let mut staged = Scratch::zeroed(if tokens == 1 {
+        0
     } else {
-        vec![0f32; d.v_heads * tokens * dv]
-    };
+        d.v_heads * tokens * dv
+    });
     let head_out: &mut [f32] = if tokens == 1 { out } else { &mut staged };
-    let parts: Vec<Mutex<(&mut [f32], &mut [f32])>> = state
-        .chunks_mut(dk * dv)
-        .zip(head_out.chunks_mut(tokens * dv))
-        .map(Mutex::new)
-        .collect();
-    let ran = pool::for_each(parts.len(), &|h| {
-        // Task h alone takes part h: the lock is never contended.
-        let mut part = parts[h].lock().unwrap_or_else(|p| p.into_inner());
-        let (s, o) = &mut *part;
+    let ran = pool::for_each_piece_pair(state, dk * dv, head_out, tokens * dv, &|h, s, o| {
         head(h, s, o);
         Ok(())
     });
     debug_assert!(ran.is_ok(), "head tasks return no errors");
-    drop(parts);
     if tokens > 1 {
         // Back to `[T][v_heads][dv]`, blocks of tokens in parallel.
         const TOKENS_PER_TASK: usize = 16;
-        let blocks: Vec<Mutex<&mut [f32]>> = out
-            .chunks_mut(d.v_heads * dv * TOKENS_PER_TASK)
-            .map(Mutex::new)
-            .collect();
-        let ran = pool::for_each(blocks.len(), &|i| {
-            let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+        let staged = &staged;
+        let ran = pool::for_each_piece(out, d.v_heads * dv * TOKENS_PER_TASK, &|i, block| {
             for (dt, row) in block.chunks_mut(d.v_heads * dv).enumerate() {
                 let t = i * TOKENS_PER_TASK + dt;
                 for (h, o) in row.chunks_mut(dv).enumerate() {
@@ -122,7 +108,7 @@ pub fn recurrent(d: &DeltaDims, x: &DeltaInputs, state: &mut [f32], out: &mut [f
 fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (d.dk, d.dv);
     let group = d.v_heads / d.k_heads;
-    let mut delta = vec![0f32; dv];
+    let mut delta = Scratch::zeroed(dv);
     let kh = h / group;
     for t in 0..x.tokens(d) {
         let q = &x.q[(t * d.k_heads + kh) * dk..][..dk];
@@ -139,7 +125,7 @@ fn recurrent_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: 
         let o = &mut out[t * dv..][..dv];
         o.iter_mut().for_each(|e| *e = 0.0);
         for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-            for ((r, o), &d) in row.iter_mut().zip(o.iter_mut()).zip(&delta) {
+            for ((r, o), &d) in row.iter_mut().zip(o.iter_mut()).zip(delta.iter()) {
                 *r += ki * d;
                 *o += *r * qi;
             }
@@ -246,13 +232,13 @@ fn chunked_head(d: &DeltaDims, x: &DeltaInputs, h: usize, s: &mut [f32], out: &m
     let group = d.v_heads / d.k_heads;
     let tokens = x.tokens(d);
     // Per-chunk scratch, reused for every chunk.
-    let mut cum = vec![0f32; CHUNK];
-    let mut kk = vec![0f32; CHUNK * CHUNK];
-    let mut u = vec![0f32; CHUNK * dv];
-    let mut w = vec![0f32; CHUNK * dk];
-    let mut new_v = vec![0f32; CHUNK * dv];
-    let mut q_scaled = vec![0f32; CHUNK * dk];
-    let mut k_scaled = vec![0f32; dk * CHUNK];
+    let mut cum = Scratch::zeroed(CHUNK);
+    let mut kk = Scratch::zeroed(CHUNK * CHUNK);
+    let mut u = Scratch::zeroed(CHUNK * dv);
+    let mut w = Scratch::zeroed(CHUNK * dk);
+    let mut new_v = Scratch::zeroed(CHUNK * dv);
+    let mut q_scaled = Scratch::zeroed(CHUNK * dk);
+    let mut k_scaled = Scratch::zeroed(dk * CHUNK);
     let kh = h / group;
     let q_of = |t: usize| &x.q[(t * d.k_heads + kh) * dk..][..dk];
     let k_of = |t: usize| &x.k[(t * d.k_heads + kh) * dk..][..dk];

@@ -3,14 +3,14 @@
 // Index loops mirror the formulas (several arrays share one index).
 #![allow(clippy::needless_range_loop)]
 
-use std::sync::Mutex;
-
 use crate::backend::cpu::delta_rule::{self, DeltaDims, DeltaInputs};
 use crate::backend::cpu::linear::{matmul, matmul_same_input, MatmulCtx};
+use crate::backend::cpu::one_token::Product;
 use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
 use crate::backend::cpu::pool;
+use crate::backend::cpu::scratch::Scratch;
 use crate::backend::cpu::weights::DeltaNetWeights;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::DeltaNetState;
 
@@ -38,16 +38,13 @@ fn conv_silu(c: &HybridConfig, taps_all: &[f32], window: &mut [f32], x: &mut [f3
     let channels = c.conv_channels();
     let kernel = c.conv_kernel;
     let tokens = x.len() / channels;
-    let mut seq = Vec::with_capacity(window.len() + x.len());
-    seq.extend_from_slice(window);
-    seq.extend_from_slice(x);
+    let history = window.len();
+    let mut seq = Scratch::zeroed(history + x.len());
+    seq[..history].copy_from_slice(window);
+    seq[history..].copy_from_slice(x);
     // Each output row reads only `seq`: blocks of tokens in parallel.
-    let rows: Vec<Mutex<&mut [f32]>> = x
-        .chunks_mut(channels * TOKENS_PER_TASK)
-        .map(Mutex::new)
-        .collect();
-    let ran = pool::for_each(rows.len(), &|i| {
-        let mut block = rows[i].lock().unwrap_or_else(|p| p.into_inner());
+    let seq = &seq;
+    let ran = pool::for_each_piece(x, channels * TOKENS_PER_TASK, &|i, block| {
         for (dt, row) in block.chunks_mut(channels).enumerate() {
             let t = i * TOKENS_PER_TASK + dt;
             for (ch, out) in row.iter_mut().enumerate() {
@@ -62,7 +59,6 @@ fn conv_silu(c: &HybridConfig, taps_all: &[f32], window: &mut [f32], x: &mut [f3
         Ok(())
     });
     debug_assert!(ran.is_ok(), "conv tasks return no errors");
-    drop(rows);
     window.copy_from_slice(&seq[tokens * channels..]);
 }
 
@@ -77,6 +73,9 @@ pub struct SeqRows<'s> {
 
 /// Tokens per parallel task of the per-token steps.
 const TOKENS_PER_TASK: usize = 16;
+
+/// The largest DeltaNet head the gated norm's stack buffer holds (the model's is 128).
+const MAX_HEAD_DIM: usize = 512;
 
 /// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
 /// consecutive sequences: projections and per-row math run over all rows, the conv window
@@ -95,19 +94,31 @@ pub fn forward(
     let (nk, nv, dk, dv) = (c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim);
 
     // 1. Projections.
-    let mut qkv = vec![0f32; tokens * channels];
-    let mut z = vec![0f32; tokens * inner];
-    let mut ba = vec![0f32; tokens * 2 * nv];
+    let mut qkv = Scratch::zeroed(tokens * channels);
+    let mut z = Scratch::zeroed(tokens * inner);
+    let mut ba = Scratch::zeroed(tokens * 2 * nv);
     match &w.gate_proj {
         Some(gate) => matmul_same_input(
             mm,
             h,
             tokens,
-            &mut [(&w.in_proj, &mut qkv), (gate, &mut z), (&w.ba, &mut ba)],
+            &mut [
+                Product::whole(&w.in_proj, &mut qkv),
+                Product::whole(gate, &mut z),
+                Product::whole(&w.ba, &mut ba),
+            ],
         )?,
         None => {
-            let mut p = vec![0f32; tokens * (channels + inner)];
-            matmul_same_input(mm, h, tokens, &mut [(&w.in_proj, &mut p), (&w.ba, &mut ba)])?;
+            let mut p = Scratch::zeroed(tokens * (channels + inner));
+            matmul_same_input(
+                mm,
+                h,
+                tokens,
+                &mut [
+                    Product::whole(&w.in_proj, &mut p),
+                    Product::whole(&w.ba, &mut ba),
+                ],
+            )?;
             for t in 0..tokens {
                 split_legacy(
                     c,
@@ -145,9 +156,9 @@ pub fn forward(
 
     // 3. Split, L2-normalize q and k per head, scale q.
     let key_dim = nk * dk;
-    let mut q = vec![0f32; tokens * key_dim];
-    let mut k = vec![0f32; tokens * key_dim];
-    let mut v = vec![0f32; tokens * inner];
+    let mut q = Scratch::zeroed(tokens * key_dim);
+    let mut k = Scratch::zeroed(tokens * key_dim);
+    let mut v = Scratch::zeroed(tokens * inner);
     let q_scale = 1.0 / (dk as f32).sqrt();
     for t in 0..tokens {
         let row = &qkv[t * channels..(t + 1) * channels];
@@ -165,8 +176,8 @@ pub fn forward(
 
     // 4. Gates. `ssm_ba` is grouped per key head: [b × r, a × r].
     let r = nv / nk;
-    let mut beta = vec![0f32; tokens * nv];
-    let mut g = vec![0f32; tokens * nv];
+    let mut beta = Scratch::zeroed(tokens * nv);
+    let mut g = Scratch::zeroed(tokens * nv);
     for t in 0..tokens {
         for hd in 0..nv {
             let base = t * 2 * nv + 2 * r * (hd / r);
@@ -185,7 +196,7 @@ pub fn forward(
         dk,
         dv,
     };
-    let mut o = vec![0f32; tokens * inner];
+    let mut o = Scratch::zeroed(tokens * inner);
     let mut row0 = 0;
     for seq in seqs.iter_mut() {
         let n = seq.tokens;
@@ -236,23 +247,20 @@ pub fn forward(
     }
 
     // 6. Gated RMSNorm per head: RMSNorm(o_h) · ssm_norm · silu(z_h).
-    let blocks: Vec<Mutex<&mut [f32]>> = o
-        .chunks_mut(inner * TOKENS_PER_TASK)
-        .map(Mutex::new)
-        .collect();
-    pool::for_each(blocks.len(), &|i| {
-        let mut block = blocks[i].lock().unwrap_or_else(|p| p.into_inner());
+    pool::for_each_piece(&mut o, inner * TOKENS_PER_TASK, &|i, block| {
         let z = &z[i * inner * TOKENS_PER_TASK..];
-        let mut normed = vec![0f32; dv];
+        let mut normed = [0f32; MAX_HEAD_DIM];
+        let normed = normed.get_mut(..dv).ok_or_else(|| {
+            EngineError::BadConfig(format!("DeltaNet head size {dv} > {MAX_HEAD_DIM}"))
+        })?;
         for (oh, zh) in block.chunks_mut(dv).zip(z.chunks(dv)) {
-            rms_norm(oh, &w.norm, c.rms_eps, &mut normed);
-            for ((x, n), zz) in oh.iter_mut().zip(&normed).zip(zh) {
+            rms_norm(oh, &w.norm, c.rms_eps, normed);
+            for ((x, n), zz) in oh.iter_mut().zip(normed.iter()).zip(zh) {
                 *x = n * silu(*zz);
             }
         }
         Ok(())
     })?;
-    drop(blocks);
 
     // 7. Output projection.
     matmul(mm, &w.out, &o, tokens, out)

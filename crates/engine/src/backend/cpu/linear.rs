@@ -13,7 +13,9 @@ use redlite_quant::{
     ActTile, DecodedRow, QuantizedActivation, TILE_TOKENS,
 };
 
+use crate::backend::cpu::one_token::{self, Product};
 use crate::backend::cpu::pool;
+use crate::backend::cpu::scratch::Scratch;
 use crate::backend::cpu::weights::Matrix;
 use crate::error::Result;
 
@@ -398,8 +400,17 @@ pub fn matmul_rows(
 ) -> Result<()> {
     debug_assert_eq!(x.len(), tokens * w.cols);
     debug_assert_eq!(out.len(), tokens * n_rows);
+    if tokens == 1 && one_token::applies(mm, 1) {
+        let product = Product {
+            w,
+            first: first_row,
+            input: 0,
+            out,
+        };
+        return one_token::run(mm, &[x], &mut [product]);
+    }
     let prep = Prepared::new(mm, w.ty, x, w.cols)?;
-    let mut by_row = vec![0f32; n_rows * tokens];
+    let mut by_row = Scratch::zeroed(n_rows * tokens);
     run_jobs(
         mm,
         vec![RowJob {
@@ -426,26 +437,29 @@ pub fn matmul_same_input(
     mm: &MatmulCtx,
     x: &[f32],
     tokens: usize,
-    products: &mut [(&Matrix, &mut [f32])],
+    products: &mut [Product<'_>],
 ) -> Result<()> {
+    if tokens == 1 && one_token::applies(mm, products.len()) {
+        return one_token::run(mm, &[x], products);
+    }
     let mut formats: Vec<GgmlType> = Vec::new();
     let mut preps: Vec<Prepared<'_>> = Vec::new();
-    for (w, out) in products.iter() {
-        debug_assert_eq!(x.len(), tokens * w.cols);
-        debug_assert_eq!(out.len(), tokens * w.rows);
-        let format = vec_dot_type(w.ty);
+    for p in products.iter() {
+        debug_assert_eq!(x.len(), tokens * p.w.cols);
+        debug_assert_eq!(p.out.len(), tokens * p.w.rows);
+        let format = vec_dot_type(p.w.ty);
         if !formats.contains(&format) {
             formats.push(format);
-            preps.push(Prepared::new(mm, w.ty, x, w.cols)?);
+            preps.push(Prepared::new(mm, p.w.ty, x, p.w.cols)?);
         }
     }
-    let mut by_rows: Vec<Vec<f32>> = products
+    let mut by_rows: Vec<Scratch> = products
         .iter()
-        .map(|(w, _)| vec![0f32; w.rows * tokens])
+        .map(|p| Scratch::zeroed(p.w.rows * tokens))
         .collect();
     let mut jobs = Vec::with_capacity(products.len());
-    for ((w, _), by_row) in products.iter().zip(&mut by_rows) {
-        let format = vec_dot_type(w.ty);
+    for (p, by_row) in products.iter().zip(&mut by_rows) {
+        let format = vec_dot_type(p.w.ty);
         let Some(prep) = formats
             .iter()
             .position(|f| *f == format)
@@ -454,77 +468,16 @@ pub fn matmul_same_input(
             continue;
         };
         jobs.push(RowJob {
-            w,
+            w: p.w,
             first: 0,
-            n: w.rows,
+            n: p.w.rows,
             prep,
             out: by_row,
         });
     }
     run_jobs(mm, jobs)?;
-    for ((w, out), by_row) in products.iter_mut().zip(&by_rows) {
-        transpose_into(by_row, w.rows, tokens, out);
+    for (p, by_row) in products.iter_mut().zip(&by_rows) {
+        transpose_into(by_row, p.w.rows, tokens, p.out);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{dot, dot_le_bytes};
-
-    /// The order `dot` promises, written as plain index loops.
-    fn dot_by_index(a: &[f32], b: &[f32]) -> f32 {
-        let mut acc = [0f32; 8];
-        let chunks = a.len() / 8;
-        for c in 0..chunks {
-            for l in 0..8 {
-                acc[l] += a[8 * c + l] * b[8 * c + l];
-            }
-        }
-        let mut sum =
-            (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for i in 8 * chunks..a.len() {
-            sum += a[i] * b[i];
-        }
-        sum
-    }
-
-    /// Xorshift values in [-1, 1).
-    fn uniform(mut state: u32) -> impl FnMut() -> f32 {
-        move || {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            (state as f32 / u32::MAX as f32) * 2.0 - 1.0
-        }
-    }
-
-    #[test]
-    fn dot_le_bytes_is_dot_on_the_decoded_row() {
-        let mut next = uniform(0x9abc_def0_u32);
-        for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
-            let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
-            let b: Vec<f32> = (0..n).map(|_| next()).collect();
-            let bytes: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
-            assert_eq!(
-                dot_le_bytes(&bytes, &b).to_bits(),
-                dot(&a, &b).to_bits(),
-                "n = {n}"
-            );
-        }
-    }
-
-    #[test]
-    fn dot_keeps_its_summation_order() {
-        let mut next = uniform(0x1234_5678_u32);
-        for n in [0, 1, 7, 8, 9, 31, 2048, 2051] {
-            let a: Vec<f32> = (0..n).map(|_| next() * 3.0).collect();
-            let b: Vec<f32> = (0..n).map(|_| next()).collect();
-            assert_eq!(
-                dot(&a, &b).to_bits(),
-                dot_by_index(&a, &b).to_bits(),
-                "n = {n}"
-            );
-        }
-    }
 }

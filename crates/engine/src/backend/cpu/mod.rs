@@ -5,11 +5,16 @@ pub mod delta_rule;
 mod deltanet;
 pub mod linear;
 mod moe;
+mod moe_decode;
+mod one_token;
 pub mod ops;
 mod pool;
+mod scratch;
 pub mod weights;
 
 use std::sync::Arc;
+
+use arrayvec::ArrayVec;
 
 use redlite_gguf::GgufModel;
 
@@ -140,23 +145,23 @@ impl Backend for CpuBackend {
             )));
         };
         let rows = segment_rows(segs) * self.config.n_embd;
-        let mut states: Vec<deltanet::SeqRows<'_>> = segs
-            .iter_mut()
-            .map(|s| {
-                let (state, record) = s.state.deltanet_recording(layer);
-                deltanet::SeqRows {
-                    tokens: s.tokens,
-                    state,
-                    record,
-                }
-            })
-            .collect();
+        let states = segs.iter_mut().map(|s| {
+            let (state, record) = s.state.deltanet_recording(layer);
+            deltanet::SeqRows {
+                tokens: s.tokens,
+                state,
+                record,
+            }
+        });
+        let mut one: ArrayVec<deltanet::SeqRows<'_>, 1> = ArrayVec::new();
+        let mut many = Vec::new();
+        let states = collect_without_allocating_one(states, &mut one, &mut many);
         deltanet::forward(
             &self.config,
             &self.mm(),
             w,
             &h[..rows],
-            &mut states,
+            states,
             &mut out[..rows],
         )
     }
@@ -174,16 +179,16 @@ impl Backend for CpuBackend {
             )));
         };
         let rows = segment_rows(segs) * self.config.n_embd;
-        let mut caches: Vec<(Batch, &mut KvCache)> = segs
-            .iter_mut()
-            .map(|s| (s.batch(), s.state.kv_mut(layer)))
-            .collect();
+        let caches = segs.iter_mut().map(|s| (s.batch(), s.state.kv_mut(layer)));
+        let mut one: ArrayVec<(Batch, &mut KvCache), 1> = ArrayVec::new();
+        let mut many = Vec::new();
+        let caches = collect_without_allocating_one(caches, &mut one, &mut many);
         attention::forward(
             &self.config,
             &self.mm(),
             w,
             &h[..rows],
-            &mut caches,
+            caches,
             &mut out[..rows],
         )
     }
@@ -249,6 +254,22 @@ impl Backend for CpuBackend {
 
     fn mtp_logits(&self, rows: &[usize], x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         self.head_logits(self.weights.model.mtp_head()?, rows, x, out)
+    }
+}
+
+/// The items of `items` as a slice: in `one` when there is a single item (a decode step's
+/// one sequence, no allocation), else in `many`.
+fn collect_without_allocating_one<'a, T>(
+    items: impl ExactSizeIterator<Item = T>,
+    one: &'a mut ArrayVec<T, 1>,
+    many: &'a mut Vec<T>,
+) -> &'a mut [T] {
+    if items.len() == 1 {
+        one.extend(items);
+        one
+    } else {
+        many.extend(items);
+        many
     }
 }
 

@@ -10,6 +10,8 @@ use redlite_quant::vec_dot_type;
 use crate::backend::cpu::linear::{
     matmul_same_input, run_jobs, MatmulCtx, Precision, Prepared, RowJob,
 };
+use crate::backend::cpu::moe_decode;
+use crate::backend::cpu::one_token::Product;
 use crate::backend::cpu::ops::{sigmoid, silu, softmax};
 use crate::backend::cpu::pool;
 use crate::backend::cpu::weights::{Matrix, MoeWeights};
@@ -62,6 +64,9 @@ pub fn forward(
     tokens: usize,
     out: &mut [f32],
 ) -> Result<()> {
+    if moe_decode::applies(c, mm, tokens) {
+        return moe_decode::forward(c, mm, w, h, out);
+    }
     let e = c.n_embd;
     let mut logits = vec![0f32; tokens * c.n_expert];
     let mut shared_gates = vec![0f32; tokens];
@@ -70,8 +75,8 @@ pub fn forward(
         h,
         tokens,
         &mut [
-            (&w.router, &mut logits),
-            (&w.shared_gate_inp, &mut shared_gates),
+            Product::whole(&w.router, &mut logits),
+            Product::whole(&w.shared_gate_inp, &mut shared_gates),
         ],
     )?;
 

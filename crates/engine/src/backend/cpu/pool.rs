@@ -130,6 +130,78 @@ pub fn for_each(tasks: usize, task: &Task<'_>) -> Result<()> {
     }
 }
 
+/// A slice that pool tasks write in disjoint ranges (each task its own), borrowed mutably
+/// for the life of this value.
+pub struct Disjoint<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: tasks reach the elements only through `range_mut`, whose callers promise that no
+// two ranges in use overlap; `T: Send` lets the elements be written from another thread.
+unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
+
+impl<'a, T> Disjoint<'a, T> {
+    pub fn new(data: &'a mut [T]) -> Disjoint<'a, T> {
+        Disjoint {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements `start..end`, clamped to the slice.
+    ///
+    /// # Safety
+    /// No other range in use while the result lives may overlap this one.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn range_mut(&self, start: usize, end: usize) -> &mut [T] {
+        let start = start.min(self.len);
+        let end = end.clamp(start, self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), end - start)
+    }
+}
+
+/// Runs `task(i, piece_i)` over the consecutive pieces of `piece` elements of `data` (the
+/// last may be shorter), across the pool, without allocating (where a `Vec` of locked
+/// sub-slices would).
+pub fn for_each_piece<T: Send>(
+    data: &mut [T],
+    piece: usize,
+    task: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync),
+) -> Result<()> {
+    let piece = piece.max(1);
+    let count = data.len().div_ceil(piece);
+    let data = Disjoint::new(data);
+    // SAFETY: `for_each` runs each index exactly once, and the pieces do not overlap.
+    for_each(count, &|i| {
+        task(i, unsafe { data.range_mut(i * piece, (i + 1) * piece) })
+    })
+}
+
+/// A task of [`for_each_piece_pair`]: its index and its pieces of the two slices.
+type PairTask<'a, A, B> = dyn Fn(usize, &mut [A], &mut [B]) -> Result<()> + Sync + 'a;
+
+/// [`for_each_piece`] over two slices cut into the same number of pieces: `task(i, a_i, b_i)`.
+pub fn for_each_piece_pair<A: Send, B: Send>(
+    a: &mut [A],
+    a_piece: usize,
+    b: &mut [B],
+    b_piece: usize,
+    task: &PairTask<'_, A, B>,
+) -> Result<()> {
+    let (a_piece, b_piece) = (a_piece.max(1), b_piece.max(1));
+    let count = a.len().div_ceil(a_piece).min(b.len().div_ceil(b_piece));
+    let (a, b) = (Disjoint::new(a), Disjoint::new(b));
+    // SAFETY: `for_each` runs each index exactly once, and the pieces do not overlap.
+    for_each(count, &|i| {
+        let a_i = unsafe { a.range_mut(i * a_piece, (i + 1) * a_piece) };
+        let b_i = unsafe { b.range_mut(i * b_piece, (i + 1) * b_piece) };
+        task(i, a_i, b_i)
+    })
+}
+
 /// Ends the region: no new helpers, wait for those inside, remove the task.
 struct Close(&'static Shared);
 
@@ -249,6 +321,29 @@ mod tests {
         })
         .expect("no task fails");
         assert_eq!(count.load(SeqCst), 40);
+    }
+
+    #[test]
+    fn pieces_cover_the_slice_once() {
+        for (len, piece) in [(0, 4), (1, 4), (10, 3), (64, 16), (65, 16)] {
+            let mut data = vec![0u32; len];
+            for_each_piece(&mut data, piece, &|i, p| {
+                p.iter_mut().for_each(|v| *v += i as u32 + 1);
+                Ok(())
+            })
+            .expect("no task fails");
+            let want: Vec<u32> = (0..len).map(|j| (j / piece) as u32 + 1).collect();
+            assert_eq!(data, want, "len {len}, piece {piece}");
+        }
+        let (mut a, mut b) = (vec![0u8; 12], vec![0u16; 6]);
+        for_each_piece_pair(&mut a, 4, &mut b, 2, &|i, x, y| {
+            x.fill(i as u8);
+            y.fill(i as u16);
+            Ok(())
+        })
+        .expect("no task fails");
+        assert_eq!(a, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+        assert_eq!(b, [0, 0, 1, 1, 2, 2]);
     }
 
     #[test]
