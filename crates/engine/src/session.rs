@@ -353,6 +353,9 @@ impl<B: Backend> Session<B> {
                 }
             }
         }
+        if tokens.len() > 1 {
+            self.backend.release_prompt_memory();
+        }
         Ok(total)
     }
 

@@ -108,6 +108,9 @@ pub trait Backend {
     fn expert_cache_counts(&self) -> Result<Vec<ExpertCacheCounts>> {
         Ok(Vec::new())
     }
+    /// After a prompt: hands back to the system the memory its scratch buffers took, which
+    /// decoding does not need (the CPU backend's are tens of MiB a layer).
+    fn release_prompt_memory(&self) {}
     fn new_act(&self, max_tokens: usize, width: usize) -> Self::Act;
     fn new_state(&self, capacity: usize, kv_type: KvType) -> Self::State;
 

@@ -101,6 +101,10 @@ impl Backend for CpuBackend {
         &self.config
     }
 
+    fn release_prompt_memory(&self) {
+        scratch::return_free_memory();
+    }
+
     fn new_act(&self, max_tokens: usize, width: usize) -> Vec<f32> {
         vec![0.0; max_tokens * width]
     }

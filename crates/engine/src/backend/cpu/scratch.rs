@@ -8,6 +8,11 @@ use std::ops::{Deref, DerefMut};
 /// Buffers a thread keeps; more than any op holds at once.
 const KEPT: usize = 16;
 
+/// Bytes a thread keeps at most: every buffer of a decode step (the largest, attention
+/// scores at a 256K context, is 8 MiB), not a prompt's (tens of MiB each), which go back to
+/// the allocator so that generation runs within the memory issue 11 allows.
+const KEPT_BYTES: usize = 16 << 20;
+
 thread_local! {
     static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
 }
@@ -29,6 +34,19 @@ impl Scratch {
         let mut buf = take(capacity.max(len));
         buf.resize(len, 0.0);
         Scratch { buf }
+    }
+}
+
+/// Returns the allocator's free memory to the system. glibc keeps freed heap memory (a
+/// prompt's buffers, ~200 MiB for a 512-token chunk of the 80B shapes) resident in its
+/// arenas; `malloc_trim` releases it, free pages inside the heap included, so generation
+/// after a prompt runs in the file's pages plus what decoding holds.
+pub fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only gives back memory the allocator holds free; no live
+    // allocation is touched.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -61,7 +79,9 @@ impl Drop for Scratch {
         // During thread teardown the pool may be gone: the buffer is then just freed.
         let _ = FREE.try_with(|free| {
             if let Ok(mut free) = free.try_borrow_mut() {
-                if free.len() < KEPT {
+                let kept: usize = free.iter().map(|b| b.capacity()).sum();
+                let bytes = (kept + buf.capacity()) * std::mem::size_of::<f32>();
+                if free.len() < KEPT && bytes <= KEPT_BYTES {
                     free.push(buf);
                 }
             }
