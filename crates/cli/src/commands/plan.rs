@@ -87,6 +87,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
         other => other?,
     }
     if !plan.fits {
+        // The experts' own reason (a cache below the router's top-k) before the total.
+        if let Some(problem) = &plan.experts.problem {
+            bail!("the plan does not fit: {problem}");
+        }
         bail!(
             "the plan needs {} but the limit is {}",
             human(plan.used),

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Issue 8 on the GPU machine in two calls of under 10 minutes on one warm machine: the full
+# Q4_K_M file at --gpu-limit 24GiB, redlite's expert cache under uniform routing (its worst
+# case) and under the skew published for the Qwen3 MoE family, against llama.cpp
+# --n-cpu-moe NCMOE on the same file and machine. Carry .cache/device/redlite.xz and
+# .cache/device/llama-src.tgz.
+#
+#   bash scripts/device/offload24.sh prep     # llama.cpp build, the file, NVRTC caches of
+#                                             # both kernel builds, llama-bench (~7 min)
+#   bash scripts/device/offload24.sh redlite  # redlite uniform, then skewed (~9 min)
+#
+# Env: NCMOE (26), SKEW_DECAY (0.22), PP (512), TG (128), REDLITE_CACHE_POLICY (default LFU),
+# RUN_TIMEOUT_S (280, each redlite run). Logs and summary.txt under $OUT.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+W=/tmp/rl; OUT="${OUT:-$W/results}"; mkdir -p "$W" "$OUT" "$ROOT/target/release"
+NCMOE="${NCMOE:-26}"; SKEW_DECAY="${SKEW_DECAY:-0.22}"; PP="${PP:-512}"; TG="${TG:-128}"
+R="$ROOT/target/release/redlite"; M="$W/full-Q4_K_M.gguf"; SUMMARY="$OUT/summary.txt"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
+[ -n "$blas_lib" ] && export LD_LIBRARY_PATH="$(dirname "$blas_lib"):$LD_LIBRARY_PATH"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+stamp() { note "[$SECONDS s] $*"; }
+if [ ! -x "$R" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$ROOT/.cache/device/redlite.xz" "$R" && chmod +x "$R"
+fi
+
+# Runs "$@" while sampling the GPU memory in use every 200 ms; the peak (MiB) into $1.
+with_peak() {
+  local peak="$1"; shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$peak.samples" &
+  local sampler=$!
+  "$@"; local rc=$?
+  kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null
+  sort -n "$peak.samples" | tail -1 > "$peak"
+  return $rc
+}
+
+case "${1:?prep or redlite}" in
+prep)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
+  bash "$ROOT/scripts/bench/vs-llamacpp-cuda.sh" build
+  stamp "synth"
+  [ -f "$M" ] || "$R" synth "$M" --preset full --recipe Q4_K_M 2>&1 | tail -1 | tee -a "$SUMMARY"
+  # Both kernel builds (the uniform spread is a compile option) into NVRTC's disk cache, on
+  # a small file of the same block types: every module the full file's runs load.
+  "$R" synth "$W/tiny-Q4_K_M.gguf" --preset tiny --recipe Q4_K_M > /dev/null 2>&1
+  stamp "NVRTC caches"
+  for spread in 0 1; do
+    REDLITE_BENCH_ROUTE_SPREAD=$spread "$R" bench -m "$W/tiny-Q4_K_M.gguf" --device cuda \
+      --experts cache=3MiB -p 512 -n 8 -r 1 > "$OUT/warm-$spread.log" 2>&1 &
+  done
+  wait
+  tail -3 "$OUT"/warm-*.log | tee -a "$SUMMARY"
+  stamp "waiting for llama.cpp's build"
+  while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
+  [ -x "$W/llama/build/bin/llama-bench" ] || { tail -20 "$W/llama/build.log" | tee -a "$SUMMARY"; exit 1; }
+  stamp "llama-bench -ncmoe $NCMOE"
+  with_peak "$OUT/peak-llamacpp" "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 \
+    -ncmoe "$NCMOE" -p "$PP" -n "$TG" -r 2 -o json > "$OUT/llamacpp.json" 2> "$OUT/llamacpp.log" \
+    || tail -5 "$OUT/llamacpp.log" | tee -a "$SUMMARY"
+  cp "$OUT/llamacpp.json" "$OUT/peak-llamacpp" "$W/" 2> /dev/null
+  stamp "done"
+  ;;
+redlite)
+  "$R" plan -m "$M" --gpu-limit 24GiB > "$OUT/plan.txt" 2>&1
+  for route in uniform skew; do
+    case "$route" in
+      uniform) routing=(REDLITE_BENCH_ROUTE_SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+      skew) routing=(REDLITE_BENCH_ROUTE_SPREAD=0 REDLITE_BENCH_ROUTE_SKEW="$SKEW_DECAY") ;;
+    esac
+    stamp "redlite, $route routing"
+    with_peak "$OUT/peak-redlite-$route" timeout "${RUN_TIMEOUT_S:-280}" env "${routing[@]}" \
+      "$R" bench -m "$M" --device cuda --gpu-limit 24GiB -p "$PP" -n "$TG" -r 2 --json \
+      > "$OUT/redlite-$route.json" 2> "$OUT/redlite-$route.log" \
+      || tail -5 "$OUT/redlite-$route.log" | tee -a "$SUMMARY"
+  done
+  cp "$W/llamacpp.json" "$W/peak-llamacpp" "$OUT/" 2> /dev/null
+  python3 - "$OUT" "$NCMOE" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+out, ncmoe = sys.argv[1], sys.argv[2]
+def peak(name):
+    try:
+        return f"{int(open(f'{out}/peak-{name}').read().split()[0]) / 1024:.1f} GiB"
+    except Exception:
+        return "?"
+llama = {}
+try:
+    for x in json.load(open(f"{out}/llamacpp.json")):
+        llama[f"pp{x['n_prompt']}" if x["n_gen"] == 0 else f"tg{x['n_gen']}"] = x["avg_ts"]
+except Exception as e:
+    print("llama.cpp unreadable:", e)
+print(f"Q4_K_M, --gpu-limit 24GiB; llama.cpp -ncmoe {ncmoe} (peak {peak('llamacpp')})")
+print("| routing (redlite) | test | llama.cpp t/s | redlite t/s | ratio | hit rate | MiB copied per token | redlite peak |")
+print("|---|---|---|---|---|---|---|---|")
+for route in ("uniform", "skew"):
+    try:
+        results = json.load(open(f"{out}/redlite-{route}.json"))["results"]
+    except Exception as e:
+        print(f"| {route} | unreadable: {e} |")
+        continue
+    for x in results:
+        l = llama.get(x["test"], float("nan"))
+        c = x.get("expert_cache")
+        hit = f"{100 * c['hit_rate']:.1f} %" if c else "resident"
+        mib = f"{c['bytes_per_token'] / 2**20:.1f}" if c else "0"
+        print(f"| {route} | {x['test']} | {l:.1f} | {x['avg_ts']:.1f} | {x['avg_ts'] / l:.2f}x | {hit} | {mib} | {peak('redlite-' + route)} |")
+PY
+  ;;
+esac
