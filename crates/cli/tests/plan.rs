@@ -34,12 +34,12 @@ fn a_plan_that_fits_exits_zero() {
 #[test]
 fn a_plan_that_does_not_fit_exits_non_zero_with_advice() {
     let file = tiny_file("tight", false);
-    let out = plan(&file.0, &["--gpu-limit", "900MiB", "--ctx", "200000"]);
+    let out = plan(&file.0, &["--gpu-limit", "964MiB", "--ctx", "200000"]);
     assert!(!out.status.success());
     let stdout = text(&out.stdout);
     assert!(stdout.contains("does NOT fit"), "{stdout}");
     assert!(stdout.contains("advice    to fit: --kv f16"), "{stdout}");
-    assert!(text(&out.stderr).contains("the limit is 900.0 MiB"));
+    assert!(text(&out.stderr).contains("the limit is 964.0 MiB"));
 }
 
 #[test]

@@ -87,12 +87,14 @@ pub fn run(args: PlanArgs) -> Result<()> {
         other => other?,
     }
     if !plan.fits {
-        // The experts' own reason (a cache below the router's top-k) before the total.
-        if let Some(problem) = &plan.experts.problem {
-            bail!("the plan does not fit: {problem}");
-        }
+        // The reason first (it is not always the total: a cache below the router's top-k).
+        let reason = plan
+            .experts
+            .problem
+            .as_deref()
+            .unwrap_or("it exceeds the limit");
         bail!(
-            "the plan needs {} but the limit is {}",
+            "the plan does not fit: {reason}; it needs {} and the limit is {}",
             human(plan.used),
             human(settings.gpu_limit)
         );
