@@ -47,7 +47,8 @@ pub struct ModelArgs {
     pub gpu_limit: Option<String>,
     /// With --device cuda: where the routed experts live: auto (what the plan says: all
     /// resident when they fit), resident, cache=SIZE (a GPU cache of SIZE over all layers,
-    /// the experts in page-locked host memory) or cpu (not built yet).
+    /// the experts in page-locked host memory) or cpu (every MoE block computed on the CPU
+    /// from the file, the rest of the model on the GPU).
     #[arg(long, default_value = "auto", value_name = "WHERE")]
     pub experts: String,
     /// Speculative decoding with the model's own MTP block (the file must carry it:
@@ -77,8 +78,10 @@ pub struct GpuChoice {
     /// Bytes the run may allocate past the CUDA context (`--gpu-limit` less the context the
     /// plan counts).
     pub limit: Option<u64>,
-    /// Experts per layer in the GPU cache; `None`: every expert resident.
+    /// Experts per layer in the GPU cache; `None`: every expert resident, or on the CPU.
     pub cache_slots: Option<usize>,
+    /// The MoE blocks run on the CPU (`--experts cpu`).
+    pub experts_on_cpu: bool,
 }
 
 /// The plan's GPU memory when no `--gpu-limit` is given: more than any device has.
@@ -140,13 +143,18 @@ pub fn check_plan(
             );
             Some(usize::try_from(slots_per_layer)?)
         }
-        Residency::Cpu => bail!(
-            "the run fits {within} only with the routed experts on the CPU, which the CUDA backend does not do yet:\n{plan}"
-        ),
+        Residency::Cpu => {
+            eprintln!(
+                "plan: fits {within} with the routed experts on the CPU ({} used on the GPU); every MoE block runs on the CPU",
+                human(plan.used)
+            );
+            None
+        }
     };
     Ok(GpuChoice {
         limit: limit.map(|l| l.saturating_sub(CUDA_CONTEXT_BYTES)),
         cache_slots,
+        experts_on_cpu: plan.experts.residency == Residency::Cpu,
     })
 }
 
@@ -170,7 +178,11 @@ pub fn cuda_backend(
         None => ExpertResidency::Resident,
     };
     let precision = CudaBackend::precision_from_env();
-    let mut backend = CudaBackend::with_options(device, gguf, config, precision, residency)?;
+    let mut backend = if gpu.experts_on_cpu {
+        CudaBackend::with_host_experts(device, gguf, config, precision)?
+    } else {
+        CudaBackend::with_options(device, gguf, config, precision, residency)?
+    };
     if mtp {
         backend.load_mtp(gguf)?;
     }

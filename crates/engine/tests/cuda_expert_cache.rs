@@ -16,6 +16,7 @@ use redlite_cuda::{
     FillTarget, MappedHost,
 };
 use redlite_engine::backend::cpu::linear::Precision;
+use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::backend::cuda::{CudaBackend, ExpertResidency};
 use redlite_engine::backend::Backend;
 use redlite_engine::model::load::config_from_gguf;
@@ -67,7 +68,7 @@ fn first_difference(a: &[f32], b: &[f32], vocab: usize) -> Option<usize> {
 
 /// Logits of a 48-token prompt (in chunks of `chunk`) at every position, then of 12 decode
 /// steps.
-fn run(s: &mut Session<CudaBackend>, chunk_prompt: &[u32], steps: &[u32]) -> Vec<f32> {
+fn run<B: Backend>(s: &mut Session<B>, chunk_prompt: &[u32], steps: &[u32]) -> Vec<f32> {
     let mut all = s.feed(chunk_prompt, true, false).unwrap().logits;
     for &t in steps {
         all.extend(s.step(t).unwrap());
@@ -340,4 +341,43 @@ fn the_gpu_limit_refuses_an_allocation_past_it() {
     }
     device.set_limit(None);
     assert!(device.alloc_zeros::<u8>(256 << 20).is_ok());
+}
+
+/// `--experts cpu`: with every MoE block on the CPU (the routed experts never leave the
+/// file's mapping) the logits are the CPU backend's within the GPU parity tolerances
+/// (cuda_parity.rs: 1e-4 exact, 1e-1 with Q8 activations), prefill and decode.
+#[test]
+fn experts_on_the_cpu_give_the_cpu_backends_logits() {
+    let Some(device) = device("experts_on_the_cpu_give_the_cpu_backends_logits") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt(40);
+    let (prompt_part, steps) = tokens.split_at(32);
+    for recipe in [Recipe::IQ2XXS, Recipe::Q4KM] {
+        let gguf = tiny(dir.path(), recipe);
+        let config = config_from_gguf(&gguf).unwrap();
+        let vocab = config.n_vocab;
+        for (p, tolerance) in [(Precision::Exact, 1e-4), (Precision::Ggml, 1e-1)] {
+            let cpu = CpuBackend::with_precision(gguf.clone(), config.clone(), p).unwrap();
+            let mut cpu = Session::new(cpu, 256, KvType::F32, 16).unwrap();
+            let gpu =
+                CudaBackend::with_host_experts(device.clone(), &gguf, config.clone(), p).unwrap();
+            assert_eq!(gpu.residency(), ExpertResidency::Cpu);
+            let mut gpu = Session::new(gpu, 256, KvType::F32, 16).unwrap();
+            let want = run(&mut cpu, prompt_part, steps);
+            let got = run(&mut gpu, prompt_part, steps);
+            assert_eq!(want.len(), got.len());
+            for (pos, (a, b)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
+                let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+                let den: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum();
+                let rel = (num / den.max(1e-30)).sqrt();
+                assert!(
+                    rel <= tolerance,
+                    "{} {p:?}: position {pos} differs from the CPU backend by {rel:.2e}",
+                    recipe.name()
+                );
+            }
+        }
+    }
 }

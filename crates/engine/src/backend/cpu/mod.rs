@@ -4,7 +4,7 @@ mod attention;
 pub mod delta_rule;
 mod deltanet;
 pub mod linear;
-mod moe;
+pub(crate) mod moe;
 mod moe_decode;
 mod one_token;
 pub mod ops;

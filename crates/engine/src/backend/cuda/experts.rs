@@ -6,6 +6,7 @@
 //! in by a kernel reading host memory over PCIe; the least frequently or, with
 //! `REDLITE_CACHE_POLICY=lru`, least recently used slots give way). Same kernels, same
 //! order of every sum: logits are bit for bit those of residency, under either policy.
+//! On the CPU (`host_moe`): the MoE blocks computed by the CPU backend from the file.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -26,6 +27,10 @@ pub enum ExpertResidency {
     /// the layer's experts), the rest copied in on demand; `policy` picks the slots that
     /// give way.
     Cache { slots: usize, policy: CachePolicy },
+    /// Every routed expert stays in host memory (the file's mapping) and each MoE block runs
+    /// on the CPU (`host_moe`): the GPU holds the rest of the model. `--experts cpu`, for a
+    /// GPU too small even for a cache.
+    Cpu,
 }
 
 /// The replacement policy `REDLITE_CACHE_POLICY` names: `lfu` (or unset: the default; least

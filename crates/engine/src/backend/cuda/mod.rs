@@ -15,6 +15,7 @@ mod attention;
 mod deltanet;
 mod experts;
 mod graph;
+mod host_moe;
 mod moe;
 mod moe_pairs;
 mod mtp;
@@ -35,6 +36,7 @@ use crate::state::KvType;
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
+use host_moe::HostMoe;
 use moe::LayerSkew;
 use scratch::Scratch;
 pub use state::{CudaAct, CudaState};
@@ -59,6 +61,8 @@ pub struct CudaBackend {
     /// Benchmark only: the skewed routing law that replaces the router's choice
     /// (`REDLITE_BENCH_ROUTE_SKEW`), or `None` (the router's choice).
     route_skew: Option<RouteSkew>,
+    /// With `ExpertResidency::Cpu`: the MoE blocks on the CPU.
+    host_moe: Option<HostMoe>,
 }
 
 impl CudaBackend {
@@ -141,7 +145,25 @@ impl CudaBackend {
             residency,
             caches: Mutex::new(caches),
             route_skew,
+            host_moe: None,
         })
+    }
+
+    /// Uploads every tensor but the routed experts, which stay in the file's mapping: each
+    /// MoE block runs on the CPU (`--experts cpu`), and the decode graph is off (the host
+    /// takes part in every layer).
+    pub fn with_host_experts(
+        device: Arc<Device>,
+        gguf: &Arc<GgufModel>,
+        config: HybridConfig,
+        precision: Precision,
+    ) -> Result<CudaBackend> {
+        let host = HostMoe::new(gguf.clone(), &config, precision)?;
+        let mut backend =
+            CudaBackend::with_options(device, gguf, config, precision, ExpertResidency::Cpu)?;
+        backend.host_moe = Some(host);
+        backend.disable_graphs()?;
+        Ok(backend)
     }
 
     /// Where the routed experts live.
@@ -177,6 +199,10 @@ impl CudaBackend {
                 if let Some(place) = caches.get_mut(layer) {
                     *place = Some(cache);
                 }
+            }
+            drop(caches);
+            if let Some(host) = self.host_moe.as_mut() {
+                host.load_mtp(&self.config)?;
             }
         }
         Ok(())
@@ -434,6 +460,23 @@ impl Backend for CudaBackend {
         let buffers = [h.address(&self.device)?, out.address(&self.device)?, 0];
         if self.gate(Op::Moe(layer), buffers)? == Gate::Skip {
             return Ok(());
+        }
+        if self.residency == ExpertResidency::Cpu {
+            let host = self.host_moe.as_ref().ok_or_else(|| {
+                EngineError::BadConfig(
+                    "experts on the CPU need the host weights (CudaBackend::with_host_experts)"
+                        .into(),
+                )
+            })?;
+            self.device.mark("routed + shared experts (on the CPU)");
+            return host.forward(
+                &self.device,
+                &self.config,
+                layer,
+                b.tokens,
+                &h.rows(b.tokens)?,
+                &mut out.rows_mut(b.tokens)?,
+            );
         }
         let mut scratch = self.scratch(b.tokens)?;
         let mut caches = self.caches()?;

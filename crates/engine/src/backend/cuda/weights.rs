@@ -91,6 +91,23 @@ impl DeviceMatrix {
         })
     }
 
+    /// An expert stack left in host memory (`--experts cpu`): the shape without rows, so a
+    /// product on it is refused rather than reading anything.
+    fn on_host(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
+        let loc = gguf
+            .locate(name)
+            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
+        let info = gguf.info(loc);
+        Ok(DeviceMatrix {
+            ty: info.ty,
+            rows: 0,
+            cols: info.row_len() as usize,
+            bytes: device.alloc_zeros(16)?,
+            dots,
+            extra_rows: 0,
+        })
+    }
+
     /// The device bytes (the fill target of a slot stack).
     pub fn bytes(&self) -> &CudaSlice<u8> {
         &self.bytes
@@ -156,6 +173,9 @@ fn matrix(
         ExpertResidency::Cache { slots, .. } if is_expert_stack(name) => {
             DeviceMatrix::slot_stack(device, g, name, dots, (slots, config.n_expert), host)
         }
+        ExpertResidency::Cpu if is_expert_stack(name) => {
+            DeviceMatrix::on_host(device, g, name, dots)
+        }
         _ if name.ends_with(ROUTER) => DeviceMatrix::router(device, g, name, dots),
         _ => DeviceMatrix::load(device, g, name, dots),
     }
@@ -170,7 +190,7 @@ fn caches(
     host: &HostStacks,
 ) -> Result<Vec<(usize, LayerCache)>> {
     match residency {
-        ExpertResidency::Resident => Ok(Vec::new()),
+        ExpertResidency::Resident | ExpertResidency::Cpu => Ok(Vec::new()),
         ExpertResidency::Cache { slots, policy } => layers
             .map(|l| {
                 let cache = LayerCache::new(device, config.n_expert, l, (slots, policy), host)?;
