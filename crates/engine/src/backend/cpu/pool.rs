@@ -15,7 +15,7 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -42,8 +42,11 @@ struct Shared {
     active: AtomicUsize,
     /// The next unclaimed task index.
     next: AtomicUsize,
-    /// The current region's task (set before `open`, cleared after `active` drains).
-    region: Mutex<Option<Region>>,
+    /// The current region (on the caller's stack; set before `open`, cleared after `active`
+    /// drains). An atomic, not a lock: every helper reads it at the same moment when a
+    /// region opens, and with many helpers a lock there queued them in the kernel while the
+    /// caller waited for each to leave.
+    region: AtomicPtr<Region>,
     /// The first error of the region, and whether a task panicked (its payload).
     failure: Mutex<Option<Failure>>,
     /// Helpers asleep, and their wake-up.
@@ -68,7 +71,7 @@ static SHARED: Shared = Shared {
     open: AtomicBool::new(false),
     active: AtomicUsize::new(0),
     next: AtomicUsize::new(0),
-    region: Mutex::new(None),
+    region: AtomicPtr::new(std::ptr::null_mut()),
     failure: Mutex::new(None),
     sleepers: Mutex::new(0),
     wake: Condvar::new(),
@@ -110,10 +113,14 @@ pub fn for_each(tasks: usize, task: &Task<'_>) -> Result<()> {
     // `open`, waits for `active` to drain and then removes the region, all before this
     // function returns; so no helper uses `task` after the borrow it came from ends.
     let task_static: &'static Task<'static> = unsafe { std::mem::transmute(task) };
-    *lock(&shared.region) = Some(Region {
+    let region = Region {
         task: task_static,
         tasks,
-    });
+    };
+    // The same argument covers `region` itself: it outlives every helper's use (below).
+    shared
+        .region
+        .store(&region as *const Region as *mut Region, SeqCst);
     shared.next.store(0, SeqCst);
     shared.open.store(true, SeqCst);
     shared.generation.fetch_add(1, SeqCst);
@@ -218,7 +225,7 @@ impl Drop for Close {
                 std::thread::yield_now();
             }
         }
-        *lock(&shared.region) = None;
+        shared.region.store(std::ptr::null_mut(), SeqCst);
     }
 }
 
@@ -271,9 +278,11 @@ fn helper(shared: &'static Shared) {
         seen = generation;
         shared.active.fetch_add(1, SeqCst);
         if shared.open.load(SeqCst) {
-            let region = lock(&shared.region).as_ref().map(|r| (r.task, r.tasks));
-            if let Some((task, tasks)) = region {
-                work(shared, task, tasks);
+            let region = shared.region.load(SeqCst);
+            // SAFETY: counted in `active` and having seen `open`, this helper holds the
+            // caller in `Close` until it leaves, so the region it points to is alive.
+            if let Some(region) = unsafe { region.as_ref() } {
+                work(shared, region.task, region.tasks);
             }
         }
         shared.active.fetch_sub(1, SeqCst);
