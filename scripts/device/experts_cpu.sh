@@ -24,11 +24,13 @@ stamp "cuda_expert_cache tests"
 "$ROOT/.cache/device/cuda_expert_cache" --test-threads=1 > "$OUT/cuda_expert_cache.log" 2>&1
 note "cuda_expert_cache: $(grep -E '^test result' "$OUT/cuda_expert_cache.log" | tail -1)"
 grep -E 'panicked|FAILED' "$OUT/cuda_expert_cache.log" | head -5 | tee -a "$SUMMARY"
+# Both measurements on a quiet machine: the CPU pool's threads wait for each other at the end
+# of every region, so the build's compile jobs would slow redlite down 4x (docs/PERF.md).
+stamp "waiting for llama.cpp's build"
+while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
 stamp "redlite --experts cpu"
 "$R" bench -m "$M" --device cuda --experts cpu -p "$PP" -n "$TG" -r 2 --json \
   > "$OUT/redlite.json" 2> "$OUT/redlite.log" || tail -5 "$OUT/redlite.log" | tee -a "$SUMMARY"
-stamp "waiting for llama.cpp's build"
-while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
 stamp "llama-bench -ncmoe 99"
 "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 -ncmoe 99 -p "$PP" -n "$TG" -r 2 -o json \
   > "$OUT/llamacpp.json" 2> "$OUT/llamacpp.log" || tail -5 "$OUT/llamacpp.log" | tee -a "$SUMMARY"
