@@ -2,7 +2,7 @@
 //! (decoded inside the kernels), small vectors (norms, gates, conv taps) decoded to f32.
 
 use redlite_cuda::{CudaSlice, Device, Dots, WeightMatrix};
-use redlite_gguf::{GgmlType, GgufModel};
+use redlite_gguf::{GgmlType, GgufModel, TensorInfo, TensorRef};
 use redlite_quant::dequantize_row;
 
 use crate::backend::cuda::experts::{is_expert_stack, ExpertResidency, HostStacks, LayerCache};
@@ -26,12 +26,17 @@ pub struct DeviceMatrix {
 const ROUTER: &str = "ffn_gate_inp.weight";
 const SHARED_GATE: &str = "ffn_gate_inp_shexp.weight";
 
+/// A tensor's place and description, or the error naming it.
+fn tensor<'g>(gguf: &'g GgufModel, name: &str) -> Result<(TensorRef, &'g TensorInfo)> {
+    let loc = gguf
+        .locate(name)
+        .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
+    Ok((loc, gguf.info(loc)))
+}
+
 impl DeviceMatrix {
     fn load(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
-        let loc = gguf
-            .locate(name)
-            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
-        let info = gguf.info(loc);
+        let (loc, info) = tensor(gguf, name)?;
         Ok(DeviceMatrix {
             ty: info.ty,
             rows: info.rows() as usize,
@@ -75,10 +80,7 @@ impl DeviceMatrix {
         (slots, n_expert): (usize, usize),
         host: &HostStacks,
     ) -> Result<DeviceMatrix> {
-        let loc = gguf
-            .locate(name)
-            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
-        let info = gguf.info(loc);
+        let (loc, info) = tensor(gguf, name)?;
         let n = n_expert.max(1);
         host.keep(device, name, gguf.data(loc))?;
         Ok(DeviceMatrix {
@@ -94,10 +96,7 @@ impl DeviceMatrix {
     /// An expert stack left in host memory (`--experts cpu`): the shape without rows, so a
     /// product on it is refused rather than reading anything.
     fn on_host(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
-        let loc = gguf
-            .locate(name)
-            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
-        let info = gguf.info(loc);
+        let (_, info) = tensor(gguf, name)?;
         Ok(DeviceMatrix {
             ty: info.ty,
             rows: 0,
