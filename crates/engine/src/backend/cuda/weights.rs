@@ -142,10 +142,7 @@ impl DeviceMatrix {
 
 /// A small tensor decoded to f32 on the host, then uploaded.
 fn vector(device: &Device, gguf: &GgufModel, name: &str) -> Result<CudaSlice<f32>> {
-    let loc = gguf
-        .locate(name)
-        .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
-    let info = gguf.info(loc);
+    let (loc, info) = tensor(gguf, name)?;
     let mut values = vec![0f32; info.elements() as usize];
     dequantize_row(info.ty, gguf.data(loc), &mut values)?;
     Ok(device.upload(&values)?)
