@@ -100,51 +100,66 @@ pub fn run(mm: &MatmulCtx, inputs: &[&[f32]], products: &mut [Product<'_>]) -> R
             )));
         }
     }
-    ACTS.with_borrow_mut(|acts| {
-        while acts.len() < n_keys {
-            acts.push(QuantizedActivation::new(GgmlType::F32, &[])?);
+    // A nested call (none today) would find the thread's buffers taken: it gets its own.
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => quantize_and_run(mm, inputs, products, n_keys, &act_of, &mut acts),
+        Err(_) => quantize_and_run(mm, inputs, products, n_keys, &act_of, &mut Vec::new()),
+    })
+}
+
+/// [`run`] once the products' activations are known: `n_keys` distinct (input, format)
+/// pairs, `act_of[k]` product `k`'s; `acts` the buffers to quantize them into.
+fn quantize_and_run(
+    mm: &MatmulCtx,
+    inputs: &[&[f32]],
+    products: &mut [Product<'_>],
+    n_keys: usize,
+    act_of: &[usize; MAX_PRODUCTS],
+    acts: &mut Vec<QuantizedActivation>,
+) -> Result<()> {
+    let mut quantized = [false; MAX_ACTS];
+    while acts.len() < n_keys {
+        acts.push(QuantizedActivation::new(GgmlType::F32, &[])?);
+    }
+    for (p, &a) in products.iter().zip(act_of) {
+        // The first product of each key quantizes its input with its own weight type.
+        if !quantized[a] {
+            acts[a].requantize(p.w.ty, inputs[p.input])?;
+            quantized[a] = true;
         }
-        for (p, &a) in products.iter().zip(&act_of) {
-            // The first product of each key quantizes its input with its own weight type.
-            if keys[a].0 != usize::MAX {
-                acts[a].requantize(p.w.ty, inputs[p.input])?;
-                keys[a].0 = usize::MAX;
+    }
+    let acts = &acts[..n_keys];
+    let total: usize = products.iter().map(|p| p.out.len()).sum();
+    let threads = rayon::current_num_threads().max(1);
+    let piece = (total / (threads * 8)).max(ROWS_PER_TASK);
+    let pieces: usize = products.iter().map(|p| p.out.len().div_ceil(piece)).sum();
+    // What the tasks read of each product, apart from its output.
+    let mut rows_of: [(Option<&Matrix>, usize, usize); MAX_PRODUCTS] = [(None, 0, 0); MAX_PRODUCTS];
+    for (slot, p) in rows_of.iter_mut().zip(products.iter()) {
+        *slot = (Some(p.w), p.first, p.out.len());
+    }
+    let mut outs: [Option<Disjoint<'_, f32>>; MAX_PRODUCTS] = std::array::from_fn(|_| None);
+    for (slot, p) in outs.iter_mut().zip(products.iter_mut()) {
+        *slot = Some(Disjoint::new(&mut *p.out));
+    }
+    pool::for_each(pieces, &|mut i| {
+        for (k, &(w, first, len)) in rows_of.iter().enumerate() {
+            let n = len.div_ceil(piece);
+            if i >= n {
+                i -= n;
+                continue;
             }
-        }
-        let acts = &acts[..n_keys];
-        let total: usize = products.iter().map(|p| p.out.len()).sum();
-        let threads = rayon::current_num_threads().max(1);
-        let piece = (total / (threads * 8)).max(ROWS_PER_TASK);
-        let pieces: usize = products.iter().map(|p| p.out.len().div_ceil(piece)).sum();
-        // What the tasks read of each product, apart from its output.
-        let mut rows_of: [(Option<&Matrix>, usize, usize); MAX_PRODUCTS] =
-            [(None, 0, 0); MAX_PRODUCTS];
-        for (slot, p) in rows_of.iter_mut().zip(products.iter()) {
-            *slot = (Some(p.w), p.first, p.out.len());
-        }
-        let mut outs: [Option<Disjoint<'_, f32>>; MAX_PRODUCTS] = std::array::from_fn(|_| None);
-        for (slot, p) in outs.iter_mut().zip(products.iter_mut()) {
-            *slot = Some(Disjoint::new(&mut *p.out));
-        }
-        pool::for_each(pieces, &|mut i| {
-            for (k, &(w, first, len)) in rows_of.iter().enumerate() {
-                let n = len.div_ceil(piece);
-                if i >= n {
-                    i -= n;
-                    continue;
-                }
-                let (Some(w), Some(out)) = (w, &outs[k]) else {
-                    break;
-                };
-                let (r0, r1) = (i * piece, ((i + 1) * piece).min(len));
-                // SAFETY: piece `i` of product `k` is this task's alone.
-                let out = unsafe { out.range_mut(r0, r1) };
-                let bytes = mm.gguf.data(w.loc);
-                let rows = &bytes[(first + r0) * w.row_bytes..(first + r1) * w.row_bytes];
-                matvec(w.ty, rows, r1 - r0, &acts[act_of[k]], out)?;
+            let (Some(w), Some(out)) = (w, &outs[k]) else {
                 break;
-            }
-            Ok(())
-        })
+            };
+            let (r0, r1) = (i * piece, ((i + 1) * piece).min(len));
+            // SAFETY: piece `i` of product `k` is this task's alone.
+            let out = unsafe { out.range_mut(r0, r1) };
+            let bytes = mm.gguf.data(w.loc);
+            let rows = &bytes[(first + r0) * w.row_bytes..(first + r1) * w.row_bytes];
+            matvec(w.ty, rows, r1 - r0, &acts[act_of[k]], out)?;
+            break;
+        }
+        Ok(())
     })
 }
