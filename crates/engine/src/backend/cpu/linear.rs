@@ -442,6 +442,11 @@ pub fn matmul_same_input(
     if tokens == 1 && one_token::applies(mm, products.len()) {
         return one_token::run(mm, &[x], products);
     }
+    if products.iter().any(|p| p.first != 0 || p.input != 0) {
+        return Err(crate::error::EngineError::BadConfig(
+            "batched products of the same input take whole matrices (Product::whole)".into(),
+        ));
+    }
     let mut formats: Vec<GgmlType> = Vec::new();
     let mut preps: Vec<Prepared<'_>> = Vec::new();
     for p in products.iter() {
