@@ -129,4 +129,12 @@ mod tests {
         assert_eq!(c.len(), 10);
         assert!(c.buf.capacity() >= 1000);
     }
+
+    #[test]
+    fn a_prompt_sized_buffer_goes_back_to_the_allocator() {
+        let big = KEPT_BYTES / std::mem::size_of::<f32>() + 1;
+        drop(Scratch::zeroed(big));
+        let kept = FREE.with_borrow(|free| free.iter().any(|b| b.capacity() >= big));
+        assert!(!kept, "a buffer over {KEPT_BYTES} bytes stayed in the pool");
+    }
 }
