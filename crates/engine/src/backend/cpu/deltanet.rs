@@ -10,7 +10,7 @@ use crate::backend::cpu::ops::{l2_norm, rms_norm, sigmoid, silu, softplus};
 use crate::backend::cpu::pool;
 use crate::backend::cpu::scratch::Scratch;
 use crate::backend::cpu::weights::DeltaNetWeights;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::model::config::HybridConfig;
 use crate::state::DeltaNetState;
 
@@ -73,9 +73,6 @@ pub struct SeqRows<'s> {
 
 /// Tokens per parallel task of the per-token steps.
 const TOKENS_PER_TASK: usize = 16;
-
-/// The largest DeltaNet head the gated norm's stack buffer holds (the model's is 128).
-const MAX_HEAD_DIM: usize = 512;
 
 /// `h`: `[tokens][n_embd]` (normed input) → `out`: `[tokens][n_embd]`. The rows belong to
 /// consecutive sequences: projections and per-row math run over all rows, the conv window
@@ -249,12 +246,9 @@ pub fn forward(
     // 6. Gated RMSNorm per head: RMSNorm(o_h) · ssm_norm · silu(z_h).
     pool::for_each_piece(&mut o, inner * TOKENS_PER_TASK, &|i, block| {
         let z = &z[i * inner * TOKENS_PER_TASK..];
-        let mut normed = [0f32; MAX_HEAD_DIM];
-        let normed = normed.get_mut(..dv).ok_or_else(|| {
-            EngineError::BadConfig(format!("DeltaNet head size {dv} > {MAX_HEAD_DIM}"))
-        })?;
+        let mut normed = Scratch::zeroed(dv);
         for (oh, zh) in block.chunks_mut(dv).zip(z.chunks(dv)) {
-            rms_norm(oh, &w.norm, c.rms_eps, normed);
+            rms_norm(oh, &w.norm, c.rms_eps, &mut normed);
             for ((x, n), zz) in oh.iter_mut().zip(normed.iter()).zip(zh) {
                 *x = n * silu(*zz);
             }

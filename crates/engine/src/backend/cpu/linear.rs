@@ -398,31 +398,14 @@ pub fn matmul_rows(
     tokens: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    debug_assert_eq!(x.len(), tokens * w.cols);
     debug_assert_eq!(out.len(), tokens * n_rows);
-    if tokens == 1 && one_token::applies(mm, 1) {
-        let product = Product {
-            w,
-            first: first_row,
-            input: 0,
-            out,
-        };
-        return one_token::run(mm, &[x], &mut [product]);
-    }
-    let prep = Prepared::new(mm, w.ty, x, w.cols)?;
-    let mut by_row = Scratch::zeroed(n_rows * tokens);
-    run_jobs(
-        mm,
-        vec![RowJob {
-            w,
-            first: first_row,
-            n: n_rows,
-            prep: &prep,
-            out: &mut by_row,
-        }],
-    )?;
-    transpose_into(&by_row, n_rows, tokens, out);
-    Ok(())
+    let product = Product {
+        w,
+        first: first_row,
+        input: 0,
+        out,
+    };
+    matmul_same_input(mm, x, tokens, &mut [product])
 }
 
 /// The whole matrix.
@@ -430,9 +413,10 @@ pub fn matmul(mm: &MatmulCtx, w: &Matrix, x: &[f32], tokens: usize, out: &mut [f
     matmul_rows(mm, w, 0, w.rows, x, tokens, out)
 }
 
-/// [`matmul`] of several whole matrices with the same input, in one parallel region, the
-/// input quantized once per activation format (e.g. the DeltaNet's qkv, gate and ba
-/// projections all dot Q8_K). Each result is what [`matmul`] gives.
+/// Several products of the same input (whole matrices or slabs of rows, each `out`
+/// `[tokens][rows]`), in one parallel region, the input quantized once per activation
+/// format (e.g. the DeltaNet's qkv, gate and ba projections all dot Q8_K). Each result is
+/// what [`matmul_rows`] gives for it alone.
 pub fn matmul_same_input(
     mm: &MatmulCtx,
     x: &[f32],
@@ -442,16 +426,23 @@ pub fn matmul_same_input(
     if tokens == 1 && one_token::applies(mm, products.len()) {
         return one_token::run(mm, &[x], products);
     }
-    if products.iter().any(|p| p.first != 0 || p.input != 0) {
-        return Err(crate::error::EngineError::BadConfig(
-            "batched products of the same input take whole matrices (Product::whole)".into(),
-        ));
+    // Product `p` covers rows `p.first..p.first + n` with `n = p.out.len() / tokens`.
+    let rows = |p: &Product<'_>| p.out.len() / tokens.max(1);
+    for p in products.iter() {
+        if p.input != 0 || p.out.len() != tokens * rows(p) || p.first + rows(p) > p.w.rows {
+            return Err(crate::error::EngineError::BadConfig(format!(
+                "a batched product of input {} into rows {}.. ({} values for {tokens} tokens) of a {}-row matrix",
+                p.input,
+                p.first,
+                p.out.len(),
+                p.w.rows
+            )));
+        }
     }
     let mut formats: Vec<GgmlType> = Vec::new();
     let mut preps: Vec<Prepared<'_>> = Vec::new();
     for p in products.iter() {
         debug_assert_eq!(x.len(), tokens * p.w.cols);
-        debug_assert_eq!(p.out.len(), tokens * p.w.rows);
         let format = vec_dot_type(p.w.ty);
         if !formats.contains(&format) {
             formats.push(format);
@@ -460,7 +451,7 @@ pub fn matmul_same_input(
     }
     let mut by_rows: Vec<Scratch> = products
         .iter()
-        .map(|p| Scratch::zeroed(p.w.rows * tokens))
+        .map(|p| Scratch::zeroed(p.out.len()))
         .collect();
     let mut jobs = Vec::with_capacity(products.len());
     for (p, by_row) in products.iter().zip(&mut by_rows) {
@@ -474,15 +465,16 @@ pub fn matmul_same_input(
         };
         jobs.push(RowJob {
             w: p.w,
-            first: 0,
-            n: p.w.rows,
+            first: p.first,
+            n: rows(p),
             prep,
             out: by_row,
         });
     }
     run_jobs(mm, jobs)?;
     for (p, by_row) in products.iter_mut().zip(&by_rows) {
-        transpose_into(by_row, p.w.rows, tokens, p.out);
+        let n = rows(p);
+        transpose_into(by_row, n, tokens, p.out);
     }
     Ok(())
 }

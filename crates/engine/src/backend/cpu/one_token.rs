@@ -24,7 +24,9 @@ const MAX_ACTS: usize = 24;
 /// Rows handed to one parallel task, at least (as `linear::run_jobs`).
 const ROWS_PER_TASK: usize = 16;
 
-/// Rows `first..first + out.len()` of `w` dotted with input `input` of the call.
+/// Rows `first..first + n` of `w` dotted with input `input` of the call, into `out`: `n`
+/// values for one token (here), `[tokens][n]` in a batched call
+/// (`linear::matmul_same_input`, which has one input).
 pub struct Product<'a> {
     pub w: &'a Matrix,
     /// The first row (a slab of a stack of experts), 0 for a whole matrix.
@@ -34,8 +36,7 @@ pub struct Product<'a> {
 }
 
 impl<'a> Product<'a> {
-    /// The whole of `w` dotted with the call's first input (`out`: one value per row, or
-    /// `[tokens][rows]` in a batched call).
+    /// The whole of `w` dotted with the call's first input.
     pub fn whole(w: &'a Matrix, out: &'a mut [f32]) -> Product<'a> {
         Product {
             w,
