@@ -3,6 +3,7 @@
 # into .cache/device/ (ignored by git; name it in the device call's `carry`):
 #   redlite          cargo build --release --features cuda (and redlite.xz: stripped, xz)
 #   cuda_parity      the engine's CUDA parity tests (test binary)
+#   cuda_mtp         the engine's MTP GPU tests (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
 #   kernels, mma, attention, deltanet, preload  the cuda crate's GPU tests (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
@@ -26,6 +27,7 @@ test_binary() {
   cargo test --release --locked "$@" --no-run 2>&1 | sed -n 's/.*(\(target\/release\/deps\/[^)]*\)).*/\1/p' | tail -1
 }
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_parity)" "$D/cuda_parity"
+cp "$(test_binary --features cuda -p redlite-engine --test cuda_mtp)" "$D/cuda_mtp"
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_expert_cache)" "$D/cuda_expert_cache"
 cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"

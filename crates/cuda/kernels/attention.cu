@@ -126,9 +126,10 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
 // overlap), keep an online softmax each and merge in shared memory. The split writes
 // partials[t][h][s] = (Σ p v relative to its max: HD floats, max, sum); a split past the
 // token's last position writes (0, -inf, 0).
-// With pos_dev (a CUDA graph replayed at any position) pos0 is read from device memory and
-// chunk = 0: the split uses ceil(len / min_chunk) splits (at most grid.z; the rest are
-// empty) and chunk = ceil(len / splits), len = pos0 + tokens, as the host computes them.
+// With chunk = 0 (small batches; with pos_dev, a CUDA graph replayed at any position, pos0
+// read from device memory) token t uses ceil(len / min_chunk) splits (at most grid.z; the
+// rest are empty) and chunk = ceil(len / splits) of its own length len = pos0 + t + 1, as the
+// host computes them: each token's sums are those of a one-token launch at its position.
 template <class KV, int VPL, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
@@ -137,14 +138,14 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                        int chunk, int min_chunk, float scale) {
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
+    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     if (chunk <= 0) {
-        const int len = pos0 + int(gridDim.x);
+        const int len = pos0 + t + 1;
         const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
         chunk = (len + splits - 1) / splits;
     }
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ float acc_part[WARPS][HD];
-    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int kvh = h / (heads / kv_heads);
     const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);

@@ -198,23 +198,30 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
     for (int i = lane; i < dv; i += WARP_SIZE) x[i] = x[i] * scale * w[i] * siluf(zr[i]);
 }
 
-// The whole DeltaNet step of one token (decode) in one launch: conv + SiLU, q/k L2 norms,
-// β and g, the delta rule and the gated RMSNorm, each as the kernels above compute it.
-// One CTA per key head, r * DK threads (r = v_heads / k_heads; dk = dv = DK): thread
-// (v, j) owns value column j of v-head kh * r + v — its conv channel, its state column (DK
-// floats in registers) and its output. The head's q and k channels are convolved by the
-// first 2 DK threads; every conv channel is read and written by exactly one thread.
-// qkv: the projections before the conv [channels]; z [v_heads][DK]; ba [k_heads][2 r];
-// out [v_heads][DK]. Dynamic shared memory: none. At most 256 threads, so that the DK-float
-// state column stays in registers (a 1024-thread bound caps them at 64 and spills it).
+// The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
+// one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
+// as the kernels above compute it, one row after the other. One CTA per key head, r * DK
+// threads (r = v_heads / k_heads; dk = dv = DK): thread (v, j) owns value column j of v-head
+// kh * r + v — its conv channel, its state column (DK floats in registers across the rows)
+// and its output. The head's q and k channels are convolved by the first 2 DK threads; every
+// conv channel is read and written by exactly one thread. A row's arithmetic does not depend
+// on the rows before it other than through the state, so row t of one launch gives the bits
+// of a one-row launch on the state after row t - 1.
+// Per row: qkv, the projections before the conv [channels]; z [v_heads][DK]; ba
+// [k_heads][2 r]; out [v_heads][DK]. With conv_rec and state_rec (both or neither), the
+// state after each row but the last is kept: conv_rec [tokens - 1][KERNEL - 1][channels],
+// state_rec [tokens - 1][v_heads][DK][DK]. Dynamic shared memory: none. At most 256 threads,
+// so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
+// and spills it).
 template <int DK, int KERNEL>
 __global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      const float* __restrict__ ba, const float* __restrict__ conv_w,
                      float* __restrict__ conv_state, const float* __restrict__ a,
                      const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                     float* __restrict__ state, float* __restrict__ out, int k_heads,
-                     int v_heads, float eps, float q_scale) {
+                     float* __restrict__ state, float* __restrict__ out,
+                     float* __restrict__ conv_rec, float* __restrict__ state_rec, int tokens,
+                     int k_heads, int v_heads, float eps, float q_scale) {
     __shared__ float qs[DK], ks[DK];
     __shared__ float scale_qk[2];
     __shared__ float head_ss[32];
@@ -222,72 +229,93 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     const int r = v_heads / k_heads;
     const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * DK;
-    auto conv = [&](int ch) {
-        float window[KERNEL];
-#pragma unroll
-        for (int j = 0; j < KERNEL - 1; ++j) window[j] = conv_state[j * channels + ch];
-        window[KERNEL - 1] = qkv[ch];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < KERNEL; ++j) acc += conv_w[ch * KERNEL + j] * window[j];
-#pragma unroll
-        for (int j = 0; j < KERNEL - 1; ++j) conv_state[j * channels + ch] = window[j + 1];
-        return siluf(acc);
-    };
-    for (int c = tid; c < 2 * DK; c += blockDim.x) {
-        if (c < DK) {
-            qs[c] = conv(kh * DK + c);
-        } else {
-            ks[c - DK] = conv(key_dim + kh * DK + c - DK);
-        }
-    }
+    const int inner = v_heads * DK;
     const int v = tid / DK, j = tid % DK, h = kh * r + v;
-    const float value = conv(2 * key_dim + h * DK + j);
-    __syncthreads();
-    for (int which = warp; which < 2; which += warps) {
-        const float* x = which == 0 ? qs : ks;
-        float ss = 0.0f;
-        for (int i = lane; i < DK; i += WARP_SIZE) ss += x[i] * x[i];
-        ss = warp_reduce_sum(ss);
-        if (lane == 0) scale_qk[which] = 1.0f / sqrtf(ss + eps);
-    }
-    __syncthreads();
-    for (int c = tid; c < 2 * DK; c += blockDim.x) {
-        if (c < DK) {
-            qs[c] = qs[c] * scale_qk[0] * q_scale;
-        } else {
-            ks[c - DK] = ks[c - DK] * scale_qk[1];
-        }
-    }
-    __syncthreads();
-    const float b_in = ba[2 * r * kh + v], a_in = ba[2 * r * kh + r + v] + dt_bias[h];
-    const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-    const float beta = sigmoidf(b_in), alpha = expf(a[h] * softplus);
     float* s = state + i64(h) * DK * DK + j;
     float col[DK];
 #pragma unroll
     for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
-    float delta = value;
+    for (int t = 0; t < tokens; ++t) {
+        const float* x = qkv + i64(t) * channels;
+        const bool keep = conv_rec != nullptr && t + 1 < tokens;
+        auto conv = [&](int ch) {
+            float window[KERNEL];
 #pragma unroll
-    for (int i = 0; i < DK; ++i) {
-        col[i] *= alpha;
-        delta -= col[i] * ks[i];
-    }
-    delta *= beta;
-    float o = 0.0f;
+            for (int q = 0; q < KERNEL - 1; ++q) window[q] = conv_state[q * channels + ch];
+            window[KERNEL - 1] = x[ch];
+            float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DK; ++i) {
-        col[i] += ks[i] * delta;
-        o += col[i] * qs[i];
+            for (int q = 0; q < KERNEL; ++q) acc += conv_w[ch * KERNEL + q] * window[q];
+#pragma unroll
+            for (int q = 0; q < KERNEL - 1; ++q) conv_state[q * channels + ch] = window[q + 1];
+            if (keep) {
+                float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
+#pragma unroll
+                for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + ch] = window[q + 1];
+            }
+            return siluf(acc);
+        };
+        for (int c = tid; c < 2 * DK; c += blockDim.x) {
+            if (c < DK) {
+                qs[c] = conv(kh * DK + c);
+            } else {
+                ks[c - DK] = conv(key_dim + kh * DK + c - DK);
+            }
+        }
+        const float value = conv(2 * key_dim + h * DK + j);
+        __syncthreads();
+        for (int which = warp; which < 2; which += warps) {
+            const float* y = which == 0 ? qs : ks;
+            float ss = 0.0f;
+            for (int i = lane; i < DK; i += WARP_SIZE) ss += y[i] * y[i];
+            ss = warp_reduce_sum(ss);
+            if (lane == 0) scale_qk[which] = 1.0f / sqrtf(ss + eps);
+        }
+        __syncthreads();
+        for (int c = tid; c < 2 * DK; c += blockDim.x) {
+            if (c < DK) {
+                qs[c] = qs[c] * scale_qk[0] * q_scale;
+            } else {
+                ks[c - DK] = ks[c - DK] * scale_qk[1];
+            }
+        }
+        __syncthreads();
+        const float* bar = ba + i64(t) * 2 * v_heads;
+        const float b_in = bar[2 * r * kh + v], a_in = bar[2 * r * kh + r + v] + dt_bias[h];
+        const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+        const float beta = sigmoidf(b_in), alpha = expf(a[h] * softplus);
+        float delta = value;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            col[i] *= alpha;
+            delta -= col[i] * ks[i];
+        }
+        delta *= beta;
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            col[i] += ks[i] * delta;
+            o += col[i] * qs[i];
+        }
+        if (state_rec != nullptr && t + 1 < tokens) {
+            float* rec = state_rec + i64(t) * v_heads * DK * DK + i64(h) * DK * DK + j;
+#pragma unroll
+            for (int i = 0; i < DK; ++i) rec[i * DK] = col[i];
+        }
+        // Gated RMSNorm over the DK columns of head h (DK / 32 whole warps).
+        const float ss = warp_reduce_sum(o * o);
+        if (lane == 0) head_ss[warp] = ss;
+        __syncthreads();
+        float total = 0.0f;
+        for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) {
+            total += head_ss[w];
+        }
+        const float norm = 1.0f / sqrtf(total / float(DK) + eps);
+        const float zr = z[i64(t) * inner + h * DK + j];
+        out[i64(t) * inner + h * DK + j] = o * norm * norm_w[j] * siluf(zr);
+        // qs, ks and head_ss are rewritten by the next row.
+        __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
-    // Gated RMSNorm over the DK columns of head h (DK / 32 whole warps).
-    const float ss = warp_reduce_sum(o * o);
-    if (lane == 0) head_ss[warp] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) total += head_ss[w];
-    const float norm = 1.0f / sqrtf(total / float(DK) + eps);
-    out[h * DK + j] = o * norm * norm_w[j] * siluf(z[h * DK + j]);
 }

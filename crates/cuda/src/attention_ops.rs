@@ -8,7 +8,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, AttnDims, SHARED_MAX_BYTES};
 use crate::layer_ops::{supported, tokens_fit, MAX_GRID_YZ};
 use crate::ops::{fits, shape};
-use crate::source::{ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS};
+use crate::source::{ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, SMALL_BATCH_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
 
 /// An element type of the KV cache: f32, or f16 stored as its bits (`u16`).
@@ -99,7 +99,12 @@ impl<'a, 'b> Position<'a, 'b> {
         match self {
             Position::Host => Ok(None),
             Position::Device(view) => {
-                shape(op, "tokens (device position)", 1, tokens)?;
+                fits(
+                    op,
+                    "tokens (device position)",
+                    tokens as u64,
+                    SMALL_BATCH_MAX_TOKENS as u64,
+                )?;
                 shape(op, "device position length", 1, view.len())?;
                 Ok(Some(view))
             }

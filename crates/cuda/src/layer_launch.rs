@@ -11,7 +11,8 @@ use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
     ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
     GEMM_THREADS, GEMM_TILES, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
-    MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, WIDE_F16, WIDE_F32,
+    MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, SMALL_BATCH_MAX_TOKENS, WIDE_F16,
+    WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
@@ -182,7 +183,11 @@ fn plan_matmul(
         };
     }
     let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
-    if tokens > 1 && q8 && prefill_tiles() && tile_shared <= SHARED_MAX_BYTES {
+    let splitk = rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1();
+    // A small batch keeps the one-token kernel where that is split-K (the token tiles sum a
+    // row in the q8 matvec's order, split-K in its own): each row the bits of one token.
+    let small_splitk = splitk && tokens <= SMALL_BATCH_MAX_TOKENS;
+    if tokens > 1 && q8 && prefill_tiles() && tile_shared <= SHARED_MAX_BYTES && !small_splitk {
         let per_cta = MATMUL_V2_WARPS as usize * MATMUL_TILE_ROWS;
         let grid = (
             rows.div_ceil(per_cta),
@@ -195,7 +200,7 @@ fn plan_matmul(
             ..plan(kernel, grid, MATMUL_V2_WARPS, tile_shared, "q8 tiles ")
         };
     }
-    if rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1() {
+    if splitk {
         let kernel = source::matmul_splitk_kernel(block, q8);
         let (shared, version) = if q8 {
             (q8_shared_bytes(cols), "splitk q8 ")
@@ -470,14 +475,17 @@ pub(crate) fn deltanet_step(
     width: usize,
     eps: f32,
     inputs: [&CudaView<'_, f32>; 7],
-    conv_state: &mut CudaViewMut<'_, f32>,
-    recurrent: &mut CudaViewMut<'_, f32>,
-    out: &mut CudaViewMut<'_, f32>,
+    (conv_state, recurrent, out): (
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+    ),
+    record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
 ) -> Result<(), CudaError> {
     let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
     let threads = d.v_heads / d.k_heads * d.head_dim;
     let cfg = config((d.k_heads, 1, 1), to_u32(threads), 0);
-    let dims = [d.k_heads, d.v_heads].map(to_i32);
+    let dims = [d.tokens, d.k_heads, d.v_heads].map(to_i32);
     let q_scale = 1.0 / (d.head_dim as f32).sqrt();
     raw::launch_deltanet_step(
         device.stream(),
@@ -485,6 +493,7 @@ pub(crate) fn deltanet_step(
         cfg,
         inputs,
         (conv_state, recurrent, out),
+        record,
         dims,
         (eps, q_scale),
     )
@@ -596,12 +605,14 @@ pub(crate) fn attention<T: DeviceRepr>(
     pos: Option<&CudaView<'_, u32>>,
 ) -> Result<(), CudaError> {
     let scale = 1.0 / (d.head_dim as f32).sqrt();
-    // One token launches what the decode graph launches (every split, the kernel deriving the
-    // chunk), also with the position from the host: an eager step then sums in the graph's
-    // order, so the graph and eager launches (serve mixes both) give bit-identical logits.
+    // A small batch launches what the decode graph launches (every split, the kernel deriving
+    // each token's chunk from its own length), also with the position from the host: an
+    // eager step then sums in the graph's order, so the graph and eager launches (serve mixes
+    // both) give bit-identical logits, and each row of a small batch the bits of a one-token
+    // step at its position (an MTP verification's rows equal plain decoding's).
     let (splits, chunk) = match pos {
         Some(_) => (device_pos_splits(d, partials.len()), 0),
-        None if d.tokens == 1 => (device_pos_splits(d, partials.len()), 0),
+        None if d.tokens <= SMALL_BATCH_MAX_TOKENS => (device_pos_splits(d, partials.len()), 0),
         None => {
             let splits = attention_splits(d, partials.len());
             (splits, (d.pos0 + d.tokens).div_ceil(splits))

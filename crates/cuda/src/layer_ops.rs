@@ -310,12 +310,22 @@ pub struct DeltaNetParams<'a, 'b> {
     pub norm_w: &'a CudaView<'b, f32>,
 }
 
-/// The whole DeltaNet step of one token between its projections: conv + SiLU of `qkv`
-/// (channels, the projection output; not modified), q/k L2 norms, β and g from `ba`
-/// (2 v_heads), the delta rule on `recurrent` (v_heads x dk x dv) and the gated RMSNorm with
-/// `z` (inner), into `out` (inner). Needs dk = dv (`head_dim`) of 32, 64 or 128 and a conv
-/// of width 4; the same math as `deltanet_conv`, `deltanet_prep`, `delta_rule` and
-/// `gated_norm` in turn.
+/// Where a several-row DeltaNet step keeps the state after each of its rows but the last
+/// (an MTP verification's rollback points): `conv` `[rows - 1][width - 1][channels]`,
+/// `recurrent` `[rows - 1][v_heads][dk][dv]`; longer views keep their tail untouched.
+pub struct StepRecord<'a, 'b> {
+    pub conv: &'a mut CudaViewMut<'b, f32>,
+    pub recurrent: &'a mut CudaViewMut<'b, f32>,
+}
+
+/// The whole DeltaNet step of `s.tokens` tokens between their projections, one row after the
+/// other: conv + SiLU of `qkv` (tokens x channels, the projection output; not modified), q/k
+/// L2 norms, β and g from `ba` (tokens x 2 v_heads), the delta rule on `recurrent`
+/// (v_heads x dk x dv) and the gated RMSNorm with `z` (tokens x inner), into `out`
+/// (tokens x inner); with `record`, the state after each row but the last is kept there.
+/// Row t gives the bits of a one-row call on the state after row t - 1. Needs dk = dv
+/// (`head_dim`) of 32, 64 or 128 and a conv of width 4; the same math as `deltanet_conv`,
+/// `deltanet_prep`, `delta_rule` and `gated_norm` in turn.
 #[allow(clippy::too_many_arguments)]
 pub fn deltanet_step(
     device: &Device,
@@ -326,10 +336,12 @@ pub fn deltanet_step(
     conv_state: &mut CudaViewMut<'_, f32>,
     recurrent: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
+    record: Option<StepRecord<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
     let d = s.check(op)?;
-    shape(op, "tokens (fused step)", 1, s.tokens)?;
+    fits(op, "tokens (fused step)", s.tokens as u64, i32::MAX as u64)?;
+    let t = s.tokens;
     let dk = s.head_dim;
     supported(op, "head dim", dk, &DELTA_DK, "32, 64, 128")?;
     let channels = s.channels();
@@ -342,29 +354,47 @@ pub fn deltanet_step(
         256,
     )?;
     shape(op, "conv weight length", channels * width, p.conv_w.len())?;
-    shape(
-        op,
-        "conv state length",
-        channels * (width - 1),
-        conv_state.len(),
-    )?;
-    shape(op, "qkv length", channels, qkv.len())?;
-    shape(op, "z length", s.inner(), z.len())?;
-    shape(op, "ba length", 2 * s.v_heads, ba.len())?;
+    let conv_len = channels * (width - 1);
+    shape(op, "conv state length", conv_len, conv_state.len())?;
+    shape(op, "qkv length", t * channels, qkv.len())?;
+    shape(op, "z length", t * s.inner(), z.len())?;
+    shape(op, "ba length", t * 2 * s.v_heads, ba.len())?;
     shape(op, "ssm_a length", s.v_heads, p.a.len())?;
     shape(op, "dt_bias length", s.v_heads, p.dt_bias.len())?;
     shape(op, "norm weight length", dk, p.norm_w.len())?;
-    shape(op, "state length", s.v_heads * dk * dk, recurrent.len())?;
-    shape(op, "out length", s.inner(), out.len())?;
+    let state_len = s.v_heads * dk * dk;
+    shape(op, "state length", state_len, recurrent.len())?;
+    shape(op, "out length", t * s.inner(), out.len())?;
+    if t == 0 {
+        return Ok(());
+    }
+    let record = match record {
+        Some(r) => {
+            let rows = t - 1;
+            let short = |len: usize, need: usize| len < need;
+            if short(r.conv.len(), rows * conv_len) {
+                shape(op, "conv record length", rows * conv_len, r.conv.len())?;
+            }
+            if short(r.recurrent.len(), rows * state_len) {
+                shape(
+                    op,
+                    "state record length",
+                    rows * state_len,
+                    r.recurrent.len(),
+                )?;
+            }
+            Some((r.conv, r.recurrent))
+        }
+        None => None,
+    };
     launch::deltanet_step(
         device,
         &d,
         width,
         eps,
         [qkv, z, ba, p.conv_w, p.a, p.dt_bias, p.norm_w],
-        conv_state,
-        recurrent,
-        out,
+        (conv_state, recurrent, out),
+        record,
     )
 }
 

@@ -67,7 +67,8 @@ pub use expert_cache::{
 pub use graph::Graph;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, matmul_with, rms_norm, DeltaNetParams, DeltaNetShape, TokenWalk,
+    embed, gated_norm, matmul, matmul_with, rms_norm, DeltaNetParams, DeltaNetShape, StepRecord,
+    TokenWalk,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,
@@ -83,7 +84,8 @@ pub use profile::{components_on, enable_components, profiling, take_components, 
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
-    modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES, WEIGHT_KINDS,
+    modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES,
+    SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
 
 /// Whether this build carries the CUDA backend at all.

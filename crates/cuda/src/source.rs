@@ -216,6 +216,11 @@ pub(crate) const ATTENTION_WARPS: u32 = 4;
 pub const ATTENTION_MAX_SPLITS: usize = 64;
 /// Fewest positions per split: shorter ranges do not pay for their partials.
 pub(crate) const ATTENTION_MIN_CHUNK: usize = 32;
+/// Batches of at most this many tokens (an MTP verification: one token and up to three
+/// drafts) launch the one-token step's kernels, each row summed as a one-token step sums it
+/// (so a row gives the bits of that step), and may read their position from device memory
+/// (a recorded graph replayed at any position).
+pub const SMALL_BATCH_MAX_TOKENS: usize = 4;
 /// KV-cache element types in CUDA spelling: f32 and f16 bits.
 pub(crate) const KV_CUDA_TYPES: [&str; 2] = ["float", "u16"];
 

@@ -3,7 +3,10 @@
 //! agrees within 1e-4 (L2 of the difference over L2 of the values, per v-head, outputs and
 //! final state). GPU tests print a message and pass when no driver, NVRTC or GPU is present.
 
-use redlite_cuda::{delta_rule, deltanet_conv, DeltaNetShape, Device, TokenWalk};
+use redlite_cuda::{
+    delta_rule, deltanet_conv, deltanet_step, DeltaNetParams, DeltaNetShape, Device, StepRecord,
+    TokenWalk,
+};
 
 mod common;
 use common::{device, Rng};
@@ -176,6 +179,118 @@ fn chunked_delta_rule_matches_the_token_loop() {
                     "{tokens} tokens, head dim {dk}, v-head {h} of {nv}: outputs differ by \
                      {out_error:.2e}, final state by {state_error:.2e}"
                 );
+            }
+        }
+    }
+}
+
+/// The fused step over several rows, keeping the state after each row but the last, gives
+/// per row the bits of one-row launches in turn (the outputs, the final state and every kept
+/// state): an MTP verification's rows equal plain decoding's, and its rollback points are
+/// the states plain decoding would have reached.
+#[test]
+fn fused_rows_equal_one_row_launches_with_their_states() {
+    let Some(device) = device("fused_rows_equal_one_row_launches_with_their_states") else {
+        return;
+    };
+    let mut rng = Rng(33);
+    for s in shapes(4) {
+        let (channels, inner, v_heads, dk) = (s.channels(), s.inner(), s.v_heads, s.head_dim);
+        let t = s.tokens;
+        let mut values =
+            |n: usize, scale: f32| (0..n).map(|_| rng.signed() * scale).collect::<Vec<f32>>();
+        let qkv = values(t * channels, 1.0);
+        let z = values(t * inner, 1.0);
+        let ba = values(t * 2 * v_heads, 1.0);
+        let conv_w = device.upload(&values(4 * channels, 0.5)).unwrap();
+        let a = device.upload(&values(v_heads, 1.0)).unwrap();
+        let dt_bias = device.upload(&values(v_heads, 1.0)).unwrap();
+        let norm_w = device.upload(&values(dk, 1.0)).unwrap();
+        let conv0 = values(3 * channels, 1.0);
+        let state0 = values(v_heads * dk * dk, 0.1);
+        let params = DeltaNetParams {
+            conv_w: &conv_w.as_view(),
+            a: &a.as_view(),
+            dt_bias: &dt_bias.as_view(),
+            norm_w: &norm_w.as_view(),
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // All rows in one launch, recording.
+        let (qkv_d, z_d, ba_d) = (
+            device.upload(&qkv).unwrap(),
+            device.upload(&z).unwrap(),
+            device.upload(&ba).unwrap(),
+        );
+        let mut conv = device.upload(&conv0).unwrap();
+        let mut state = device.upload(&state0).unwrap();
+        let mut out = device.alloc_zeros::<f32>(t * inner).unwrap();
+        let mut conv_rec = device.alloc_zeros::<f32>((t - 1) * conv0.len()).unwrap();
+        let mut state_rec = device.alloc_zeros::<f32>((t - 1) * state0.len()).unwrap();
+        deltanet_step(
+            &device,
+            &s,
+            1e-6,
+            &params,
+            (&qkv_d.as_view(), &z_d.as_view(), &ba_d.as_view()),
+            &mut conv.as_view_mut(),
+            &mut state.as_view_mut(),
+            &mut out.as_view_mut(),
+            Some(StepRecord {
+                conv: &mut conv_rec.as_view_mut(),
+                recurrent: &mut state_rec.as_view_mut(),
+            }),
+        )
+        .unwrap();
+        let (all_out, all_state) = (
+            device.download(&out).unwrap(),
+            device.download(&state).unwrap(),
+        );
+        let (conv_kept, state_kept) = (
+            device.download(&conv_rec).unwrap(),
+            device.download(&state_rec).unwrap(),
+        );
+        // One row per launch.
+        let one = DeltaNetShape { tokens: 1, ..s };
+        let mut conv = device.upload(&conv0).unwrap();
+        let mut state = device.upload(&state0).unwrap();
+        for r in 0..t {
+            let row = |v: &[f32], w: usize| device.upload(&v[r * w..(r + 1) * w]).unwrap();
+            let (q, zr, br) = (row(&qkv, channels), row(&z, inner), row(&ba, 2 * v_heads));
+            let mut o = device.alloc_zeros::<f32>(inner).unwrap();
+            deltanet_step(
+                &device,
+                &one,
+                1e-6,
+                &params,
+                (&q.as_view(), &zr.as_view(), &br.as_view()),
+                &mut conv.as_view_mut(),
+                &mut state.as_view_mut(),
+                &mut o.as_view_mut(),
+                None,
+            )
+            .unwrap();
+            let what = format!("{v_heads} v-heads of {dk}, row {r}");
+            let o = device.download(&o).unwrap();
+            assert!(
+                bits(&o) == bits(&all_out[r * inner..(r + 1) * inner]),
+                "{what}: outputs differ"
+            );
+            let (c, st) = (
+                device.download(&conv).unwrap(),
+                device.download(&state).unwrap(),
+            );
+            if r + 1 < t {
+                let (cl, sl) = (conv0.len(), state0.len());
+                assert!(
+                    bits(&c) == bits(&conv_kept[r * cl..(r + 1) * cl]),
+                    "{what}: kept conv state differs"
+                );
+                assert!(
+                    bits(&st) == bits(&state_kept[r * sl..(r + 1) * sl]),
+                    "{what}: kept recurrent state differs"
+                );
+            } else {
+                assert!(bits(&st) == bits(&all_state), "{what}: final states differ");
             }
         }
     }

@@ -291,6 +291,7 @@ pub(crate) fn launch_delta_rule(
 /// state, out, k_heads, v_heads, eps, q_scale)`; inputs are (qkv, z, ba, conv_w, a, dt_bias,
 /// norm_w).
 #[allow(clippy::type_complexity)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_deltanet_step(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -301,22 +302,29 @@ pub(crate) fn launch_deltanet_step(
         &mut CudaViewMut<'_, f32>,
         &mut CudaViewMut<'_, f32>,
     ),
-    dims: [i32; 2],
+    record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
+    dims: [i32; 3],
     (eps, q_scale): (f32, f32),
 ) -> Result<(), CudaError> {
     let [qkv, z, ba, conv_w, a, dt_bias, norm_w] = inputs;
     let mut launch = builder(stream, kernel);
     launch.arg(qkv).arg(z).arg(ba).arg(conv_w).arg(conv_state);
     launch.arg(a).arg(dt_bias).arg(norm_w).arg(state).arg(out);
+    match record {
+        Some((conv_rec, state_rec)) => launch.arg(conv_rec).arg(state_rec),
+        None => launch.arg(&NO_POS).arg(&NO_POS),
+    };
     for d in &dims {
         launch.arg(d);
     }
     launch.arg(&eps).arg(&q_scale);
-    // SAFETY: arguments match the signature (k_heads, v_heads); the op entry checked every
-    // length against one token of the shape (qkv, conv weights and state over all channels,
-    // z and out v_heads x DK, ba 2 v_heads, state v_heads x DK x DK, norm weight DK), DK and
-    // KERNEL are the specialization, and grid k_heads x block (v_heads / k_heads) x DK
-    // threads (≤ 256, the kernel's bound, checked) covers exactly the heads.
+    // SAFETY: arguments match the signature (tokens, k_heads, v_heads); the op entry checked
+    // every length against the tokens of the shape (qkv tokens x channels, z and out tokens
+    // x v_heads x DK, ba tokens x 2 v_heads, conv weights and state over all channels, state
+    // v_heads x DK x DK, norm weight DK; the records, when given, tokens - 1 rows of the conv
+    // state and of the state), DK and KERNEL are the specialization, and grid k_heads x
+    // block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
+    // exactly the heads. Null record pointers are the kernel's "no record".
     launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
         launch.launch(config)
     })

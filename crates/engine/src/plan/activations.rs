@@ -1,7 +1,7 @@
 //! Device memory of one forward call's activations, mirroring what the CUDA backend
 //! allocates: the forward `Workspace` (`x`, `h`, `mix`, each `[rows][n_embd]`), the
 //! backend's `Scratch` (`backend/cuda/scratch.rs`: one buffer per intermediate, each
-//! `[rows][width]`), its one-token flash-decoding partials and its logits rows.
+//! `[rows][width]`), its small-batch flash-decoding partials and its logits rows.
 //! When either of those files gains a buffer, this file gains the same line.
 
 use serde::Serialize;
@@ -12,6 +12,10 @@ use crate::model::config::HybridConfig;
 /// an optional dependency, so the number is repeated here and checked by a test under the
 /// `cuda` feature).
 pub const ATTENTION_MAX_SPLITS: u64 = 64;
+
+/// `redlite_cuda::SMALL_BATCH_MAX_TOKENS`: the tokens the flash-decoding partials hold
+/// (repeated for the same reason, checked by the same test).
+pub const SMALL_BATCH_MAX_TOKENS: u64 = 4;
 
 /// What the activations of a batch of `rows` cost.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -25,7 +29,9 @@ pub struct Activations {
     /// Rows of logits one call returns, and their bytes.
     pub logit_rows: u64,
     pub logits: u64,
-    /// MTP: the trunk's hidden state and the `[embedding ; hidden]` input of `eh_proj`.
+    /// MTP: the block's own workspace (`x`, `h`, `mix`) and its input's buffers (the
+    /// embeddings, the two normed halves and the `[embedding ; hidden]` input of
+    /// `eh_proj`: `backend/cuda/mtp.rs`).
     pub mtp: u64,
 }
 
@@ -79,7 +85,8 @@ fn scratch_values_per_row(c: &HybridConfig) -> u64 {
 pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> Activations {
     let e = c.n_embd as u64;
     let workspace = 3 * e;
-    let partials = c.n_head as u64 * ATTENTION_MAX_SPLITS * (c.head_dim as u64 + 2);
+    let partials =
+        SMALL_BATCH_MAX_TOKENS * c.n_head as u64 * ATTENTION_MAX_SPLITS * (c.head_dim as u64 + 2);
     let logit_rows = logit_rows.max(1);
     Activations {
         rows,
@@ -88,7 +95,7 @@ pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> A
         logit_rows,
         logits: logit_rows.saturating_mul(4 * c.n_vocab as u64),
         mtp: if mtp {
-            rows.saturating_mul(4 * 3 * e)
+            rows.saturating_mul(4 * (3 + 5) * e)
         } else {
             0
         },
@@ -108,7 +115,7 @@ mod tests {
         assert_eq!(scratch_values_per_row(&c), 60_619);
         let a = activations(&c, 513, 1, false);
         assert_eq!(a.bytes_per_row, 267_052);
-        assert_eq!(a.fixed, 16 * 64 * 258 * 4);
+        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4);
         assert_eq!(a.logits, 151_936 * 4);
     }
 
@@ -117,7 +124,9 @@ mod tests {
     fn partials_match_the_cuda_crate() {
         let c = Preset::Full.config();
         let a = activations(&c, 1, 1, false);
-        let len = redlite_cuda::attention_partials_len(1, c.n_head, c.head_dim) as u64;
+        let small = redlite_cuda::SMALL_BATCH_MAX_TOKENS;
+        assert_eq!(small as u64, SMALL_BATCH_MAX_TOKENS);
+        let len = redlite_cuda::attention_partials_len(small, c.n_head, c.head_dim) as u64;
         assert_eq!(a.fixed, 4 * len);
     }
 }

@@ -3,28 +3,31 @@
 //! output projection. Seven launches per layer. A prompt's conv splits the tokens across
 //! threads and its delta rule runs in chunks of 64 tokens (`TokenWalk::Chunked`);
 //! `REDLITE_DELTA_CHUNKED=0` walks them one after the other as a single token does.
-//! `REDLITE_FUSED_DELTANET=1` runs a one-token step's conv, norms, gates, delta rule and
-//! gated norm as one launch (`deltanet_step`). Off by default: with its first launch bound
-//! (1024 threads) the state column spilled and it was slower than the four kernels; bounded
-//! to 256 threads it measured 2 % faster end to end on the H200, but so far only the tiny
-//! model's head dim (32) went through the parity tests (docs/PERF.md).
+//! One token and small batches (an MTP verification: up to `SMALL_BATCH_MAX_TOKENS` rows)
+//! run the conv, norms, gates, delta rule and gated norm of all their rows as one launch
+//! (`deltanet_step`), which also keeps a verification's per-row states;
+//! `REDLITE_FUSED_DELTANET=0` runs the four kernels instead (docs/PERF.md: the fused step
+//! is 4-6 % faster end to end on the H200).
 
 use std::sync::OnceLock;
 
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
-    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, TokenWalk,
+    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, StepRecord, TokenWalk,
+    SMALL_BATCH_MAX_TOKENS,
 };
 
 use crate::backend::cuda::scratch::Scratch;
-use crate::backend::cuda::state::DeltaState;
+use crate::backend::cuda::state::{DeltaState, RecordedRows};
 use crate::backend::cuda::weights::DeltaNetWeights;
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 
 /// `h`: `[T][n_embd]` (normed input) → `out`: `[T][n_embd]`. With `record` (a speculative
 /// verification) the recurrence runs row by row and keeps the state after each row but the
-/// last in `record` (allocated on first use), for a rollback without re-running.
+/// last in `record`, for a rollback without re-running. One token and small batches take
+/// the fused step (one launch for the rows), whose rows are each the bits of a one-token
+/// step.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
@@ -33,7 +36,7 @@ pub fn forward(
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
     state: &mut DeltaState,
-    mut record: Option<&mut Vec<DeltaState>>,
+    mut record: Option<&mut RecordedRows>,
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     let t = h.len() / c.n_embd;
@@ -62,12 +65,24 @@ pub fn forward(
     matmul(device, &w.ba.view(), h, &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
     device.mark("DeltaNet recurrence and tail");
-    if t == 1 && fused() && record.is_none() {
+    if t <= SMALL_BATCH_MAX_TOKENS && fused() {
         let params = DeltaNetParams {
             conv_w: &w.conv.as_view(),
             a: &w.a.as_view(),
             dt_bias: &w.dt_bias.as_view(),
             norm_w: &w.norm.as_view(),
+        };
+        let (mut conv_rec, mut state_rec);
+        let kept = match record {
+            Some(rows) => {
+                conv_rec = rows.conv.as_view_mut();
+                state_rec = rows.recurrent.as_view_mut();
+                Some(StepRecord {
+                    conv: &mut conv_rec,
+                    recurrent: &mut state_rec,
+                })
+            }
+            None => None,
         };
         deltanet_step(
             device,
@@ -78,6 +93,7 @@ pub fn forward(
             &mut state.conv.as_view_mut(),
             &mut state.recurrent.as_view_mut(),
             &mut o,
+            kept,
         )?;
         device.mark("DeltaNet ssm_out");
         matmul(device, &w.out.view(), &o.as_view(), out)?;
@@ -179,29 +195,29 @@ enum Part {
     Recurrent,
 }
 
-/// Copies that part of `state` into `record[row]` (allocated on first use), within device
-/// memory.
+/// Copies that part of `state` into row `row` of `record`, within device memory.
 fn keep_row(
     device: &Device,
     state: &DeltaState,
-    record: &mut Vec<DeltaState>,
+    record: &mut RecordedRows,
     row: usize,
     part: Part,
 ) -> Result<()> {
-    while record.len() <= row {
-        record.push(DeltaState {
-            conv: device.alloc_zeros(state.conv.len())?,
-            recurrent: device.alloc_zeros(state.recurrent.len())?,
-        });
-    }
-    let saved = &mut record[row];
-    let (src, dst) = match part {
-        Part::Conv => (&state.conv, &mut saved.conv),
-        Part::Recurrent => (&state.recurrent, &mut saved.recurrent),
+    let (src, all) = match part {
+        Part::Conv => (&state.conv, &mut record.conv),
+        Part::Recurrent => (&state.recurrent, &mut record.recurrent),
     };
+    let len = src.len();
+    if row >= record.rows {
+        return Err(EngineError::BadConfig(format!(
+            "DeltaNet row state {row}: the recording holds {} rows",
+            record.rows
+        )));
+    }
+    let mut dst = all.slice_mut(row * len..(row + 1) * len);
     device
         .stream()
-        .memcpy_dtod(src, dst)
+        .memcpy_dtod(src, &mut dst)
         .map_err(|e| EngineError::Cuda(format!("DeltaNet row state copy: {e}")))
 }
 

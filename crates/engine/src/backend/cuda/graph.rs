@@ -1,14 +1,16 @@
-//! The one-token decode step as one CUDA graph.
+//! The one-token decode step, and small batches of one sequence, as one CUDA graph.
 //!
-//! `forward` calls the backend op by op; for a batch of one token of one sequence the
-//! backend records those ops' launches (stream capture) instead of running them, from the
-//! first layer's mixer (the first op that names the sequence state) to the `set_pos` that
-//! ends the layers, and launches the recorded graph there. The next such step on the same
-//! buffers and state skips every op (each one only checks that it is the op recorded at its
-//! place, with the same buffers) and replays the graph: ~900 launches become one. The
-//! attention kernels read the position from `step` (device memory, written just before each
-//! launch), so one graph serves every position. The embedding and the first norm run before
-//! the graph, the final norm and the LM head after it, eagerly.
+//! `forward` calls the backend op by op; for a batch of one token, or of a few tokens
+//! (`SMALL_BATCH_MAX_TOKENS`: an MTP verification, the MTP block's catch-up) of one
+//! sequence, the backend records those ops' launches (stream capture) instead of running
+//! them, from the first layer's mixer (the first op that names the sequence state) to the
+//! `set_pos` that ends the layers, and launches the recorded graph there. The next such
+//! step on the same buffers, state and token count skips every op (each one only checks
+//! that it is the op recorded at its place, with the same buffers) and replays the graph:
+//! ~900 launches become one. The attention kernels read the position from `step` (device
+//! memory, written just before each launch), so one graph serves every position. The
+//! embedding and the first norm run before the graph, the final norm and the LM head after
+//! it, eagerly.
 //!
 //! A step that copies activations to the host in the middle (`to_host`, per-layer parity
 //! checks) ends its capture early: what was recorded runs at once, the rest of the step
@@ -23,7 +25,7 @@ use crate::error::{EngineError, Result};
 
 /// Graphs kept per backend (one per workspace and sequence state in use), least recently
 /// used dropped first.
-const MAX_GRAPHS: usize = 8;
+const MAX_GRAPHS: usize = 16;
 
 /// Which op of the forward pass, for matching a step against the recorded one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,12 +38,13 @@ pub enum Op {
     Add,
 }
 
-/// One op and the device addresses of the buffers it reads and writes (activations, the
-/// sequence state; the first op also the scratch generation): equal keys mean the recorded
-/// launches are valid for this op.
+/// One op, its batch's token count and the device addresses of the buffers it reads and
+/// writes (activations, the sequence state; the scratch generation): equal keys mean the
+/// recorded launches are valid for this op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpKey {
     pub op: Op,
+    pub tokens: usize,
     pub buffers: [u64; 4],
 }
 
@@ -122,12 +125,28 @@ impl DecodeGraphs {
         self.mode = Mode::Idle;
     }
 
+    /// Drops every recorded graph (buffers they write are about to be freed). The step in
+    /// progress goes on unless it is a replay, whose skipped ops would be lost: an error.
+    pub fn forget_recorded(&mut self) -> Result<()> {
+        if let Mode::Replaying { .. } = self.mode {
+            self.mode = Mode::Idle;
+            self.enabled = false;
+            return Err(EngineError::Cuda(
+                "decode graph: buffers of the replayed step were reallocated in its middle; \
+                 graphs are now off (REDLITE_CUDA_GRAPH=0 avoids this)"
+                    .into(),
+            ));
+        }
+        self.captured.clear();
+        Ok(())
+    }
+
     /// The position of the step, in device memory (`[1]`).
     pub fn position(&self) -> CudaView<'_, u32> {
         self.step.slice(0..1)
     }
 
-    /// A batch of one token of one sequence was embedded (eagerly): its first mixer decides.
+    /// A batch of one token, or a small one, was embedded (eagerly): its first mixer decides.
     pub fn arm(&mut self) {
         self.abandon();
         if self.enabled {
@@ -136,10 +155,15 @@ impl DecodeGraphs {
     }
 
     /// What a mixer op `key` of a sequence at `pos` does: the first one of an armed step
-    /// starts the replay of the graph recorded for it, or a capture.
-    pub fn mixer(&mut self, key: OpKey, pos: usize) -> Result<Gate> {
+    /// starts the replay of the graph recorded for it, or a capture; a batch of several
+    /// `sequences` (one position each) runs eagerly.
+    pub fn mixer(&mut self, key: OpKey, pos: usize, sequences: usize) -> Result<Gate> {
         if !matches!(self.mode, Mode::Armed) {
             return self.gate(key);
+        }
+        if sequences != 1 {
+            self.mode = Mode::Idle;
+            return Ok(Gate::Run);
         }
         self.pos = pos;
         if let Some(graph) = self.captured.iter().position(|c| c.ops[0] == key) {

@@ -63,6 +63,8 @@ pub struct CudaBackend {
     route_skew: Option<RouteSkew>,
     /// With `ExpertResidency::Cpu`: the MoE blocks on the CPU.
     host_moe: Option<HostMoe>,
+    /// The MTP block's input buffers, grown to the largest batch it saw.
+    mtp_buffers: Mutex<mtp::MtpBuffers>,
 }
 
 impl CudaBackend {
@@ -146,6 +148,7 @@ impl CudaBackend {
             caches: Mutex::new(caches),
             route_skew,
             host_moe: None,
+            mtp_buffers: Mutex::new(mtp::MtpBuffers::default()),
         })
     }
 
@@ -229,24 +232,43 @@ impl CudaBackend {
         Ok(scratch)
     }
 
-    /// What op `op` on `buffers` does in the current step (see `graph`).
-    fn gate(&self, op: Op, buffers: [u64; 3]) -> Result<Gate> {
-        graph::lock(&self.graphs)?.gate(self.key(op, buffers)?)
+    /// What op `op` on a batch of `tokens` and `buffers` does in the current step (see
+    /// `graph`).
+    fn gate(&self, op: Op, tokens: usize, buffers: [u64; 3]) -> Result<Gate> {
+        graph::lock(&self.graphs)?.gate(self.key(op, tokens, buffers)?)
     }
 
-    /// The same for a mixer of a sequence at `pos` (which may start a capture or replay).
-    fn mixer_gate(&self, op: Op, buffers: [u64; 3], pos: usize) -> Result<Gate> {
-        let key = self.key(op, buffers)?;
-        graph::lock(&self.graphs)?.mixer(key, pos)
+    /// The same for a mixer of a sequence at `pos`, one of the batch's `sequences` (which may
+    /// start a capture or replay).
+    fn mixer_gate(
+        &self,
+        op: Op,
+        tokens: usize,
+        buffers: [u64; 3],
+        (pos, sequences): (usize, usize),
+    ) -> Result<Gate> {
+        let key = self.key(op, tokens, buffers)?;
+        graph::lock(&self.graphs)?.mixer(key, pos, sequences)
     }
 
-    /// An op with its buffers and the scratch generation (the scratch buffers it uses).
-    fn key(&self, op: Op, [a, b, c]: [u64; 3]) -> Result<OpKey> {
+    /// An op with its token count, buffers and the scratch generation (the scratch buffers
+    /// it uses).
+    fn key(&self, op: Op, tokens: usize, [a, b, c]: [u64; 3]) -> Result<OpKey> {
         let generation = self.scratch(1)?.generation;
         Ok(OpKey {
             op,
+            tokens,
             buffers: [a, b, c, generation],
         })
+    }
+
+    /// Whether a batch of `tokens` may be recorded as a graph: one token, or a small batch
+    /// when every expert is resident (a cache's misses and the CPU's experts need the host
+    /// in the middle of a batch of several tokens).
+    fn graphable(&self, tokens: usize) -> bool {
+        tokens == 1
+            || (tokens <= redlite_cuda::SMALL_BATCH_MAX_TOKENS
+                && self.residency == ExpertResidency::Resident)
     }
 
     /// The weight of a norm; layer `n_layer` is the MTP block's.
@@ -343,9 +365,9 @@ impl Backend for CudaBackend {
         }
         let mut scratch = self.scratch(tokens.len())?;
         let mut graphs = graph::lock(&self.graphs)?;
-        match tokens.len() {
-            1 => graphs.arm(),
-            _ => graphs.abandon(),
+        match self.graphable(tokens.len()) {
+            true => graphs.arm(),
+            false => graphs.abandon(),
         }
         drop(graphs);
         self.device.mark("embedding");
@@ -363,7 +385,7 @@ impl Backend for CudaBackend {
 
     fn rms_norm(&self, norm: Norm, b: Batch, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let buffers = [x.address(&self.device)?, out.address(&self.device)?, 0];
-        if self.gate(Op::Norm(norm), buffers)? == Gate::Skip {
+        if self.gate(Op::Norm(norm), b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
         self.device.mark("norms and residuals");
@@ -389,12 +411,20 @@ impl Backend for CudaBackend {
         let Mixer::DeltaNet(w) = &self.weights.layer(layer)?.mixer else {
             return Err(self.not_a(layer, "a DeltaNet"));
         };
+        let sequences = segs.len();
         for seg in segs.iter_mut() {
             let pos = seg.batch().pos0;
-            let (delta, record) = seg.state.deltanet_recording(layer, seg.tokens)?;
-            let state = self.device.address(&delta.recurrent);
+            let (delta, record) = seg
+                .state
+                .deltanet_recording(&self.device, layer, seg.tokens)?;
+            // A recording step writes its rows' states too: it is another graph.
+            let state = match &record {
+                Some(rows) => self.device.address(&rows.recurrent),
+                None => self.device.address(&delta.recurrent),
+            };
             let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
-            if self.mixer_gate(Op::DeltaNet(layer), buffers, pos)? == Gate::Skip {
+            let at = (pos, sequences);
+            if self.mixer_gate(Op::DeltaNet(layer), seg.tokens, buffers, at)? == Gate::Skip {
                 continue;
             }
             let mut scratch = self.scratch(seg.tokens)?;
@@ -423,13 +453,15 @@ impl Backend for CudaBackend {
         let Mixer::Attention(w) = &self.weights.layer(layer)?.mixer else {
             return Err(self.not_a(layer, "an attention"));
         };
+        let sequences = segs.len();
         for seg in segs.iter_mut() {
             let b = seg.batch();
             let capacity = seg.state.capacity;
             let kv = seg.state.kv_mut(layer)?;
             let state = kv.address(&self.device);
             let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
-            let gate = self.mixer_gate(Op::Attention(layer), buffers, b.pos0)?;
+            let at = (b.pos0, sequences);
+            let gate = self.mixer_gate(Op::Attention(layer), seg.tokens, buffers, at)?;
             if gate == Gate::Skip {
                 continue;
             }
@@ -458,7 +490,7 @@ impl Backend for CudaBackend {
 
     fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let buffers = [h.address(&self.device)?, out.address(&self.device)?, 0];
-        if self.gate(Op::Moe(layer), buffers)? == Gate::Skip {
+        if self.gate(Op::Moe(layer), b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
         if self.residency == ExpertResidency::Cpu {
@@ -496,7 +528,7 @@ impl Backend for CudaBackend {
 
     fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
         let buffers = [x.address(&self.device)?, y.address(&self.device)?, 0];
-        if self.gate(Op::Add, buffers)? == Gate::Skip {
+        if self.gate(Op::Add, b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
         self.device.mark("norms and residuals");
@@ -521,7 +553,7 @@ impl Backend for CudaBackend {
             y.address(&self.device)?,
             out.address(&self.device)?,
         ];
-        if self.gate(Op::AddNorm(norm), buffers)? == Gate::Skip {
+        if self.gate(Op::AddNorm(norm), b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
         self.device.mark("norms and residuals");
@@ -579,13 +611,22 @@ impl Backend for CudaBackend {
                 n_vocab: table.rows,
             });
         }
-        // Eager, outside any recorded step.
-        graph::lock(&self.graphs)?.interrupt()?;
+        // Eager, like the trunk's embedding: the block's layer may then be recorded.
         let n = tokens.len();
+        let mut graphs = graph::lock(&self.graphs)?;
+        match self.graphable(n) {
+            true => graphs.arm(),
+            false => graphs.abandon(),
+        }
+        drop(graphs);
         let mut scratch = self.scratch(n)?;
         self.device.mark("MTP block");
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
+        let mut buffers = self
+            .mtp_buffers
+            .lock()
+            .map_err(|_| EngineError::Cuda("MTP buffers lock poisoned by a panic".into()))?;
         mtp::input(
             &self.device,
             self.weights.mtp()?,
@@ -594,6 +635,7 @@ impl Backend for CudaBackend {
             &ids.as_view(),
             &hidden.row_range(hidden_row0, hidden_row0 + n)?,
             &mut out.rows_mut(n)?,
+            &mut buffers,
         )
     }
 

@@ -3,13 +3,40 @@
 //! and project with `eh_proj`. The block's decoder layer then runs through the ordinary
 //! ops as layer `n_layer`.
 //!
-//! Runs eagerly, outside the recorded decode graphs. Its buffers are allocated per call
-//! (a few rows per step); folding them into `Scratch` is a later optimisation.
+//! Runs eagerly, before the block's layer (which a small batch records as a graph, as the
+//! trunk's); its buffers are kept between calls.
 
 use redlite_cuda::{CudaSlice, CudaView, CudaViewMut, Device};
 
 use crate::backend::cuda::weights::{DeviceMatrix, MtpWeights};
 use crate::error::{EngineError, Result};
+
+/// The input's intermediate rows, kept between calls (grown to the largest batch seen) so a
+/// draft allocates nothing.
+#[derive(Default)]
+pub struct MtpBuffers {
+    rows: usize,
+    /// `[rows][n_embd]` each: the embeddings and the two normed halves.
+    embedded: Option<CudaSlice<f32>>,
+    normed_e: Option<CudaSlice<f32>>,
+    normed_h: Option<CudaSlice<f32>>,
+    /// `[rows][2 n_embd]`: the halves side by side.
+    concat: Option<CudaSlice<f32>>,
+}
+
+impl MtpBuffers {
+    fn reserve(&mut self, device: &Device, rows: usize, e: usize) -> Result<()> {
+        if rows <= self.rows && self.concat.is_some() {
+            return Ok(());
+        }
+        self.embedded = Some(device.alloc_zeros(rows * e)?);
+        self.normed_e = Some(device.alloc_zeros(rows * e)?);
+        self.normed_h = Some(device.alloc_zeros(rows * e)?);
+        self.concat = Some(device.alloc_zeros(rows * 2 * e)?);
+        self.rows = rows;
+        Ok(())
+    }
+}
 
 /// `out[t] = eh_proj · [enorm(table[tokens[t]]) ; hnorm(hidden[t])]`; `ids` holds the
 /// tokens on the device, `hidden` and `out` are `[tokens][n_embd]`.
@@ -22,6 +49,7 @@ pub fn input(
     ids: &CudaView<'_, u32>,
     hidden: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
+    buffers: &mut MtpBuffers,
 ) -> Result<()> {
     let n = ids.len();
     let e = w.enorm.len();
@@ -32,23 +60,32 @@ pub fn input(
             out.len()
         )));
     }
-    let mut embedded: CudaSlice<f32> = device.alloc_zeros(n * e)?;
-    let mut normed_e: CudaSlice<f32> = device.alloc_zeros(n * e)?;
-    let mut normed_h: CudaSlice<f32> = device.alloc_zeros(n * e)?;
-    let mut concat: CudaSlice<f32> = device.alloc_zeros(n * 2 * e)?;
-    redlite_cuda::embed(device, &table.view(), ids, &mut embedded.as_view_mut())?;
+    buffers.reserve(device, n, e)?;
+    let missing = || EngineError::Cuda("MTP input buffers were not allocated".into());
+    let MtpBuffers {
+        embedded,
+        normed_e,
+        normed_h,
+        concat,
+        ..
+    } = buffers;
+    let embedded = embedded.as_mut().ok_or_else(missing)?;
+    let normed_e = normed_e.as_mut().ok_or_else(missing)?;
+    let normed_h = normed_h.as_mut().ok_or_else(missing)?;
+    let concat = concat.as_mut().ok_or_else(missing)?;
+    redlite_cuda::embed(device, &table.view(), ids, &mut embedded.slice_mut(..n * e))?;
     redlite_cuda::rms_norm(
         device,
-        &embedded.as_view(),
+        &embedded.slice(..n * e),
         &w.enorm.as_view(),
-        &mut normed_e.as_view_mut(),
+        &mut normed_e.slice_mut(..n * e),
         eps,
     )?;
     redlite_cuda::rms_norm(
         device,
         hidden,
         &w.hnorm.as_view(),
-        &mut normed_h.as_view_mut(),
+        &mut normed_h.slice_mut(..n * e),
         eps,
     )?;
     for t in 0..n {
@@ -64,7 +101,7 @@ pub fn input(
             &mut concat.slice_mut(row + e..row + 2 * e),
         )?;
     }
-    redlite_cuda::matmul(device, &w.eh_proj.view(), &concat.as_view(), out)?;
+    redlite_cuda::matmul(device, &w.eh_proj.view(), &concat.slice(..n * 2 * e), out)?;
     Ok(())
 }
 

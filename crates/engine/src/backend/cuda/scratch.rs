@@ -2,7 +2,7 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{attention_partials_len, CudaSlice, Device};
+use redlite_cuda::{attention_partials_len, CudaSlice, Device, SMALL_BATCH_MAX_TOKENS};
 
 use crate::error::Result;
 use crate::model::config::HybridConfig;
@@ -33,8 +33,9 @@ pub struct Scratch {
     pub q: CudaSlice<f32>,
     pub k: CudaSlice<f32>,
     pub v: CudaSlice<f32>,
-    /// Flash-decoding partial sums, sized for one token:
-    /// `[heads][ATTENTION_MAX_SPLITS][hd + 2]` (prefill batches use fewer splits or none).
+    /// Flash-decoding partial sums, sized for a small batch (the most tokens that launch the
+    /// one-token kernels): `[SMALL_BATCH_MAX_TOKENS][heads][ATTENTION_MAX_SPLITS][hd + 2]`
+    /// (larger batches use fewer splits or none).
     pub attn_partials: CudaSlice<f32>,
     /// MoE: router logits `[T][n_expert + 1]` (one token: the shared-expert gate's logit
     /// after the router's), shared-expert gate logit and weight `[T]`,
@@ -88,7 +89,11 @@ impl Scratch {
             q: f(attn)?,
             k: f(kv)?,
             v: f(kv)?,
-            attn_partials: device.alloc_zeros(attention_partials_len(1, c.n_head, c.head_dim))?,
+            attn_partials: device.alloc_zeros(attention_partials_len(
+                SMALL_BATCH_MAX_TOKENS,
+                c.n_head,
+                c.head_dim,
+            ))?,
             router: f(c.n_expert + 1)?,
             shared_logit: f(1)?,
             shared_weight: f(1)?,

@@ -163,8 +163,9 @@ pub struct CudaState {
 }
 
 /// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
-/// each of its rows but the last (device buffers, allocated on first use and reused), so
-/// `rollback_to` can keep any prefix of the batch without running it again.
+/// each of its rows but the last (device buffers, allocated for every layer by the first
+/// layer's call, before anything is recorded, and reused), so `rollback_to` can keep any
+/// prefix of the batch without running it again.
 #[derive(Default)]
 struct Recording {
     armed: bool,
@@ -172,8 +173,19 @@ struct Recording {
     pos0: Option<usize>,
     /// Rows of the recorded call.
     rows: usize,
-    /// Per DeltaNet layer (slot order), the state after row `i` at index `i`.
-    states: Vec<Vec<DeltaState>>,
+    /// Per DeltaNet layer (slot order).
+    states: Vec<RecordedRows>,
+}
+
+/// The states a recording call keeps for one DeltaNet layer, the state after row `i` at
+/// row `i` of each buffer.
+pub struct RecordedRows {
+    /// Rows the buffers hold.
+    pub rows: usize,
+    /// `[rows][kernel - 1][channels]`.
+    pub conv: CudaSlice<f32>,
+    /// `[rows][v_head][key_dim][value_dim]`.
+    pub recurrent: CudaSlice<f32>,
 }
 
 /// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
@@ -285,26 +297,42 @@ impl CudaState {
             .ok_or_else(|| EngineError::BadConfig(format!("layer {layer} has no KV cache")))
     }
 
-    /// The state of DeltaNet layer `layer` and, when the current call records (see
-    /// `checkpoint`), where its `tokens` rows go.
+    /// The state of DeltaNet layer `layer` and, when the current call of `tokens` rows
+    /// records (see `checkpoint`), where the states after its rows but the last go. The
+    /// first layer's call makes room for every layer's rows (before a recorded graph starts,
+    /// so that the graph never sees an allocation).
     pub(super) fn deltanet_recording(
         &mut self,
+        device: &Device,
         layer: usize,
         tokens: usize,
-    ) -> Result<(&mut DeltaState, Option<&mut Vec<DeltaState>>)> {
+    ) -> Result<(&mut DeltaState, Option<&mut RecordedRows>)> {
         let slot = self.slot.get(layer).copied().unwrap_or(usize::MAX);
-        let armed = self.recording.armed;
-        if armed {
-            self.recording.rows = tokens;
-            let layers = self.buffers.as_ref().map_or(0, |b| b.deltanet.len());
-            if self.recording.states.len() < layers {
-                self.recording.states.resize_with(layers, Vec::new);
-            }
-        }
+        let armed = self.recording.armed && tokens > 1;
         let buffers = self
             .buffers
             .as_mut()
             .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        if armed {
+            self.recording.rows = tokens;
+            let rows = tokens - 1;
+            let layers = buffers.deltanet.len();
+            let short = self.recording.states.len() < layers
+                || self.recording.states.iter().any(|r| r.rows < rows);
+            if short {
+                // Graphs recorded with the old buffers may not replay (and a new buffer may
+                // reuse an old one's address, which the graphs' keys would not tell apart).
+                graph::lock(&self.graphs)?.forget_recorded()?;
+                self.recording.states.clear();
+                for d in &buffers.deltanet {
+                    self.recording.states.push(RecordedRows {
+                        rows,
+                        conv: device.alloc_zeros(rows * d.conv.len())?,
+                        recurrent: device.alloc_zeros(rows * d.recurrent.len())?,
+                    });
+                }
+            }
+        }
         let state = buffers.deltanet.get_mut(slot).ok_or_else(|| {
             EngineError::BadConfig(format!("layer {layer} has no DeltaNet state"))
         })?;
@@ -443,12 +471,27 @@ impl SeqState for CudaState {
             .buffers
             .as_mut()
             .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
-        for (d, rows) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
-            let saved = rows.get(kept - 1).ok_or_else(|| {
-                EngineError::BadConfig(format!("no recorded state after row {}", kept - 1))
-            })?;
-            copy_state(&device, &saved.conv, &mut d.conv)?;
-            copy_state(&device, &saved.recurrent, &mut d.recurrent)?;
+        for (d, saved) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
+            if saved.rows < kept {
+                return Err(EngineError::BadConfig(format!(
+                    "no recorded state after row {}",
+                    kept - 1
+                )));
+            }
+            let row = kept - 1;
+            let (conv, recurrent) = (d.conv.len(), d.recurrent.len());
+            copy_state(
+                &device,
+                &saved.conv.slice(row * conv..(row + 1) * conv),
+                &mut d.conv,
+            )?;
+            copy_state(
+                &device,
+                &saved
+                    .recurrent
+                    .slice(row * recurrent..(row + 1) * recurrent),
+                &mut d.recurrent,
+            )?;
         }
         self.pos = pos0 + kept;
         Ok(())
@@ -456,7 +499,7 @@ impl SeqState for CudaState {
 }
 
 /// Device-to-device copy of one buffer into another of the same length (queued).
-fn copy_state(device: &Device, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
+fn copy_state(device: &Device, src: &CudaView<'_, f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
     device
         .stream()
         .memcpy_dtod(src, dst)
