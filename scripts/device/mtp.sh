@@ -102,8 +102,10 @@ if stage bench; then
 fi
 if stage small; then
   stamp "batches of 1 to 4 tokens"
-  "$R" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 > "$OUT/small.txt" 2>&1
-  grep -E '^\| pp' "$OUT/small.txt" | tr -s ' ' | tee -a "$SUMMARY"
+  for v in REDLITE_UNUSED=0 REDLITE_SMALL_BATCH_MATVEC=0; do
+    env "$v" "$R" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 > "$OUT/small-$v.txt" 2>&1
+    note "$v: $(grep -E '^\| pp' "$OUT/small-$v.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
 fi
 
 if stage ncu && command -v ncu > /dev/null; then

@@ -187,6 +187,22 @@ fn plan_matmul(
     // A small batch keeps the one-token kernel where that is split-K (the token tiles sum a
     // row in the q8 matvec's order, split-K in its own): each row the bits of one token.
     let small_splitk = splitk && tokens <= SMALL_BATCH_MAX_TOKENS;
+    // A small batch's other q8 products: all its tokens in each CTA, one row per warp (the
+    // 8-token tiles, 2 rows a warp, took 2.8x a one-token product for 4 tokens on the H200).
+    let small_shared = q8_shared_bytes(tokens * cols);
+    if (2..=SMALL_BATCH_MAX_TOKENS).contains(&tokens)
+        && q8
+        && !small_splitk
+        && small_matvec()
+        && small_shared <= SHARED_MAX_BYTES
+    {
+        let grid = (rows.div_ceil(MATMUL_V2_WARPS as usize), 1, 1);
+        let kernel = source::matmul_q8_small_kernel(kind, tokens);
+        return MatmulPlan {
+            tiled: true,
+            ..plan(kernel, grid, MATMUL_V2_WARPS, small_shared, "q8 small ")
+        };
+    }
     if tokens > 1 && q8 && prefill_tiles() && tile_shared <= SHARED_MAX_BYTES && !small_splitk {
         let per_cta = MATMUL_V2_WARPS as usize * MATMUL_TILE_ROWS;
         let grid = (
@@ -559,6 +575,13 @@ pub(crate) fn attention_prep<T: DeviceRepr>(
         dims,
         rope,
     )
+}
+
+/// Small batches' q8 products with all their tokens in each CTA, unless
+/// `REDLITE_SMALL_BATCH_MATVEC=0` (the 8-token tiles then; the same bits either way).
+fn small_matvec() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_SMALL_BATCH_MATVEC").as_deref() != Ok("0"))
 }
 
 fn split_enabled() -> bool {

@@ -258,6 +258,15 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
 pub(crate) const MATMUL_TILE_ROWS: usize = 2;
 pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
 
+/// The token tiles for a small batch: exactly `tokens` tokens per CTA and one row per warp
+/// (each warp then does `tokens` dots per weight item, the work of a few rows of one token).
+pub(crate) fn matmul_q8_small_kernel(kind: WeightKind, tokens: usize) -> String {
+    format!(
+        "matmul_q8_tiles_kernel<{}, {MATMUL_V2_WARPS}, 1, {tokens}>",
+        kind.cuda_name
+    )
+}
+
 pub(crate) fn matmul_q8_tiles_kernel(kind: WeightKind) -> String {
     format!(
         "matmul_q8_tiles_kernel<{}, {MATMUL_V2_WARPS}, {MATMUL_TILE_ROWS}, {MATMUL_TILE_TOKENS}>",
@@ -531,6 +540,9 @@ pub fn modules() -> Vec<ModuleSource> {
                 )
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
+                .chain(q8_kinds().flat_map(|kind| {
+                    (2..=SMALL_BATCH_MAX_TOKENS).map(move |t| matmul_q8_small_kernel(kind, t))
+                }))
                 .collect(),
         },
         ModuleSource {
