@@ -103,6 +103,8 @@ if stage parity; then
   note "cuda_parity: $(grep -E '^test result' "$OUT/parity.log" | tail -1)"
   note "  worst exact: $(grep -h 'Exact' "$OUT/parity.log" | sort -k8 -g | tail -1)"
   note "  worst q8:    $(grep -h 'Ggml' "$OUT/parity.log" | sort -k8 -g | tail -1)"
+  [ -x "$D/cuda_mtp" ] && "$D/cuda_mtp" --test-threads=1 --nocapture > "$OUT/mtp-tests.log" 2>&1
+  [ -x "$D/cuda_mtp" ] && note "cuda_mtp: $(grep -E '^test result' "$OUT/mtp-tests.log" | tail -1)"
   # The prompt kernels' alternatives (issue 7 wants both parity-tested).
   REDLITE_DELTA_CHUNKED=0 REDLITE_FLASH_PREFILL=0 REDLITE_PREFILL_GEMM=0 REDLITE_MMA_WIDE_TILES=0 \
     REDLITE_PREFILL_CUBLAS=0 \
