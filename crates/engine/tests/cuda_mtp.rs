@@ -9,7 +9,7 @@ mod cuda_support;
 
 use std::sync::Arc;
 
-use cuda_support::device;
+use cuda_support::{device, max_rel, prompt, RECIPES};
 use redlite_cuda::Device;
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
@@ -25,44 +25,6 @@ use redlite_gguf::GgufModel;
 
 /// Exact products: the GPU and the CPU differ by float summation order only.
 const TOLERANCE: f32 = 1e-4;
-
-const RECIPES: [Recipe; 5] = [
-    Recipe::F32,
-    Recipe::F16,
-    Recipe::IQ2XXS,
-    Recipe::IQ1M,
-    Recipe::Q4KM,
-];
-
-fn prompt(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + 11) % 500).collect()
-}
-
-fn rel_l2(reference: &[f32], found: &[f32]) -> f32 {
-    let num: f64 = reference
-        .iter()
-        .zip(found)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|&a| (a as f64).powi(2)).sum();
-    (num.sqrt() / den.sqrt().max(1e-30)) as f32
-}
-
-/// Worst relative L2 over rows of `width`; NaN when a row is NaN.
-fn max_rel(reference: &[f32], found: &[f32], width: usize) -> f32 {
-    assert_eq!(reference.len(), found.len(), "lengths differ");
-    reference
-        .chunks(width)
-        .zip(found.chunks(width))
-        .map(|(a, b)| rel_l2(a, b))
-        .fold(0.0, |worst, r| {
-            if r.is_nan() || worst.is_nan() {
-                f32::NAN
-            } else {
-                worst.max(r)
-            }
-        })
-}
 
 /// A tiny model of `recipe` with the MTP block.
 fn mtp_model(dir: &std::path::Path, recipe: Recipe) -> Arc<GgufModel> {

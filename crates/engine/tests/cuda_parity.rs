@@ -11,7 +11,7 @@ mod cuda_support;
 
 use std::sync::Arc;
 
-use cuda_support::device;
+use cuda_support::{device, max_rel, prompt, rel_l2, RECIPES};
 use redlite_cuda::Device;
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
@@ -85,33 +85,9 @@ fn cases(recipes: &[Recipe]) -> Vec<(Precision, Recipe)> {
         .collect()
 }
 
-fn prompt(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + 11) % 500).collect()
-}
-
 /// Fails also on NaN.
 fn within(p: Precision, rel: f32) -> bool {
     rel <= tolerance(p)
-}
-
-fn rel_l2(reference: &[f32], found: &[f32]) -> f32 {
-    let num: f64 = reference
-        .iter()
-        .zip(found)
-        .map(|(a, b)| f64::from(a - b).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|a| f64::from(*a).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt() as f32
-}
-
-/// Largest relative L2 difference over rows of `width`.
-fn max_rel(reference: &[f32], found: &[f32], width: usize) -> f32 {
-    assert_eq!(reference.len(), found.len(), "lengths differ");
-    reference
-        .chunks(width)
-        .zip(found.chunks(width))
-        .map(|(a, b)| rel_l2(a, b))
-        .fold(0.0, f32::max)
 }
 
 /// The first captured stream (0 = embedding, i = after layer i - 1) that diverges.
@@ -129,14 +105,6 @@ fn first_divergence(p: Precision, cpu: &[Vec<f32>], gpu: &[Vec<f32>], width: usi
     }
     "no layer diverges beyond the tolerance; the final norm or LM head does".to_string()
 }
-
-const RECIPES: [Recipe; 5] = [
-    Recipe::F32,
-    Recipe::F16,
-    Recipe::IQ2XXS,
-    Recipe::IQ1M,
-    Recipe::Q4KM,
-];
 
 #[test]
 fn prefill_logits_match_the_cpu() {
