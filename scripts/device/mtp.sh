@@ -10,9 +10,11 @@
 #   3. greedy text of 64 tokens with and without --mtp (--draft 1 and 3): the same text;
 #   4. speed: `redlite bench -p 0 -n 128` with --mtp --draft 1, 2, 3 at forced acceptance
 #      rates (each run times plain decoding first), the table last;
-#   5. (stages small, ncu; not by default) the wall time of batches of 1 to 4 tokens
+#   5. (stages small, ncu, serve; not by default) the wall time of batches of 1 to 4 tokens
 #      (`bench -p 1,2,3,4`), and Nsight Compute's kernel durations for 16 tokens fed one and
-#      four at a time (`redlite logits --chunk 1|4`: one-token and small-batch graphs).
+#      four at a time (`redlite logits --chunk 1|4`: one-token and small-batch graphs); `redlite
+#      serve` with 4 slots, 8 concurrent greedy streams against the same requests alone
+#      (scripts/device/serve_smoke.py), plain and with --mtp.
 # Carry .cache/device/redlite.xz and the test binaries deltanet, cuda_mtp, cuda_parity
 # (scripts/device/prepare.sh), and redlite-old.xz for OLD=1.
 #
@@ -119,6 +121,21 @@ if stage ncu && command -v ncu > /dev/null; then
     python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-chunk$chunk.csv" embed_kernel \
       > "$OUT/ncu-chunk$chunk.txt" 2>&1
     head -30 "$OUT/ncu-chunk$chunk.txt" | tee -a "$SUMMARY"
+  done
+fi
+if stage serve; then
+  for flags in "" "--mtp"; do
+    name="serve${flags:+-mtp}"
+    stamp "$name"
+    "$R" serve -m "$M" --device cuda --slots 4 --snapshots 0 --ctx 2048 --port 18080 $flags \
+      > "$OUT/$name.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 240); do curl -sf http://127.0.0.1:18080/health > /dev/null && break; sleep 1; done
+    timeout 150 python3 "$ROOT/scripts/device/serve_smoke.py" http://127.0.0.1:18080 8 32 \
+      > "$OUT/$name.txt" 2>&1
+    kill -INT "$pid"; wait "$pid"
+    note "$name: $(grep -E 'equal to the request alone' "$OUT/$name.txt")"
+    grep -iE 'error|mtp' "$OUT/$name.txt" | head -3 | tee -a "$SUMMARY"
   done
 fi
 stamp "done"
