@@ -11,7 +11,8 @@ use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
     ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
     GEMM_THREADS, GEMM_TILES, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
-    MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, SMALL_BATCH_MAX_TOKENS, WIDE_F16,
+    MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS,
+    SMALL_BATCH_MAX_TOKENS, WIDE_F16,
     WIDE_F32,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
@@ -172,7 +173,8 @@ fn plan_matmul(
         GgmlType::F16 if cols.is_multiple_of(WIDE_F16.1) => WIDE_F16.0,
         _ => kind.cuda_name,
     };
-    let gemm = gemm_float(device, kind.ty, (rows, cols, tokens)).filter(|_| x_aligned);
+    let gemm = gemm_float(device, kind.ty, (rows, cols, tokens))
+        .filter(|_| x_aligned && tokens > ONE_TOKEN_KERNELS_MAX_TOKENS);
     if let Some((kernel, tile)) = gemm {
         let grid = (rows.div_ceil(tile.0), tokens.div_ceil(tile.1), 1);
         return MatmulPlan {
@@ -184,9 +186,10 @@ fn plan_matmul(
     }
     let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
     let splitk = rows <= SPLITK_MAX_ROWS && split_k() && !matvec_v1();
-    // A small batch keeps the one-token kernel where that is split-K (the token tiles sum a
-    // row in the q8 matvec's order, split-K in its own): each row the bits of one token.
-    let small_splitk = splitk && tokens <= SMALL_BATCH_MAX_TOKENS;
+    // A batch of decode size keeps the one-token kernel where that is split-K (the token
+    // tiles sum a row in the q8 matvec's order, split-K in its own): each row the bits of
+    // one token.
+    let small_splitk = splitk && tokens <= ONE_TOKEN_KERNELS_MAX_TOKENS;
     // A small batch's other q8 products: all its tokens in each CTA, one row per warp (the
     // 8-token tiles, 2 rows a warp, took 2.8x a one-token product for 4 tokens on the H200).
     let small_shared = q8_shared_bytes(tokens * cols);

@@ -8,7 +8,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
-use crate::source::{CONV_KERNELS, DELTA_DK};
+use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
@@ -161,7 +161,12 @@ pub fn matmul(
     if cublas_takes(device, matrix, tokens) {
         return matmul_cublas(device, matrix, x, y);
     }
-    matmul_with(device, matrix, x, y, PrefillKernels::from_env())
+    // Decode-sized batches: the q8 kernels, whose rows are the bits of one token's.
+    let kernels = match tokens <= ONE_TOKEN_KERNELS_MAX_TOKENS {
+        true => PrefillKernels::Dp4a,
+        false => PrefillKernels::from_env(),
+    };
+    matmul_with(device, matrix, x, y, kernels)
 }
 
 /// [`matmul`] with the prompt kernels chosen by the caller (tests and benchmarks compare

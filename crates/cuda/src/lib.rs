@@ -85,7 +85,7 @@ pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES,
-    SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
+    ONE_TOKEN_KERNELS_MAX_TOKENS, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
 
 /// Whether this build carries the CUDA backend at all.

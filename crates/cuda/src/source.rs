@@ -221,6 +221,11 @@ pub(crate) const ATTENTION_MIN_CHUNK: usize = 32;
 /// (so a row gives the bits of that step), and may read their position from device memory
 /// (a recorded graph replayed at any position).
 pub const SMALL_BATCH_MAX_TOKENS: usize = 4;
+/// Batches of at most this many tokens (several serving slots decoding together, with their
+/// MTP verifications: 4 slots x (1 + 3)) take the one-token step's products and MoE kernels,
+/// each row summed as a one-token step sums it: a request decoded beside others gets the bits
+/// it gets alone. Larger batches (prompts) take the prompt kernels (tensor cores, GEMMs).
+pub const ONE_TOKEN_KERNELS_MAX_TOKENS: usize = 16;
 /// KV-cache element types in CUDA spelling: f32 and f16 bits.
 pub(crate) const KV_CUDA_TYPES: [&str; 2] = ["float", "u16"];
 

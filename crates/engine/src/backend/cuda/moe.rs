@@ -6,8 +6,9 @@
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
 //! row lengths; `REDLITE_MOE_FOLD_SHARED=0` keeps it separate then.
-//! Small batches (up to `SMALL_BATCH_MAX_TOKENS` tokens: an MTP verification) take the
-//! one-token kernels. Prompts take the path of `moe_pairs` (down products per pair, then their
+//! Batches of decode size (up to `ONE_TOKEN_KERNELS_MAX_TOKENS` tokens: serving slots
+//! decoding together, MTP verifications) take the one-token kernels. Prompts take the path
+//! of `moe_pairs` (down products per pair, then their
 //! weighted sum; the int8 tensor-core products where they cover the types, grouped by
 //! expert on the device) unless `REDLITE_MOE_PAIR_DOWN=0`; then, with
 //! `REDLITE_MOE_GROUPED=1` and q8 dots, the grouped gate/up: the router's ids come to the
@@ -24,7 +25,7 @@ use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
     moe_gate_up_mma, moe_route, moe_route_skew, router_topk, router_topk_takes, CudaView,
     CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, RouteSkew, SharedGateUp,
-    SMALL_BATCH_MAX_TOKENS,
+    ONE_TOKEN_KERNELS_MAX_TOKENS,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -124,9 +125,9 @@ pub fn forward(
             c.n_expert,
         )?;
     }
-    // A small resident batch takes the one-token kernels below, each row then the bits of
-    // a one-token step (and no host round trip: it may be recorded as a graph).
-    let small = t <= SMALL_BATCH_MAX_TOKENS;
+    // A resident batch of decode size takes the one-token kernels below, each row then the
+    // bits of a one-token step (and no host round trip: it may be recorded as a graph).
+    let small = t <= ONE_TOKEN_KERNELS_MAX_TOKENS;
     if t > 1 && (cache.is_some() || (pair_down() && !small)) {
         let buffers = PairBuffers {
             act: &mut s.act,
@@ -222,7 +223,7 @@ fn shared_expert(
         w.shared_down.view(),
     );
     let mma = PrefillKernels::from_env() == PrefillKernels::Mma
-        && t > 1
+        && t > ONE_TOKEN_KERNELS_MAX_TOKENS
         && [&gate, &up, &down].iter().all(|m| mma_takes(device, m, t));
     if mma {
         let dense = MmaGroups::dense(device, t)?;
