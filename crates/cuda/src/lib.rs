@@ -84,8 +84,8 @@ pub use profile::{components_on, enable_components, profiling, take_components, 
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
-    modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, Q8_DOT_TYPES,
-    ONE_TOKEN_KERNELS_MAX_TOKENS, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
+    modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
+    Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
 
 /// Whether this build carries the CUDA backend at all.
