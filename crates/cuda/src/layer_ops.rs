@@ -373,23 +373,26 @@ pub fn deltanet_step(
     if t == 0 {
         return Ok(());
     }
+    // The records need room for tokens - 1 rows; longer ones keep their tail.
+    let rows = t - 1;
     let record = match record {
-        Some(r) => {
-            let rows = t - 1;
-            let short = |len: usize, need: usize| len < need;
-            if short(r.conv.len(), rows * conv_len) {
-                shape(op, "conv record length", rows * conv_len, r.conv.len())?;
-            }
-            if short(r.recurrent.len(), rows * state_len) {
-                shape(
-                    op,
-                    "state record length",
-                    rows * state_len,
-                    r.recurrent.len(),
-                )?;
-            }
-            Some((r.conv, r.recurrent))
+        Some(r) if r.conv.len() < rows * conv_len => {
+            return Err(CudaError::Shape {
+                op,
+                what: "conv record length (at least)",
+                expected: rows * conv_len,
+                found: r.conv.len(),
+            })
         }
+        Some(r) if r.recurrent.len() < rows * state_len => {
+            return Err(CudaError::Shape {
+                op,
+                what: "state record length (at least)",
+                expected: rows * state_len,
+                found: r.recurrent.len(),
+            })
+        }
+        Some(r) => Some((r.conv, r.recurrent)),
         None => None,
     };
     launch::deltanet_step(
