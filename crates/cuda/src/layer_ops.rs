@@ -318,9 +318,9 @@ pub struct DeltaNetParams<'a, 'b> {
 /// Where a several-row DeltaNet step keeps the state after each of its rows but the last
 /// (an MTP verification's rollback points): `conv` `[rows - 1][width - 1][channels]`,
 /// `recurrent` `[rows - 1][v_heads][dk][dv]`; longer views keep their tail untouched.
-pub struct StepRecord<'a, 'b> {
-    pub conv: &'a mut CudaViewMut<'b, f32>,
-    pub recurrent: &'a mut CudaViewMut<'b, f32>,
+pub struct StepRecord<'a> {
+    pub conv: CudaViewMut<'a, f32>,
+    pub recurrent: CudaViewMut<'a, f32>,
 }
 
 /// The whole DeltaNet step of `s.tokens` tokens between their projections, one row after the
@@ -341,7 +341,7 @@ pub fn deltanet_step(
     conv_state: &mut CudaViewMut<'_, f32>,
     recurrent: &mut CudaViewMut<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
-    record: Option<StepRecord<'_, '_>>,
+    mut record: Option<StepRecord<'_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
     let d = s.check(op)?;
@@ -375,7 +375,7 @@ pub fn deltanet_step(
     }
     // The records need room for tokens - 1 rows; longer ones keep their tail.
     let rows = t - 1;
-    let record = match record {
+    let record = match &mut record {
         Some(r) if r.conv.len() < rows * conv_len => {
             return Err(CudaError::Shape {
                 op,
@@ -392,7 +392,7 @@ pub fn deltanet_step(
                 found: r.recurrent.len(),
             })
         }
-        Some(r) => Some((r.conv, r.recurrent)),
+        Some(r) => Some((&mut r.conv, &mut r.recurrent)),
         None => None,
     };
     launch::deltanet_step(

@@ -216,10 +216,11 @@ pub(crate) const ATTENTION_WARPS: u32 = 4;
 pub const ATTENTION_MAX_SPLITS: usize = 64;
 /// Fewest positions per split: shorter ranges do not pay for their partials.
 pub(crate) const ATTENTION_MIN_CHUNK: usize = 32;
-/// Batches of at most this many tokens (an MTP verification: one token and up to three
-/// drafts) launch the one-token step's kernels, each row summed as a one-token step sums it
-/// (so a row gives the bits of that step), and may read their position from device memory
-/// (a recorded graph replayed at any position).
+/// Batches (per sequence) of at most this many tokens (an MTP verification: one token and up
+/// to three drafts) run the DeltaNet rows in one fused launch, split each token's attention
+/// as a one-token step does, take the small-batch q8 product, and may read their position
+/// from device memory (a recorded graph replayed at any position); each row gives the bits
+/// of a one-token step.
 pub const SMALL_BATCH_MAX_TOKENS: usize = 4;
 /// Batches of at most this many tokens (several serving slots decoding together, with their
 /// MTP verifications: 4 slots x (1 + 3)) take the one-token step's products and MoE kernels,

@@ -236,8 +236,8 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             &mut state.as_view_mut(),
             &mut out.as_view_mut(),
             Some(StepRecord {
-                conv: &mut conv_rec.as_view_mut(),
-                recurrent: &mut state_rec.as_view_mut(),
+                conv: conv_rec.as_view_mut(),
+                recurrent: state_rec.as_view_mut(),
             }),
         )
         .unwrap();

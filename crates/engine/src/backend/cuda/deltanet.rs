@@ -72,18 +72,10 @@ pub fn forward(
             dt_bias: &w.dt_bias.as_view(),
             norm_w: &w.norm.as_view(),
         };
-        let (mut conv_rec, mut state_rec);
-        let kept = match record {
-            Some(rows) => {
-                conv_rec = rows.conv.as_view_mut();
-                state_rec = rows.recurrent.as_view_mut();
-                Some(StepRecord {
-                    conv: &mut conv_rec,
-                    recurrent: &mut state_rec,
-                })
-            }
-            None => None,
-        };
+        let kept = record.map(|rows| StepRecord {
+            conv: rows.conv.as_view_mut(),
+            recurrent: rows.recurrent.as_view_mut(),
+        });
         deltanet_step(
             device,
             &shape,

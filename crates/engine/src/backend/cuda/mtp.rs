@@ -14,27 +14,33 @@ use crate::error::{EngineError, Result};
 /// The input's intermediate rows, kept between calls (grown to the largest batch seen) so a
 /// draft allocates nothing.
 #[derive(Default)]
-pub struct MtpBuffers {
+pub struct MtpBuffers(Option<Rows>);
+
+struct Rows {
     rows: usize,
     /// `[rows][n_embd]` each: the embeddings and the two normed halves.
-    embedded: Option<CudaSlice<f32>>,
-    normed_e: Option<CudaSlice<f32>>,
-    normed_h: Option<CudaSlice<f32>>,
+    embedded: CudaSlice<f32>,
+    normed_e: CudaSlice<f32>,
+    normed_h: CudaSlice<f32>,
     /// `[rows][2 n_embd]`: the halves side by side.
-    concat: Option<CudaSlice<f32>>,
+    concat: CudaSlice<f32>,
 }
 
 impl MtpBuffers {
-    fn reserve(&mut self, device: &Device, rows: usize, e: usize) -> Result<()> {
-        if rows <= self.rows && self.concat.is_some() {
-            return Ok(());
+    /// The buffers, with room for `rows` rows of `e`.
+    fn reserve(&mut self, device: &Device, rows: usize, e: usize) -> Result<&mut Rows> {
+        if self.0.as_ref().is_none_or(|b| b.rows < rows) {
+            self.0 = Some(Rows {
+                rows,
+                embedded: device.alloc_zeros(rows * e)?,
+                normed_e: device.alloc_zeros(rows * e)?,
+                normed_h: device.alloc_zeros(rows * e)?,
+                concat: device.alloc_zeros(rows * 2 * e)?,
+            });
         }
-        self.embedded = Some(device.alloc_zeros(rows * e)?);
-        self.normed_e = Some(device.alloc_zeros(rows * e)?);
-        self.normed_h = Some(device.alloc_zeros(rows * e)?);
-        self.concat = Some(device.alloc_zeros(rows * 2 * e)?);
-        self.rows = rows;
-        Ok(())
+        self.0
+            .as_mut()
+            .ok_or_else(|| EngineError::Cuda("MTP input buffers were not allocated".into()))
     }
 }
 
@@ -60,19 +66,13 @@ pub fn input(
             out.len()
         )));
     }
-    buffers.reserve(device, n, e)?;
-    let missing = || EngineError::Cuda("MTP input buffers were not allocated".into());
-    let MtpBuffers {
+    let Rows {
         embedded,
         normed_e,
         normed_h,
         concat,
         ..
-    } = buffers;
-    let embedded = embedded.as_mut().ok_or_else(missing)?;
-    let normed_e = normed_e.as_mut().ok_or_else(missing)?;
-    let normed_h = normed_h.as_mut().ok_or_else(missing)?;
-    let concat = concat.as_mut().ok_or_else(missing)?;
+    } = buffers.reserve(device, n, e)?;
     redlite_cuda::embed(device, &table.view(), ids, &mut embedded.slice_mut(..n * e))?;
     redlite_cuda::rms_norm(
         device,
