@@ -5,7 +5,7 @@
 #   cuda_parity      the engine's CUDA parity tests (test binary)
 #   cuda_mtp         the engine's MTP GPU tests (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
-#   kernels, mma, attention, deltanet, preload  the cuda crate's GPU tests (test binaries)
+#   kernels, mma, attention, deltanet, preload, q8_input  the cuda crate's GPU tests (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
 #   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
 #
@@ -34,6 +34,7 @@ cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"
 cp "$(test_binary -p redlite-cuda --test attention)" "$D/attention"
 cp "$(test_binary -p redlite-cuda --test deltanet)" "$D/deltanet"
 cp "$(test_binary -p redlite-cuda --test preload)" "$D/preload"
+cp "$(test_binary -p redlite-cuda --test q8_input)" "$D/q8_input"
 
 if [ ! -f "$D/llama-src.tgz" ]; then
   sdist="$ROOT/.cache/reference/dl/llama_cpp_python-0.3.36.tar.gz"

@@ -1,5 +1,5 @@
 // Embedding gather, RMSNorm over rows, residual add. Needs common.cuh, the tables,
-// blocks.cuh and reduce.cuh before it.
+// blocks.cuh, reduce.cuh and q8dot.cuh before it.
 
 // x[t] = decode(table row tokens[t]); one CTA per token, threads walk the row's items.
 // An id past the table gives zeros (the engine refuses such ids before launching).
@@ -35,7 +35,8 @@ __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict
 // round trips); thread i sums the squares of its chunks i, i + blockDim, ... in order.
 // Both norm kernels call this, so the fused add + norm gives the bits of add then norm.
 static __device__ __forceinline__ void norm_row(float* x, const float* y, const float* w,
-                                                float* out, int cols, float eps) {
+                                                float* out, int cols, float eps,
+                                                float* stage = nullptr) {
     __shared__ float scratch[32];
     const u64 addresses = reinterpret_cast<u64>(x) | reinterpret_cast<u64>(w) |
                           reinterpret_cast<u64>(out) | reinterpret_cast<u64>(y);
@@ -66,9 +67,10 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
         for (int c = 0; c < NORM_CHUNKS; ++c) {
             const int i = threadIdx.x + c * blockDim.x;
             if (i < chunks) {
-                reinterpret_cast<float4*>(out)[i] =
-                    make_float4(v[c].x * scale * wv[c].x, v[c].y * scale * wv[c].y,
-                                v[c].z * scale * wv[c].z, v[c].w * scale * wv[c].w);
+                const float4 o = make_float4(v[c].x * scale * wv[c].x, v[c].y * scale * wv[c].y,
+                                             v[c].z * scale * wv[c].z, v[c].w * scale * wv[c].w);
+                reinterpret_cast<float4*>(out)[i] = o;
+                if (stage != nullptr) reinterpret_cast<float4*>(stage)[i] = o;
             }
         }
         return;
@@ -81,7 +83,11 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
     }
     ss = block_reduce_sum(ss, scratch);
     const float scale = 1.0f / sqrtf(ss / float(cols) + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = x[i] * scale * w[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float o = x[i] * scale * w[i];
+        out[i] = o;
+        if (stage != nullptr) stage[i] = o;
+    }
 }
 
 // out[r] = x[r] * w / sqrt(mean(x[r]^2) + eps); one CTA per row (in place is allowed: each
@@ -106,4 +112,37 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
                                     int cols, float eps) {
     norm_row(x + i64(blockIdx.x) * cols, y + i64(blockIdx.x) * cols, w,
              out + i64(blockIdx.x) * cols, cols, eps);
+}
+
+// The two norms above, each row's output also quantized to Q8_K into global memory (`d`:
+// cols / 256 scales per row, `q`: cols codes per row; cols a multiple of 256) for the q8
+// products that read it (`matmul_q8_kernel` and the others taking `gd`, `gq`): their CTAs
+// then skip quantizing it each. The codes are `quantize_q8k_shared`'s for the same values,
+// so every product gets the bits it would quantize itself. Dynamic shared memory: cols * 4
+// bytes (the row's output, staged for the quantization).
+__global__ void rms_norm_q8_kernel(const float* x, const float* __restrict__ w, float* out,
+                                   float* __restrict__ d, i8* __restrict__ q, int cols,
+                                   float eps) {
+    extern __shared__ float4 norm_stage[];
+    float* stage = reinterpret_cast<float*>(norm_stage);
+    norm_row(const_cast<float*>(x) + i64(blockIdx.x) * cols, nullptr, w,
+             out + i64(blockIdx.x) * cols, cols, eps, stage);
+    __syncthreads();
+    const int blocks = cols / Q8K_VALUES;
+    quantize_q8k_blocks([=](int b) { return stage + b * Q8K_VALUES; }, blocks,
+                        d + i64(blockIdx.x) * blocks, q + i64(blockIdx.x) * cols);
+}
+
+__global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                       const float* __restrict__ w, float* __restrict__ out,
+                                       float* __restrict__ d, i8* __restrict__ q, int cols,
+                                       float eps) {
+    extern __shared__ float4 norm_stage[];
+    float* stage = reinterpret_cast<float*>(norm_stage);
+    norm_row(x + i64(blockIdx.x) * cols, y + i64(blockIdx.x) * cols, w,
+             out + i64(blockIdx.x) * cols, cols, eps, stage);
+    __syncthreads();
+    const int blocks = cols / Q8K_VALUES;
+    quantize_q8k_blocks([=](int b) { return stage + b * Q8K_VALUES; }, blocks,
+                        d + i64(blockIdx.x) * blocks, q + i64(blockIdx.x) * cols);
 }

@@ -78,17 +78,18 @@ matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
 
 // Version q8 (the default for the types of q8dot.cuh under the backend's `Precision::Ggml`;
 // version 2 stays for `Precision::Exact` and the other types): version 2's layout, with x[t]
-// quantized to Q8_K into shared memory by each CTA and integer block dots; the first
-// token's CTAs ask L2 for their rows before quantizing. Dynamic shared
-// memory: q8_scales_bytes(cols) + cols bytes.
+// quantized to Q8_K into shared memory by each CTA (or read quantized from `gd`, `gq`:
+// `q8_input`) and integer block dots; the first token's CTAs ask L2 for their rows before
+// quantizing. Dynamic shared memory: q8_scales_bytes(cols) + cols bytes (none with `gq`).
 template <class B, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                 const float* __restrict__ gd, const i8* __restrict__ gq,
                  float* __restrict__ y, int rows, int cols) {
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    const float* xd;
+    const i8* xq;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
     const int valid = min(ROWS, rows - row0);
@@ -96,7 +97,7 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     const u8* w = weights + i64(row0) * row_bytes;
     // The warp's rows are contiguous: ask L2 for them while x is quantized.
     if (row0 < rows && blockIdx.y == 0) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
-    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
+    q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;
     float acc[ROWS];
@@ -139,21 +140,23 @@ matmul_splitk_kernel(const u8* __restrict__ weights, const float* __restrict__ x
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
 
-// The same on Q8_K activations (quantized into shared memory, as matmul_q8_kernel).
+// The same on Q8_K activations (quantized into shared memory, or read quantized from `gd`,
+// `gq`, as matmul_q8_kernel).
 template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                        const float* __restrict__ gd, const i8* __restrict__ gq,
                         float* __restrict__ y, int rows, int cols) {
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     __shared__ float scratch[32];
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
+    const float* xd;
+    const i8* xq;
     const int row = blockIdx.x;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + row * row_bytes;
     if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
-    quantize_q8k_shared(x + i64(blockIdx.y) * cols, cols, nullptr, 0, xd, xq);
+    q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
     const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
@@ -169,20 +172,21 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
 template <class B, int WARPS, int ROWS, int NT>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                       const float* __restrict__ gd, const i8* __restrict__ gq,
                        float* __restrict__ y, int rows, int cols, int tokens) {
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t0 = blockIdx.y * NT, nt = min(NT, tokens - t0);
     const int nb = cols / Q8K_VALUES;
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(NT * cols);
+    const float* xd;
+    const i8* xq;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
     const int valid = min(ROWS, rows - row0);
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + i64(row0) * row_bytes;
     if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
-    quantize_q8k_shared(x + i64(t0) * cols, nt * cols, nullptr, 0, xd, xq);
+    q8_input(x, gd, gq, t0, nt, cols, q8_shared, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;
     float acc[ROWS][NT];

@@ -280,7 +280,8 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // Version q8 of the two expert matvecs (the default for the types of q8dot.cuh under the
 // backend's `Precision::Ggml`): version 2's layout, the input quantized to Q8_K into
 // shared memory by each CTA (x[t]: cols values; act[t]: used x ff values, each expert's
-// ff a whole number of 256-value blocks) and integer block dots. Each lane first asks L2
+// ff a whole number of 256-value blocks; gate/up may read x quantized from `gd`, `gq`
+// instead: `q8_input`) and integer block dots. Each lane first asks L2
 // for its rows so the weight loads overlap the quantization prologue. The shared expert
 // rides along as version 3's does (non-null `shared_*`, same block type and row length):
 // gate/up as slot k = used of grid.y into act_shared, down as one more weighted term.
@@ -289,6 +290,7 @@ template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
+                      const float* __restrict__ gd, const i8* __restrict__ gq,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
@@ -325,9 +327,9 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
         prefetch_l2(g_rows, rows_here * row_bytes, member, LANES);
         prefetch_l2(u_rows, rows_here * row_bytes, member, LANES);
     }
-    float* xd = reinterpret_cast<float*>(q8_shared);
-    i8* xq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(cols);
-    quantize_q8k_shared(x + i64(t) * cols, cols, nullptr, 0, xd, xq);
+    const float* xd;
+    const i8* xq;
+    q8_input(x, gd, gq, t, 1, cols, q8_shared, xd, xq);
     if (rows_here <= 0) return;
     if (!valid) {
         if (member < rows_here) out[member] = 0.0f;

@@ -52,6 +52,16 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
                                                            i8* q) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
+#if REDLITE_PROBE_Q8_NO_QUANTIZE
+    // Measurement probe (compile.rs): zero codes and scales without reading the input, so
+    // a kernel's time without its quantization prologue (every q8 product is then 0).
+    for (int b = warp; b < blocks; b += warps) {
+        *reinterpret_cast<uint2*>(q + b * Q8K_VALUES + 8 * lane) = make_uint2(0, 0);
+        if (lane == 0) d[b] = 0.0f;
+    }
+    __syncthreads();
+    return;
+#endif
     for (int first = warp; first < blocks; first += Q8_UNROLL * warps) {
         float v[Q8_UNROLL][8];
 #pragma unroll
@@ -125,6 +135,28 @@ static __device__ __forceinline__ void quantize_q8k_shared(const float* __restri
             return b < blocks1 ? x + i64(b) * Q8K_VALUES : x2 + i64(b - blocks1) * Q8K_VALUES;
         },
         blocks1 + values2 / Q8K_VALUES, d, q);
+}
+
+// The Q8_K input of `tokens` consecutive rows of `cols` values starting at row `t0`: the
+// codes and scales in global memory when the kernel that wrote x left them there (`gq` not
+// null: `rms_norm_q8_kernel`, the same codes), else quantized here into shared memory
+// `staging` (ending with a CTA barrier). Both layouts put row j's codes at `xq + j * cols`
+// and its scales at `xd + j * (cols / 256)`.
+static __device__ __forceinline__ void q8_input(const float* __restrict__ x,
+                                                const float* __restrict__ gd,
+                                                const i8* __restrict__ gq, i64 t0, int tokens,
+                                                int cols, float4* staging, const float*& xd,
+                                                const i8*& xq) {
+    if (gq != nullptr) {
+        xd = gd + t0 * (cols / Q8K_VALUES);
+        xq = gq + t0 * cols;
+        return;
+    }
+    float* sd = reinterpret_cast<float*>(staging);
+    i8* sq = reinterpret_cast<i8*>(staging) + q8_scales_bytes(tokens * cols);
+    quantize_q8k_shared(x + t0 * cols, tokens * cols, nullptr, 0, sd, sq);
+    xd = sd;
+    xq = sq;
 }
 
 // Asks L2 for `bytes` bytes from `p` (one 128-byte line per lane and step), so the weight

@@ -23,11 +23,14 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// global memory (see `blocks.cuh`), `REDLITE_Q8_SHARED_TABLES=1` the q8 kernels with them
 /// copied to shared memory (see `q8dot.cuh`), `REDLITE_BENCH_ROUTE_SPREAD=1` the routing
 /// kernels spreading each token's experts uniformly (a benchmark of the expert cache's worst
-/// case, see `moe_route.cu`); the options are part of the cache key.
+/// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
+/// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
+/// see `q8dot.cuh`); the options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
     let route_spread = std::env::var("REDLITE_BENCH_ROUTE_SPREAD").as_deref() == Ok("1");
+    let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -35,6 +38,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_SHARED_TABLES={}", u8::from(shared_tables)),
         format!("-DREDLITE_Q8_SHARED_TABLES={}", u8::from(q8_shared_tables)),
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
+        format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
     ]
 }
 

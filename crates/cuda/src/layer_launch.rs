@@ -6,6 +6,7 @@ use crate::error::CudaError;
 use crate::layer_ops::TokenWalk;
 pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route};
 use crate::ops::Dots;
+use crate::q8_input::Q8Views;
 use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
@@ -115,6 +116,8 @@ pub(crate) fn add(
     raw::launch_add(device.stream(), kernel, cfg, x, y, to_i32(n))
 }
 
+/// `q8`: x already quantized to Q8_K (scales, codes of every row), for the q8 kernels to
+/// read instead of quantizing x in each CTA; the other kernels ignore it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     device: &Device,
@@ -122,12 +125,22 @@ pub(crate) fn matmul(
     dots: Dots,
     weights: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
+    q8: Option<Q8Views<'_, '_>>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (usize, usize, usize),
 ) -> Result<(), CudaError> {
     let x_aligned = device.address(x).is_multiple_of(16);
-    let plan = plan_matmul(device, kind, dots, (rows, cols, tokens), x_aligned);
+    let mut plan = plan_matmul(device, kind, dots, (rows, cols, tokens), x_aligned);
     let kernel = device.kernel(&plan.kernel)?;
+    let q8 = match (plan.q8_input, q8) {
+        (false, _) => raw::Q8Arg::Absent,
+        (true, None) => raw::Q8Arg::Null,
+        (true, Some((d, q))) => {
+            // Nothing to stage: the kernel reads the codes where they are.
+            plan.cfg.shared_mem_bytes = 0;
+            raw::Q8Arg::Given(d, q)
+        }
+    };
     crate::profile::label(|| {
         format!(
             "matmul {}{} {rows}x{cols} t{tokens}",
@@ -136,19 +149,30 @@ pub(crate) fn matmul(
     });
     if plan.tiled {
         let shape = (to_i32(rows), to_i32(cols), to_i32(tokens));
-        return raw::launch_matmul_tiles(device.stream(), kernel, plan.cfg, weights, x, y, shape);
+        return raw::launch_matmul_tiles(
+            device.stream(),
+            kernel,
+            plan.cfg,
+            weights,
+            x,
+            q8,
+            y,
+            shape,
+        );
     }
     let shape = (to_i32(rows), to_i32(cols));
-    raw::launch_matmul(device.stream(), kernel, plan.cfg, weights, x, y, shape)
+    raw::launch_matmul(device.stream(), kernel, plan.cfg, weights, x, q8, y, shape)
 }
 
-/// The matmul kernel for a shape, its launch configuration, its profile label prefix and
-/// whether it takes the token count (the token-tiled kernel).
+/// The matmul kernel for a shape, its launch configuration, its profile label prefix,
+/// whether it takes the token count (the token-tiled kernel) and whether it takes a
+/// quantized input (`gd, gq`: the q8 kernels).
 struct MatmulPlan {
     kernel: String,
     cfg: LaunchConfig,
     version: &'static str,
     tiled: bool,
+    q8_input: bool,
 }
 
 /// In order: the float-weight GEMM (F32/F16 prompts), token tiles (several tokens, q8; `REDLITE_PREFILL_TILES=0` turns them off), split-K (at most
@@ -166,6 +190,7 @@ fn plan_matmul(
         cfg: config(grid, warps * 32, shared),
         version,
         tiled: false,
+        q8_input: false,
     };
     let block = match kind.ty {
         GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
@@ -181,6 +206,7 @@ fn plan_matmul(
             cfg: config(grid, GEMM_THREADS, 0),
             kernel,
             version: "gemm ",
+            q8_input: false,
         };
     }
     let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
@@ -202,6 +228,7 @@ fn plan_matmul(
         let kernel = source::matmul_q8_small_kernel(kind, tokens);
         return MatmulPlan {
             tiled: true,
+            q8_input: true,
             ..plan(kernel, grid, MATMUL_V2_WARPS, small_shared, "q8 small ")
         };
     }
@@ -215,6 +242,7 @@ fn plan_matmul(
         let kernel = source::matmul_q8_tiles_kernel(kind);
         return MatmulPlan {
             tiled: true,
+            q8_input: true,
             ..plan(kernel, grid, MATMUL_V2_WARPS, tile_shared, "q8 tiles ")
         };
     }
@@ -225,13 +253,16 @@ fn plan_matmul(
         } else {
             (0, "splitk ")
         };
-        return plan(
-            kernel,
-            (rows, tokens, 1),
-            MATMUL_SPLITK_WARPS,
-            shared,
-            version,
-        );
+        return MatmulPlan {
+            q8_input: q8,
+            ..plan(
+                kernel,
+                (rows, tokens, 1),
+                MATMUL_SPLITK_WARPS,
+                shared,
+                version,
+            )
+        };
     }
     let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize);
     let grid = (
@@ -241,7 +272,10 @@ fn plan_matmul(
     );
     if q8 {
         let kernel = source::matmul_q8_kernel(kind, per_warp);
-        return plan(kernel, grid, MATMUL_V2_WARPS, q8_shared_bytes(cols), "q8 ");
+        return MatmulPlan {
+            q8_input: true,
+            ..plan(kernel, grid, MATMUL_V2_WARPS, q8_shared_bytes(cols), "q8 ")
+        };
     }
     let x_bytes = cols * size_of::<f32>();
     let x_shared = x_bytes <= SHARED_MAX_BYTES && (matvec_v1() || stage_x());

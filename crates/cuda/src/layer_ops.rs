@@ -8,6 +8,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
+use crate::q8_input::{q8_rows_fit, Q8Rows};
 use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
@@ -99,7 +100,7 @@ pub fn rms_norm(
     out: &mut CudaViewMut<'_, f32>,
     eps: f32,
 ) -> Result<(), CudaError> {
-    if !norm_rows_fit(x.len(), w.len(), out.len())? {
+    if !rms_norm_shapes(x.len(), w.len(), out.len())? {
         return Ok(());
     }
     launch::rms_norm(device, x, w, out, eps)
@@ -107,7 +108,11 @@ pub fn rms_norm(
 
 /// Checks the norms' shapes (x and out whole rows of `w_len`); false when there is nothing
 /// to do.
-fn norm_rows_fit(x_len: usize, w_len: usize, out_len: usize) -> Result<bool, CudaError> {
+pub(crate) fn rms_norm_shapes(
+    x_len: usize,
+    w_len: usize,
+    out_len: usize,
+) -> Result<bool, CudaError> {
     let op = CudaOp::RmsNorm;
     let cols = w_len.max(1);
     shape(op, "x length (whole rows)", x_len / cols * cols, x_len)?;
@@ -127,7 +132,7 @@ pub fn add_rms_norm(
     eps: f32,
 ) -> Result<(), CudaError> {
     shape(CudaOp::RmsNorm, "y length", x.len(), y.len())?;
-    if !norm_rows_fit(x.len(), w.len(), out.len())? {
+    if !rms_norm_shapes(x.len(), w.len(), out.len())? {
         return Ok(());
     }
     launch::add_rms_norm(device, x, y, w, out, eps)
@@ -157,6 +162,17 @@ pub fn matmul(
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
+    matmul_quantized(device, matrix, (x, None), y)
+}
+
+/// [`matmul`] with x also given quantized to Q8_K (`rms_norm_quantized`), which its q8
+/// kernels read instead of quantizing x in each CTA (the same codes: the same bits).
+pub fn matmul_quantized(
+    device: &Device,
+    matrix: &WeightMatrix<'_>,
+    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
     let tokens = x.len() / matrix.cols.max(1);
     if cublas_takes(device, matrix, tokens) {
         return matmul_cublas(device, matrix, x, y);
@@ -166,7 +182,7 @@ pub fn matmul(
         true => PrefillKernels::Dp4a,
         false => PrefillKernels::from_env(),
     };
-    matmul_with(device, matrix, x, y, kernels)
+    matmul_kernels(device, matrix, (x, q8), y, kernels)
 }
 
 /// [`matmul`] with the prompt kernels chosen by the caller (tests and benchmarks compare
@@ -175,6 +191,16 @@ pub fn matmul_with(
     device: &Device,
     matrix: &WeightMatrix<'_>,
     x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    kernels: PrefillKernels,
+) -> Result<(), CudaError> {
+    matmul_kernels(device, matrix, (x, None), y, kernels)
+}
+
+fn matmul_kernels(
+    device: &Device,
+    matrix: &WeightMatrix<'_>,
+    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     y: &mut CudaViewMut<'_, f32>,
     kernels: PrefillKernels,
 ) -> Result<(), CudaError> {
@@ -200,12 +226,14 @@ pub fn matmul_with(
     if matrix.rows == 0 {
         return Ok(());
     }
+    let q8 = q8_rows_fit(op, q8, tokens, matrix.cols)?;
     launch::matmul(
         device,
         kind,
         matrix.dots,
         &matrix.bytes,
         x,
+        q8,
         y,
         (matrix.rows, matrix.cols, tokens),
     )

@@ -43,6 +43,7 @@ mod moe_ops;
 mod moe_pairs;
 mod ops;
 mod profile;
+mod q8_input;
 mod raw;
 mod route_skew;
 mod router_topk;
@@ -67,8 +68,8 @@ pub use expert_cache::{
 pub use graph::Graph;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, matmul_with, rms_norm, DeltaNetParams, DeltaNetShape, StepRecord,
-    TokenWalk,
+    embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
+    DeltaNetShape, StepRecord, TokenWalk,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,
@@ -81,6 +82,9 @@ pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
+pub use q8_input::{
+    add_rms_norm_quantized, rms_norm_quantized, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES,
+};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{

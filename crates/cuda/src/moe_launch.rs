@@ -5,6 +5,7 @@ use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
 use crate::ops::Dots;
+use crate::q8_input::Q8Views;
 use crate::raw;
 use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_PRELOAD_ITEMS, MOE_V3_WARPS};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -81,6 +82,27 @@ fn moe_q8_rows() -> usize {
     })
 }
 
+/// Rows per lane group of the q8 expert gate/up matvec: `REDLITE_MOE_GATE_UP_ROWS` (1, 2
+/// or 4), else `REDLITE_MOE_ROWS` if set, else 2. Each row sums in the same order whatever
+/// the count (the same bits). Two rows halve the CTAs, so the 10 + 1 experts of a token
+/// fit one wave on the H200 and each CTA's input quantization serves twice the rows:
+/// tg128 +2.2 % over one row (docs/PERF.md, tenth session); the down matvec keeps one row
+/// (its loads-ahead kernel).
+fn gate_up_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        let forced = |name| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|r| source::MOE_Q8_ROWS.contains(r))
+        };
+        forced("REDLITE_MOE_GATE_UP_ROWS")
+            .or_else(|| forced("REDLITE_MOE_ROWS"))
+            .unwrap_or(2)
+    })
+}
+
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
 /// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
 /// `REDLITE_MOE_DOWN_PRELOAD=0` keeps the kernel that loads as it goes.
@@ -150,7 +172,7 @@ pub(crate) fn moe_gate_up(
     gate: &CudaView<'_, u8>,
     up: &CudaView<'_, u8>,
     ids: &CudaView<'_, i32>,
-    x: &CudaView<'_, f32>,
+    (x, q8): (&CudaView<'_, f32>, Option<Q8Views<'_, '_>>),
     act: &mut CudaViewMut<'_, f32>,
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
@@ -170,8 +192,8 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, moe_q8_rows()))?,
-            LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
         ),
@@ -188,6 +210,16 @@ pub(crate) fn moe_gate_up(
             Some(s) => (used + 1, ff.max(s.3)),
             None => (used, ff),
         };
+        let q8 = match (dots.quantizes(kind.ty), q8) {
+            (false, _) => raw::Q8Arg::Absent,
+            (true, None) => raw::Q8Arg::Null,
+            (true, Some((d, q))) => raw::Q8Arg::Given(d, q),
+        };
+        // Nothing to stage when the kernel reads the codes where they are.
+        let shared_bytes = match q8 {
+            raw::Q8Arg::Given(..) => 0,
+            _ => shared_bytes,
+        };
         let cfg = config(
             (rows.div_ceil(rows_per_cta), slots, tokens),
             threads,
@@ -201,7 +233,16 @@ pub(crate) fn moe_gate_up(
             )
         });
         let inputs = (gate, up, ids, x);
-        return raw::launch_moe_gate_up_v3(device.stream(), kernel, cfg, inputs, act, dims, shared);
+        return raw::launch_moe_gate_up_v3(
+            device.stream(),
+            kernel,
+            cfg,
+            inputs,
+            q8,
+            act,
+            dims,
+            shared,
+        );
     }
     let cfg = config(
         (ff.div_ceil(rows_per_cta), used, tokens),

@@ -8,6 +8,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, SHARED_MAX_BYTES};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
+use crate::q8_input::{q8_rows_fit, Q8Rows};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The shapes every expert gate/up launch relies on: `up` of `gate`'s type and shape, both
@@ -97,7 +98,9 @@ fn expert_stack(
 
 /// `act[t][k] = silu(gate_e · x[t]) ⊙ (up_e · x[t])` for `e = ids[t][k]`: gate and up are
 /// stacks of experts of `ff` rows (the same block type); x is tokens x cols, ids tokens x
-/// used, act tokens x used x ff. An id outside the stack gives zeros.
+/// used, act tokens x used x ff. An id outside the stack gives zeros. `q8`: x also
+/// quantized to Q8_K (`rms_norm_quantized`), read by the q8 kernel instead of quantizing x
+/// in each CTA (the same bits).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up(
     device: &Device,
@@ -105,7 +108,7 @@ pub fn moe_gate_up(
     up: &WeightMatrix<'_>,
     ff: usize,
     ids: &CudaView<'_, i32>,
-    x: &CudaView<'_, f32>,
+    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
@@ -145,6 +148,7 @@ pub fn moe_gate_up(
     if used == 0 || ff == 0 {
         return Ok(());
     }
+    let q8 = q8_rows_fit(op, q8, tokens, cols)?;
     launch::moe_gate_up(
         device,
         kind,
@@ -152,7 +156,7 @@ pub fn moe_gate_up(
         &gate.bytes,
         &up.bytes,
         ids,
-        x,
+        (x, q8),
         act,
         (ff, cols),
         (tokens, used, n_expert),

@@ -516,11 +516,20 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "elementwise",
-            source: with_reduce(ELEMENTWISE),
+            source: with_q8_dots(ELEMENTWISE),
             kernels: WEIGHT_KINDS
                 .iter()
                 .map(|&k| embed_kernel(k))
-                .chain(["rms_norm_kernel", "add_kernel", "add_rms_norm_kernel"].map(String::from))
+                .chain(
+                    [
+                        "rms_norm_kernel",
+                        "add_kernel",
+                        "add_rms_norm_kernel",
+                        "rms_norm_q8_kernel",
+                        "add_rms_norm_q8_kernel",
+                    ]
+                    .map(String::from),
+                )
                 .collect(),
         },
         ModuleSource {

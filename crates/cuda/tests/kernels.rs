@@ -479,7 +479,7 @@ fn grouped_gate_up_equals_the_per_pair_launch() {
                         &up,
                         ff,
                         &ids_device.as_view(),
-                        &x_device.as_view(),
+                        (&x_device.as_view(), None),
                         &mut act.as_view_mut(),
                         shared,
                     )

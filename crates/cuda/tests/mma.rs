@@ -155,7 +155,7 @@ fn gate_up_case(device: &Device, ty: GgmlType, r: &Routing, rng: &mut Rng) {
         &up,
         ff,
         &ids,
-        &x,
+        (&x, None),
         &mut old.as_view_mut(),
         None,
     )
@@ -296,7 +296,7 @@ fn mma_dense_tiles_equal_the_per_token_kernels() {
         &up,
         ff,
         &zeros.as_view(),
-        &x,
+        (&x, None),
         &mut old.as_view_mut(),
         None,
     )

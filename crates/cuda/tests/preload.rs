@@ -81,7 +81,7 @@ fn expert_down_with_weights_loaded_ahead_is_bit_identical() {
                             &up,
                             ff,
                             &iv,
-                            &xv,
+                            (&xv, None),
                             &mut act.as_view_mut(),
                             shared,
                         )

@@ -213,7 +213,7 @@ mod gpu {
                 &u,
                 ff,
                 &ids_view,
-                &x.as_view(),
+                (&x.as_view(), None),
                 &mut act.as_view_mut(),
                 None,
             )?;

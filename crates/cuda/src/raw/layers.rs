@@ -52,6 +52,27 @@ fn push_pos<'a>(launch: &mut LaunchArgs<'a>, pos: Option<&'a CudaView<'_, u32>>)
     };
 }
 
+/// The `gd, gq` arguments of the kernels that may read their input already quantized to
+/// Q8_K (`q8_input` in `q8dot.cuh`): absent from the signature, null (the kernel quantizes
+/// x itself), or the scales and codes of every row of x.
+pub(crate) enum Q8Arg<'a, 'b> {
+    Absent,
+    Null,
+    Given(&'a CudaView<'b, f32>, &'a CudaView<'b, i8>),
+}
+
+pub(super) fn push_q8<'a>(launch: &mut LaunchArgs<'a>, q8: Q8Arg<'a, '_>) {
+    match q8 {
+        Q8Arg::Absent => {}
+        Q8Arg::Null => {
+            launch.arg(&NO_POS).arg(&NO_POS);
+        }
+        Q8Arg::Given(d, q) => {
+            launch.arg(d).arg(q);
+        }
+    }
+}
+
 /// `embed_kernel<B>(table, tokens, x, rows, cols)`.
 pub(crate) fn launch_embed(
     stream: &CudaStream,
@@ -113,6 +134,36 @@ pub(crate) fn launch_add_rms_norm(
     })
 }
 
+/// `rms_norm_q8_kernel(x, w, out, d, q, cols, eps)` and `add_rms_norm_q8_kernel(x, y, w,
+/// out, d, q, cols, eps)` (`y` given): the norms with each row also quantized into `d`, `q`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_norm_q8(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    x: &CudaView<'_, f32>,
+    y: Option<&CudaView<'_, f32>>,
+    w: &CudaView<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    (d, q): (&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>),
+    cols: i32,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(x);
+    if let Some(y) = y {
+        launch.arg(y);
+    }
+    launch.arg(w).arg(out).arg(d).arg(q).arg(&cols).arg(&eps);
+    // SAFETY: arguments match the signature of the kernel the caller chose by `y`; x, y and
+    // out hold grid.x rows of `cols` (a multiple of 256), w `cols`, d grid.x x cols / 256 and
+    // q grid.x x cols values; the dynamic shared memory holds a row (launcher). With `y`, x
+    // is updated in place: the caller holds it mutably (the view given here is its own).
+    launched(stream, "cuLaunchKernel(norm_q8)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `add_kernel(x, y, n)`.
 pub(crate) fn launch_add(
     stream: &CudaStream,
@@ -130,18 +181,24 @@ pub(crate) fn launch_add(
     })
 }
 
-/// `matmul_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`, grid.y = tokens.
+/// `matmul_kernel<B, WARPS, X_SHARED>(weights, x, y, rows, cols)`, grid.y = tokens, and the
+/// versions of that signature; the q8 ones take `gd, gq` after x (`Q8Arg`, whose rows
+/// match x's: op entry).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_matmul(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
     weights: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
+    q8: Q8Arg<'_, '_>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols): (i32, i32),
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
-    launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
+    launch.arg(weights).arg(x);
+    push_q8(&mut launch, q8);
+    launch.arg(y).arg(&rows).arg(&cols);
     // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
     // grid.y x cols and y grid.y x rows values; X_SHARED kernels get cols * 4 shared bytes.
     launched(stream, "cuLaunchKernel(matmul)", unsafe {
@@ -149,24 +206,23 @@ pub(crate) fn launch_matmul(
     })
 }
 
-/// `matmul_q8_tiles_kernel<B, WARPS, ROWS, NT>(weights, x, y, rows, cols, tokens)`.
+/// `matmul_q8_tiles_kernel<B, WARPS, ROWS, NT>(weights, x, gd, gq, y, rows, cols, tokens)`
+/// and the float GEMM (`Q8Arg::Absent`: no `gd, gq`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_matmul_tiles(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
     weights: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
+    q8: Q8Arg<'_, '_>,
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols, tokens): (i32, i32, i32),
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
-    launch
-        .arg(weights)
-        .arg(x)
-        .arg(y)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&tokens);
+    launch.arg(weights).arg(x);
+    push_q8(&mut launch, q8);
+    launch.arg(y).arg(&rows).arg(&cols).arg(&tokens);
     // SAFETY: arguments match the signature; weights hold rows x cols whole blocks, x holds
     // tokens x cols and y tokens x rows values (op entry); grid.y = ceil(tokens / NT) and
     // the last tile reads and writes only its tokens; the shared bytes hold NT x cols codes

@@ -2,7 +2,7 @@
 //! versions (with the shared expert folded in, and grouped by expert). Split from `layers.rs`;
 //! the same helpers and contracts.
 
-use super::layers::{builder, launched, NO_POS};
+use super::layers::{builder, launched, push_q8, Q8Arg, NO_POS};
 use crate::error::CudaError;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg,
@@ -206,9 +206,10 @@ fn push_shared_up<'a>(launch: &mut LaunchArgs<'a>, shared: Option<SharedUpArgs<'
 }
 
 /// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
-/// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES>`
-/// of the same signature; null shared pointers without `shared`.
-#[allow(clippy::type_complexity)]
+/// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES,
+/// ROWS>` of the same signature with `gd, gq` after x (`Q8Arg::Absent` for version 3); null
+/// shared pointers without `shared`.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(crate) fn launch_moe_gate_up_v3(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -219,12 +220,15 @@ pub(crate) fn launch_moe_gate_up_v3(
         &CudaView<'_, i32>,
         &CudaView<'_, f32>,
     ),
+    q8: Q8Arg<'_, '_>,
     act: &mut CudaViewMut<'_, f32>,
     (ff, cols, used, n_expert): (i32, i32, i32, i32),
     shared: Option<SharedUpArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
-    launch.arg(gate).arg(up).arg(ids).arg(x).arg(act);
+    launch.arg(gate).arg(up).arg(ids).arg(x);
+    push_q8(&mut launch, q8);
+    launch.arg(act);
     launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
     let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);

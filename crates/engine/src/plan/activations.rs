@@ -17,6 +17,16 @@ pub const ATTENTION_MAX_SPLITS: u64 = 64;
 /// (repeated for the same reason, checked by the same test).
 pub const SMALL_BATCH_MAX_TOKENS: u64 = 4;
 
+/// `redlite_cuda::ONE_TOKEN_KERNELS_MAX_TOKENS`: the rows whose Q8_K codes each workspace
+/// buffer keeps (`CudaAct`'s codes, written by the norms; repeated and checked likewise).
+pub const Q8_CODE_ROWS: u64 = 16;
+
+/// Bytes of the Q8_K codes a workspace buffer of `rows` rows of `width` keeps: an int8 code
+/// per value and an f32 scale per 256 values, for up to `Q8_CODE_ROWS` rows.
+fn q8_code_bytes(rows: u64, width: u64) -> u64 {
+    rows.min(Q8_CODE_ROWS) * (width + 4 * width / 256)
+}
+
 /// What the activations of a batch of `rows` cost.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Activations {
@@ -24,14 +34,15 @@ pub struct Activations {
     pub rows: u64,
     /// Bytes per row over the workspace and every scratch buffer.
     pub bytes_per_row: u64,
-    /// Buffers whose size does not depend on the rows (attention partials).
+    /// Buffers whose size does not depend on the rows (attention partials, and the Q8_K
+    /// codes of the workspace's first rows).
     pub fixed: u64,
     /// Rows of logits one call returns, and their bytes.
     pub logit_rows: u64,
     pub logits: u64,
-    /// MTP: the block's own workspace (`x`, `h`, `mix`) and its input's buffers (the
-    /// embeddings, the two normed halves and the `[embedding ; hidden]` input of
-    /// `eh_proj`: `backend/cuda/mtp.rs`).
+    /// MTP: the block's own workspace (`x`, `h`, `mix`, with their codes) and its input's
+    /// buffers (the embeddings, the two normed halves and the `[embedding ; hidden]` input
+    /// of `eh_proj`: `backend/cuda/mtp.rs`).
     pub mtp: u64,
 }
 
@@ -88,14 +99,15 @@ pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> A
     let partials =
         SMALL_BATCH_MAX_TOKENS * c.n_head as u64 * ATTENTION_MAX_SPLITS * (c.head_dim as u64 + 2);
     let logit_rows = logit_rows.max(1);
+    let codes = 3 * q8_code_bytes(rows, e);
     Activations {
         rows,
         bytes_per_row: 4 * (workspace + scratch_values_per_row(c)),
-        fixed: 4 * partials,
+        fixed: 4 * partials + codes,
         logit_rows,
         logits: logit_rows.saturating_mul(4 * c.n_vocab as u64),
         mtp: if mtp {
-            rows.saturating_mul(4 * (3 + 5) * e)
+            rows.saturating_mul(4 * (3 + 5) * e) + codes
         } else {
             0
         },
@@ -115,7 +127,8 @@ mod tests {
         assert_eq!(scratch_values_per_row(&c), 60_619);
         let a = activations(&c, 513, 1, false);
         assert_eq!(a.bytes_per_row, 267_052);
-        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4);
+        // The partials, and 16 rows of codes for each of x, h and mix.
+        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4 + 3 * 16 * (2048 + 32));
         assert_eq!(a.logits, 151_936 * 4);
     }
 
@@ -127,6 +140,11 @@ mod tests {
         let small = redlite_cuda::SMALL_BATCH_MAX_TOKENS;
         assert_eq!(small as u64, SMALL_BATCH_MAX_TOKENS);
         let len = redlite_cuda::attention_partials_len(small, c.n_head, c.head_dim) as u64;
-        assert_eq!(a.fixed, 4 * len);
+        let code_rows = redlite_cuda::ONE_TOKEN_KERNELS_MAX_TOKENS as u64;
+        assert_eq!(code_rows, Q8_CODE_ROWS);
+        // One row of codes for each of x, h and mix.
+        let blocks = c.n_embd / redlite_cuda::Q8_BLOCK_VALUES;
+        let codes = 3 * (c.n_embd + 4 * blocks) as u64;
+        assert_eq!(a.fixed, 4 * len + codes);
     }
 }

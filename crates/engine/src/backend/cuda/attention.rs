@@ -3,8 +3,8 @@
 //! causal attention over the cache with the sigmoid gate; output projection.
 
 use redlite_cuda::{
-    attention, attention_prep, matmul, AttentionShape, CudaSlice, CudaView, CudaViewMut, Device,
-    KvElement, Position,
+    attention, attention_prep, matmul, matmul_quantized, AttentionShape, CudaSlice, CudaView,
+    CudaViewMut, Device, KvElement, Position, Q8Rows,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -23,7 +23,7 @@ pub fn forward(
     w: &AttentionWeights,
     s: &mut Scratch,
     b: Batch,
-    h: &CudaView<'_, f32>,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     kv: &mut LayerKv,
     capacity: usize,
     out: &mut CudaViewMut<'_, f32>,
@@ -35,9 +35,9 @@ pub fn forward(
     let mut k = s.k.slice_mut(..t * kv_width);
     let mut v = s.v.slice_mut(..t * kv_width);
     device.mark("attention projections");
-    matmul(device, &w.q.view(), h, &mut qg)?;
-    matmul(device, &w.k.view(), h, &mut k)?;
-    matmul(device, &w.v.view(), h, &mut v)?;
+    matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?;
+    matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?;
+    matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?;
     let shape = AttentionShape {
         tokens: t,
         pos0: b.pos0,

@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
-    CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, StepRecord, TokenWalk,
-    SMALL_BATCH_MAX_TOKENS,
+    matmul_quantized, CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, Q8Rows,
+    StepRecord, TokenWalk, SMALL_BATCH_MAX_TOKENS,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -34,7 +34,7 @@ pub fn forward(
     c: &HybridConfig,
     w: &DeltaNetWeights,
     s: &mut Scratch,
-    h: &CudaView<'_, f32>,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     state: &mut DeltaState,
     mut record: Option<&mut RecordedRows>,
     out: &mut CudaViewMut<'_, f32>,
@@ -52,17 +52,17 @@ pub fn forward(
     device.mark("DeltaNet projections");
     match &w.gate_proj {
         Some(gate) => {
-            matmul(device, &w.in_proj.view(), h, &mut qkv)?;
-            matmul(device, &gate.view(), h, &mut z)?;
+            matmul_quantized(device, &w.in_proj.view(), (h, h_q8), &mut qkv)?;
+            matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
         }
         None => {
             let mut p = s.proj.slice_mut(..t * (channels + inner));
-            matmul(device, &w.in_proj.view(), h, &mut p)?;
+            matmul_quantized(device, &w.in_proj.view(), (h, h_q8), &mut p)?;
             deltanet_split(device, &shape, &p.as_view(), &mut qkv, &mut z)?;
         }
     }
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
-    matmul(device, &w.ba.view(), h, &mut ba)?;
+    matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
     device.mark("DeltaNet recurrence and tail");
     if t <= SMALL_BATCH_MAX_TOKENS && fused() {

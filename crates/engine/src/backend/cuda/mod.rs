@@ -303,6 +303,13 @@ fn route_skew_from_env() -> Result<Option<RouteSkew>> {
     }
 }
 
+/// `REDLITE_Q8_ONCE=0`: the norms do not quantize their output for the q8 products, which
+/// then quantize it in each CTA (the same bits; docs/PERF.md, tenth session).
+fn quantize_once() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_Q8_ONCE").as_deref() != Ok("0"))
+}
+
 /// `REDLITE_FUSED_ADD_NORM=0`: the residual add and the next norm as two launches.
 fn fuse_add_norm() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -345,7 +352,8 @@ impl Backend for CudaBackend {
     /// first op).
     fn new_act(&self, max_tokens: usize, width: usize) -> CudaAct {
         drop(self.scratch(max_tokens));
-        CudaAct::new(&self.device, max_tokens, width)
+        let quantized = self.dots == Dots::Q8K && quantize_once();
+        CudaAct::new(&self.device, max_tokens, width, quantized)
     }
 
     fn new_state(&self, capacity: usize, kv_type: KvType) -> CudaState {
@@ -383,19 +391,24 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    /// Into a buffer that keeps Q8_K codes (a batch of decode size), the rows are quantized
+    /// too, for the q8 products that read them (`CudaAct::q8_range`).
     fn rms_norm(&self, norm: Norm, b: Batch, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let buffers = [x.address(&self.device)?, out.address(&self.device)?, 0];
         if self.gate(Op::Norm(norm), b.tokens, buffers)? == Gate::Skip {
+            // The graph that replays it writes the codes too (recorded by the same code).
+            out.quantizes(b.tokens);
             return Ok(());
         }
         self.device.mark("norms and residuals");
-        redlite_cuda::rms_norm(
-            &self.device,
-            &x.rows(b.tokens)?,
-            &self.norm_weights(norm)?.as_view(),
-            &mut out.rows_mut(b.tokens)?,
-            self.config.rms_eps,
-        )?;
+        let (x, w) = (x.rows(b.tokens)?, self.norm_weights(norm)?.as_view());
+        let eps = self.config.rms_eps;
+        match out.rows_mut_quantized(b.tokens)? {
+            (mut out, Some(mut q8)) => {
+                redlite_cuda::rms_norm_quantized(&self.device, &x, &w, &mut out, &mut q8, eps)?
+            }
+            (mut out, None) => redlite_cuda::rms_norm(&self.device, &x, &w, &mut out, eps)?,
+        }
         Ok(())
     }
 
@@ -434,7 +447,7 @@ impl Backend for CudaBackend {
                 &self.config,
                 w,
                 &mut scratch,
-                &h.row_range(first, last)?,
+                (&h.row_range(first, last)?, h.q8_range(first, last).as_ref()),
                 delta,
                 record,
                 &mut out.row_range_mut(first, last)?,
@@ -478,7 +491,7 @@ impl Backend for CudaBackend {
                 w,
                 &mut scratch,
                 b,
-                &h.row_range(first, last)?,
+                (&h.row_range(first, last)?, h.q8_range(first, last).as_ref()),
                 kv,
                 capacity,
                 &mut out.row_range_mut(first, last)?,
@@ -521,7 +534,7 @@ impl Backend for CudaBackend {
             cache,
             skew,
             &mut scratch,
-            &h.rows(b.tokens)?,
+            (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
             &mut out.rows_mut(b.tokens)?,
         )
     }
@@ -554,17 +567,27 @@ impl Backend for CudaBackend {
             out.address(&self.device)?,
         ];
         if self.gate(Op::AddNorm(norm), b.tokens, buffers)? == Gate::Skip {
+            x.rows_mut(b.tokens)?;
+            out.quantizes(b.tokens);
             return Ok(());
         }
         self.device.mark("norms and residuals");
-        redlite_cuda::add_rms_norm(
-            &self.device,
-            &mut x.rows_mut(b.tokens)?,
-            &y.rows(b.tokens)?,
-            &self.norm_weights(norm)?.as_view(),
-            &mut out.rows_mut(b.tokens)?,
-            self.config.rms_eps,
-        )?;
+        let (mut x, y) = (x.rows_mut(b.tokens)?, y.rows(b.tokens)?);
+        let (w, eps) = (self.norm_weights(norm)?.as_view(), self.config.rms_eps);
+        match out.rows_mut_quantized(b.tokens)? {
+            (mut out, Some(mut q8)) => redlite_cuda::add_rms_norm_quantized(
+                &self.device,
+                &mut x,
+                &y,
+                &w,
+                &mut out,
+                &mut q8,
+                eps,
+            )?,
+            (mut out, None) => {
+                redlite_cuda::add_rms_norm(&self.device, &mut x, &y, &w, &mut out, eps)?
+            }
+        }
         Ok(())
     }
 
@@ -666,10 +689,12 @@ impl CudaBackend {
             let mut scratch = self.scratch(first + n)?;
             scratch.reserve_logits(&self.device, &self.config, n)?;
             let mut logits = scratch.logits.slice_mut(..n * vocab);
-            redlite_cuda::matmul(
+            let rows = x.row_range(first, first + n)?;
+            let q8 = x.q8_range(first, first + n);
+            redlite_cuda::matmul_quantized(
                 &self.device,
                 &head.view(),
-                &x.row_range(first, first + n)?,
+                (&rows, q8.as_ref()),
                 &mut logits,
             )?;
             let start = out.len();

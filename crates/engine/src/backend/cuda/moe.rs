@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
     moe_gate_up_mma, moe_route, moe_route_skew, router_topk, router_topk_takes, CudaView,
-    CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, RouteSkew, SharedGateUp,
+    CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew, SharedGateUp,
     ONE_TOKEN_KERNELS_MAX_TOKENS,
 };
 
@@ -55,7 +55,7 @@ pub fn forward(
     cache: Option<&mut LayerCache>,
     skew: Option<LayerSkew>,
     s: &mut Scratch,
-    h: &CudaView<'_, f32>,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     let e = c.n_embd;
@@ -148,7 +148,7 @@ pub fn forward(
             w,
             (&zero_ids, &mut act_shared),
             &shared_weight,
-            h,
+            (h, h_q8),
             out,
         );
     }
@@ -184,7 +184,7 @@ pub fn forward(
         &chosen,
         &weights.as_view(),
         &shared_weight.as_view(),
-        h,
+        (h, h_q8),
         (&mut act, &mut act_shared),
         out,
     )?;
@@ -198,7 +198,7 @@ pub fn forward(
         w,
         (&zero_ids, &mut act_shared),
         &shared_weight,
-        h,
+        (h, h_q8),
         out,
     )
 }
@@ -212,7 +212,7 @@ fn shared_expert(
     w: &MoeWeights,
     (zero_ids, act_shared): (&CudaView<'_, i32>, &mut CudaViewMut<'_, f32>),
     shared_weight: &CudaViewMut<'_, f32>,
-    h: &CudaView<'_, f32>,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     device.mark("shared expert");
@@ -247,7 +247,7 @@ fn shared_expert(
         &w.shared_up.view(),
         c.shared_ff,
         zero_ids,
-        h,
+        (h, h_q8),
         act_shared,
         None,
     )?;
@@ -284,7 +284,7 @@ impl<'a> Part<'a> {
         ids: &CudaView<'_, i32>,
         weights: &CudaView<'_, f32>,
         shared_weight: &CudaView<'_, f32>,
-        h: &CudaView<'_, f32>,
+        (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
         (act, act_shared): (&mut CudaViewMut<'v, f32>, &mut CudaViewMut<'v, f32>),
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()>
@@ -308,6 +308,7 @@ impl<'a> Part<'a> {
             tiles: tiles.as_ref(),
             ids,
             h,
+            h_q8,
         };
         // With the fold, one launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
         let down = w.shared_down.view();
@@ -345,6 +346,8 @@ struct RoutedGateUp<'a, 'b> {
     tiles: Option<&'a ExpertTiles>,
     ids: &'a CudaView<'b, i32>,
     h: &'a CudaView<'b, f32>,
+    /// `h` in Q8_K when its norm quantized it (a batch of decode size).
+    h_q8: Option<&'a Q8Rows<'b>>,
 }
 
 impl RoutedGateUp<'_, '_> {
@@ -364,7 +367,7 @@ impl RoutedGateUp<'_, '_> {
                 &up,
                 self.ff,
                 self.ids,
-                self.h,
+                (self.h, self.h_q8),
                 act,
                 shared,
             )?,

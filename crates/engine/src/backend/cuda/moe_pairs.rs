@@ -112,7 +112,7 @@ pub fn routed(
             continue;
         }
         device.mark("routed experts");
-        moe_gate_up(device, &gate, &up, ff, &chosen, h, &mut act, None)?;
+        moe_gate_up(device, &gate, &up, ff, &chosen, (h, None), &mut act, None)?;
         for start in (0..pairs).step_by(PAIRS_PER_LAUNCH) {
             let end = (start + PAIRS_PER_LAUNCH).min(pairs);
             moe_down(

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# On the GPU machine, one call: decode switches checked for bits and measured on the full
+# synthetic IQ2_XXS+MTP file. In order:
+#   1. bits: `redlite logits` over 24 tokens fed one and four at a time (decode and
+#      small-batch graphs) with each switch of BITS_AB against the defaults (`cmp`);
+#   2. GPU tests (TESTS, default: q8_input, the quantizing norms and the q8 products reading
+#      their codes bit for bit; cuda_mtp, every verification row the bits of a plain step);
+#   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
+#      setting of DECODE_AB, one process each;
+#   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
+#   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB.
+# Carry .cache/device/redlite.xz and the test binaries named in TESTS (scripts/device/prepare.sh).
+#
+#   bash scripts/device/decode_ab.sh
+#
+# Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated VAR=value settings), STAGES (bits
+# tests decode mtp small), OUT.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
+mkdir -p "$W" "$OUT" "$ROOT/target/release"
+STAGES=" ${STAGES:-bits tests decode mtp small} "; stage() { [[ "$STAGES" == *" $1 "* ]]; }
+BITS_AB="${BITS_AB:-}"; DECODE_AB="${DECODE_AB:-}"; SMALL_AB="${SMALL_AB:-}"
+R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
+SUMMARY="$OUT/summary.txt"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+stamp() { note "[$SECONDS s] $*"; }
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+  "$D/redlite.xz" "$R" && chmod +x "$R"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+[ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+if stage bits; then
+  stamp "bits on the full file"
+  tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(24)))')"
+  logits() {  # name chunk settings...
+    local name="$1" chunk="$2"; shift 2
+    env "$@" "$R" logits -m "$M" --device cuda --chunk "$chunk" --tokens "$tokens" \
+      --out "$W/$name-$chunk.f32" > "$OUT/logits-$name-$chunk.log" 2>&1 \
+      || tail -3 "$OUT/logits-$name-$chunk.log"
+  }
+  same() { cmp -s "$1" "$2" && echo "same bits" || echo "DIFFERENT"; }
+  for chunk in 1 4; do logits defaults "$chunk" REDLITE_UNUSED=0; done
+  note "defaults, chunk 4 vs chunk 1: $(same "$W/defaults-1.f32" "$W/defaults-4.f32")"
+  for v in $BITS_AB; do
+    for chunk in 1 4; do
+      logits "${v//=/_}" "$chunk" "$v"
+      note "$v vs defaults, chunk $chunk: $(same "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
+    done
+  done
+fi
+
+if stage tests; then
+  for t in ${TESTS:-q8_input cuda_mtp}; do
+    [ -x "$D/$t" ] || { note "$t: not carried"; continue; }
+    stamp "$t tests"
+    "$D/$t" --test-threads=1 > "$OUT/$t.log" 2>&1
+    note "$t: $(grep -E '^test result' "$OUT/$t.log" | tail -1)"
+    grep -E 'panicked|differs|FAILED' "$OUT/$t.log" | head -8 | tee -a "$SUMMARY"
+  done
+fi
+
+if stage decode; then
+  stamp "decode A/B"
+  dec() {  # depths settings...
+    local depths="$1"; shift
+    env "$@" "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "$depths" -r 3 2>&1 \
+      | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
+  }
+  note "defaults: $(dec 0,4096 REDLITE_UNUSED=0)"
+  first=1
+  for v in $DECODE_AB; do
+    depths=0; [ "$first" = 1 ] && depths=0,4096; first=0
+    note "$v: $(dec "$depths" "$v")"
+  done
+  note "defaults again: $(dec 0 REDLITE_UNUSED=0)"
+fi
+
+if stage mtp; then
+  stamp "MTP bench"
+  for k in 1 3; do
+    "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 --mtp --draft "$k" --mtp-accept 0.7,1 \
+      > "$OUT/bench-draft$k.txt" 2>&1
+    note "draft $k: $(grep -E '^\| tg|verify' "$OUT/bench-draft$k.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+if stage small; then
+  stamp "batches of 1 to 4 tokens"
+  for v in REDLITE_UNUSED=0 $SMALL_AB; do
+    env "$v" "$R" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 > "$OUT/small-${v//=/_}.txt" 2>&1
+    note "pp1..4 $v: $(grep -E '^\| pp' "$OUT/small-${v//=/_}.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+stamp "done"
