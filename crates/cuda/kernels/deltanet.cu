@@ -210,7 +210,9 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
 // Per row: qkv, the projections before the conv [channels]; z [v_heads][DK]; ba
 // [k_heads][2 r]; out [v_heads][DK]. With conv_rec and state_rec (both or neither), the
 // state after each row but the last is kept: conv_rec [tokens - 1][KERNEL - 1][channels],
-// state_rec [tokens - 1][v_heads][DK][DK]. Dynamic shared memory: none. At most 256 threads,
+// state_rec [tokens - 1][v_heads][DK][DK]. With od and oq (r x DK = 256 only), each row's
+// output also in Q8_K: od [tokens][k_heads] scales, oq [tokens][v_heads][DK] codes.
+// Dynamic shared memory: none. At most 256 threads,
 // so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
 // and spills it).
 template <int DK, int KERNEL>
@@ -220,9 +222,11 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      float* __restrict__ conv_state, const float* __restrict__ a,
                      const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
                      float* __restrict__ state, float* __restrict__ out,
-                     float* __restrict__ conv_rec, float* __restrict__ state_rec, int tokens,
-                     int k_heads, int v_heads, float eps, float q_scale) {
+                     float* __restrict__ conv_rec, float* __restrict__ state_rec,
+                     float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
+                     int v_heads, float eps, float q_scale) {
     __shared__ float qs[DK], ks[DK];
+    __shared__ float4 o_stage[64];
     __shared__ float scale_qk[2];
     __shared__ float head_ss[32];
     const int kh = blockIdx.x, tid = threadIdx.x;
@@ -312,8 +316,18 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         }
         const float norm = 1.0f / sqrtf(total / float(DK) + eps);
         const float zr = z[i64(t) * inner + h * DK + j];
-        out[i64(t) * inner + h * DK + j] = o * norm * norm_w[j] * siluf(zr);
-        // qs, ks and head_ss are rewritten by the next row.
+        const float result = o * norm * norm_w[j] * siluf(zr);
+        out[i64(t) * inner + h * DK + j] = result;
+        if (oq != nullptr) {
+            // The CTA's r x DK = 256 outputs are Q8_K block kh of the row: quantized here for
+            // the output projection (its codes, the same bits).
+            reinterpret_cast<float*>(o_stage)[tid] = result;
+            __syncthreads();
+            const float* staged = reinterpret_cast<const float*>(o_stage);
+            quantize_q8k_blocks([=](int) { return staged; }, 1, od + i64(t) * k_heads + kh,
+                                oq + i64(t) * inner + kh * Q8K_VALUES);
+        }
+        // qs, ks, head_ss and o_stage are rewritten by the next row.
         __syncthreads();
     }
 #pragma unroll

@@ -533,6 +533,7 @@ pub(crate) fn deltanet_step(
         &mut CudaViewMut<'_, f32>,
     ),
     record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
+    out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
 ) -> Result<(), CudaError> {
     let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
     let threads = d.v_heads / d.k_heads * d.head_dim;
@@ -546,6 +547,7 @@ pub(crate) fn deltanet_step(
         inputs,
         (conv_state, recurrent, out),
         record,
+        out_q8,
         dims,
         (eps, q_scale),
     )

@@ -8,7 +8,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
-use crate::q8_input::{q8_rows_fit, Q8Rows};
+use crate::q8_input::{q8_rows_fit, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES};
 use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
@@ -358,7 +358,9 @@ pub struct StepRecord<'a> {
 /// (tokens x inner); with `record`, the state after each row but the last is kept there.
 /// Row t gives the bits of a one-row call on the state after row t - 1. Needs dk = dv
 /// (`head_dim`) of 32, 64 or 128 and a conv of width 4; the same math as `deltanet_conv`,
-/// `deltanet_prep`, `delta_rule` and `gated_norm` in turn.
+/// `deltanet_prep`, `delta_rule` and `gated_norm` in turn. With `out_q8` (a key head's value
+/// heads of 256 values in all), `out` is also quantized to Q8_K there, for the output
+/// projection to read (`matmul_quantized`: the same bits as quantizing `out` itself).
 #[allow(clippy::too_many_arguments)]
 pub fn deltanet_step(
     device: &Device,
@@ -368,7 +370,7 @@ pub fn deltanet_step(
     (qkv, z, ba): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
     conv_state: &mut CudaViewMut<'_, f32>,
     recurrent: &mut CudaViewMut<'_, f32>,
-    out: &mut CudaViewMut<'_, f32>,
+    (out, out_q8): (&mut CudaViewMut<'_, f32>, Option<&mut Q8RowsMut<'_>>),
     mut record: Option<StepRecord<'_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
@@ -423,6 +425,22 @@ pub fn deltanet_step(
         Some(r) => Some((&mut r.conv, &mut r.recurrent)),
         None => None,
     };
+    let out_q8 = match out_q8 {
+        Some(q8) => {
+            // Each CTA's outputs (a key head's value heads) are one Q8_K block.
+            let block = s.v_heads / s.k_heads * dk;
+            shape(
+                op,
+                "threads per key head (Q8_K output)",
+                Q8_BLOCK_VALUES,
+                block,
+            )?;
+            shape(op, "Q8_K output scales", t * s.k_heads, q8.scales.len())?;
+            shape(op, "Q8_K output codes", t * s.inner(), q8.codes.len())?;
+            Some((&mut q8.scales, &mut q8.codes))
+        }
+        None => None,
+    };
     launch::deltanet_step(
         device,
         &d,
@@ -431,6 +449,7 @@ pub fn deltanet_step(
         [qkv, z, ba, p.conv_w, p.a, p.dt_bias, p.norm_w],
         (conv_state, recurrent, out),
         record,
+        out_q8,
     )
 }
 

@@ -633,7 +633,7 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "deltanet",
-            source: with_reduce(&[DELTANET, DELTANET_CHUNKED].join("\n")),
+            source: with_q8_dots(&[DELTANET, DELTANET_CHUNKED].join("\n")),
             kernels: CONV_KERNELS
                 .iter()
                 .flat_map(|&w| [conv_kernel(w), conv_tokens_kernel(w)])

@@ -4,12 +4,13 @@
 //! final state). GPU tests print a message and pass when no driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    delta_rule, deltanet_conv, deltanet_step, DeltaNetParams, DeltaNetShape, Device, StepRecord,
-    TokenWalk,
+    delta_rule, deltanet_conv, deltanet_step, matmul, matmul_quantized, DeltaNetParams,
+    DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepRecord, TokenWalk, Q8_BLOCK_VALUES,
 };
+use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, Rng};
+use common::{device, q8_matrix, random_matrix, Rng};
 
 /// Qwen3-Next's DeltaNet (16 k-heads, 32 v-heads, head dim 128) and a small shape.
 fn shapes(tokens: usize) -> [DeltaNetShape; 2] {
@@ -187,7 +188,9 @@ fn chunked_delta_rule_matches_the_token_loop() {
 /// The fused step over several rows, keeping the state after each row but the last, gives
 /// per row the bits of one-row launches in turn (the outputs, the final state and every kept
 /// state): an MTP verification's rows equal plain decoding's, and its rollback points are
-/// the states plain decoding would have reached.
+/// the states plain decoding would have reached. Where a key head's value heads hold 256
+/// values, the step also writes its output in Q8_K, and an output projection reading those
+/// codes gives the bits of one quantizing the output itself.
 #[test]
 fn fused_rows_equal_one_row_launches_with_their_states() {
     let Some(device) = device("fused_rows_equal_one_row_launches_with_their_states") else {
@@ -226,6 +229,13 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
         let mut out = device.alloc_zeros::<f32>(t * inner).unwrap();
         let mut conv_rec = device.alloc_zeros::<f32>((t - 1) * conv0.len()).unwrap();
         let mut state_rec = device.alloc_zeros::<f32>((t - 1) * state0.len()).unwrap();
+        let quantized = v_heads / s.k_heads * dk == Q8_BLOCK_VALUES;
+        let mut scales = device.alloc_zeros::<f32>(t * s.k_heads).unwrap();
+        let mut codes = device.alloc_zeros::<i8>(t * inner).unwrap();
+        let mut out_q8 = Q8RowsMut {
+            scales: scales.as_view_mut(),
+            codes: codes.as_view_mut(),
+        };
         deltanet_step(
             &device,
             &s,
@@ -234,7 +244,7 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             (&qkv_d.as_view(), &z_d.as_view(), &ba_d.as_view()),
             &mut conv.as_view_mut(),
             &mut state.as_view_mut(),
-            &mut out.as_view_mut(),
+            (&mut out.as_view_mut(), quantized.then_some(&mut out_q8)),
             Some(StepRecord {
                 conv: conv_rec.as_view_mut(),
                 recurrent: state_rec.as_view_mut(),
@@ -249,6 +259,34 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             device.download(&conv_rec).unwrap(),
             device.download(&state_rec).unwrap(),
         );
+        if quantized {
+            let ty = GgmlType::IQ2XXS;
+            let w = device
+                .upload(&random_matrix(ty, 256, inner, &mut rng))
+                .unwrap();
+            let w = q8_matrix(&w, ty, (256, inner));
+            let mut plain = device.alloc_zeros::<f32>(t * 256).unwrap();
+            matmul(&device, &w, &out.as_view(), &mut plain.as_view_mut()).unwrap();
+            let q8 = Q8Rows {
+                scales: scales.as_view(),
+                codes: codes.as_view(),
+            };
+            let mut read = device.alloc_zeros::<f32>(t * 256).unwrap();
+            let x = (&out.as_view(), Some(&q8));
+            matmul_quantized(&device, &w, x, &mut read.as_view_mut()).unwrap();
+            let (plain, read) = (
+                device.download(&plain).unwrap(),
+                device.download(&read).unwrap(),
+            );
+            assert!(
+                plain.iter().any(|&v| v != 0.0),
+                "output projection: nothing computed"
+            );
+            assert!(
+                bits(&plain) == bits(&read),
+                "{v_heads} v-heads of {dk}: the projection of the step's Q8_K output differs"
+            );
+        }
         // One row per launch.
         let one = DeltaNetShape { tokens: 1, ..s };
         let mut conv = device.upload(&conv0).unwrap();
@@ -265,7 +303,7 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 (&q.as_view(), &zr.as_view(), &br.as_view()),
                 &mut conv.as_view_mut(),
                 &mut state.as_view_mut(),
-                &mut o.as_view_mut(),
+                (&mut o.as_view_mut(), None),
                 None,
             )
             .unwrap();

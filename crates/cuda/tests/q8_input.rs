@@ -1,7 +1,8 @@
 //! The norms that also quantize their output to Q8_K, and the q8 products reading those
 //! codes instead of quantizing their input in each CTA: the norm output, every product row
 //! and the expert gate/up activations are bit for bit those of the plain launches (the
-//! codes are the same). Prints a message and passes without a GPU.
+//! codes are the same). The fused DeltaNet step's quantized output is checked in
+//! `deltanet.rs`. Prints a message and passes without a GPU.
 
 use redlite_cuda::{
     add_rms_norm, add_rms_norm_quantized, matmul, matmul_quantized, moe_gate_up, rms_norm,

@@ -344,8 +344,8 @@ pub(crate) fn launch_delta_rule(
 }
 
 /// `deltanet_step_kernel<DK, KERNEL>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
-/// state, out, k_heads, v_heads, eps, q_scale)`; inputs are (qkv, z, ba, conv_w, a, dt_bias,
-/// norm_w).
+/// state, out, conv_rec, state_rec, od, oq, tokens, k_heads, v_heads, eps, q_scale)`; inputs
+/// are (qkv, z, ba, conv_w, a, dt_bias, norm_w).
 #[allow(clippy::type_complexity)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_deltanet_step(
@@ -359,6 +359,7 @@ pub(crate) fn launch_deltanet_step(
         &mut CudaViewMut<'_, f32>,
     ),
     record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
+    out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
     dims: [i32; 3],
     (eps, q_scale): (f32, f32),
 ) -> Result<(), CudaError> {
@@ -368,6 +369,10 @@ pub(crate) fn launch_deltanet_step(
     launch.arg(a).arg(dt_bias).arg(norm_w).arg(state).arg(out);
     match record {
         Some((conv_rec, state_rec)) => launch.arg(conv_rec).arg(state_rec),
+        None => launch.arg(&NO_POS).arg(&NO_POS),
+    };
+    match out_q8 {
+        Some((od, oq)) => launch.arg(od).arg(oq),
         None => launch.arg(&NO_POS).arg(&NO_POS),
     };
     for d in &dims {
@@ -380,7 +385,9 @@ pub(crate) fn launch_deltanet_step(
     // v_heads x DK x DK, norm weight DK; the records, when given, tokens - 1 rows of the conv
     // state and of the state), DK and KERNEL are the specialization, and grid k_heads x
     // block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
-    // exactly the heads. Null record pointers are the kernel's "no record".
+    // exactly the heads. Null record pointers are the kernel's "no record". The Q8_K output,
+    // when given, holds tokens x k_heads scales and tokens x v_heads x DK codes, and the
+    // block holds 256 threads (op entry).
     launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
         launch.launch(config)
     })

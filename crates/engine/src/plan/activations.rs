@@ -18,7 +18,9 @@ pub const ATTENTION_MAX_SPLITS: u64 = 64;
 pub const SMALL_BATCH_MAX_TOKENS: u64 = 4;
 
 /// `redlite_cuda::ONE_TOKEN_KERNELS_MAX_TOKENS`: the rows whose Q8_K codes each workspace
-/// buffer keeps (`CudaAct`'s codes, written by the norms; repeated and checked likewise).
+/// buffer keeps (`CudaAct`'s codes, written by the norms) and the scratch keeps of the
+/// mixer output (`Scratch::o_q8`, written by the fused DeltaNet step); repeated and checked
+/// likewise.
 pub const Q8_CODE_ROWS: u64 = 16;
 
 /// Bytes of the Q8_K codes a workspace buffer of `rows` rows of `width` keeps: an int8 code
@@ -35,7 +37,7 @@ pub struct Activations {
     /// Bytes per row over the workspace and every scratch buffer.
     pub bytes_per_row: u64,
     /// Buffers whose size does not depend on the rows (attention partials, and the Q8_K
-    /// codes of the workspace's first rows).
+    /// codes of the workspace's and the mixer output's first rows).
     pub fixed: u64,
     /// Rows of logits one call returns, and their bytes.
     pub logit_rows: u64,
@@ -100,10 +102,11 @@ pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> A
         SMALL_BATCH_MAX_TOKENS * c.n_head as u64 * ATTENTION_MAX_SPLITS * (c.head_dim as u64 + 2);
     let logit_rows = logit_rows.max(1);
     let codes = 3 * q8_code_bytes(rows, e);
+    let mixer_out = (c.ssm_inner().max(c.n_head * c.head_dim)) as u64;
     Activations {
         rows,
         bytes_per_row: 4 * (workspace + scratch_values_per_row(c)),
-        fixed: 4 * partials + codes,
+        fixed: 4 * partials + codes + q8_code_bytes(rows, mixer_out),
         logit_rows,
         logits: logit_rows.saturating_mul(4 * c.n_vocab as u64),
         mtp: if mtp {
@@ -127,8 +130,9 @@ mod tests {
         assert_eq!(scratch_values_per_row(&c), 60_619);
         let a = activations(&c, 513, 1, false);
         assert_eq!(a.bytes_per_row, 267_052);
-        // The partials, and 16 rows of codes for each of x, h and mix.
-        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4 + 3 * 16 * (2048 + 32));
+        // The partials, 16 rows of codes for each of x, h and mix and for the mixer output.
+        let codes = 3 * 16 * (2048 + 32) + 16 * (4096 + 64);
+        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4 + codes);
         assert_eq!(a.logits, 151_936 * 4);
     }
 
@@ -142,9 +146,9 @@ mod tests {
         let len = redlite_cuda::attention_partials_len(small, c.n_head, c.head_dim) as u64;
         let code_rows = redlite_cuda::ONE_TOKEN_KERNELS_MAX_TOKENS as u64;
         assert_eq!(code_rows, Q8_CODE_ROWS);
-        // One row of codes for each of x, h and mix.
-        let blocks = c.n_embd / redlite_cuda::Q8_BLOCK_VALUES;
-        let codes = 3 * (c.n_embd + 4 * blocks) as u64;
+        // One row of codes for each of x, h and mix, and for the mixer output.
+        let code_bytes = |width: usize| (width + 4 * width / redlite_cuda::Q8_BLOCK_VALUES) as u64;
+        let codes = 3 * code_bytes(c.n_embd) + code_bytes(c.ssm_inner().max(c.n_head * c.head_dim));
         assert_eq!(a.fixed, 4 * len + codes);
     }
 }

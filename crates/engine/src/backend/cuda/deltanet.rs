@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
     matmul_quantized, CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, Q8Rows,
-    StepRecord, TokenWalk, SMALL_BATCH_MAX_TOKENS,
+    StepRecord, TokenWalk, Q8_BLOCK_VALUES, SMALL_BATCH_MAX_TOKENS,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -76,6 +76,13 @@ pub fn forward(
             conv: rows.conv.as_view_mut(),
             recurrent: rows.recurrent.as_view_mut(),
         });
+        // The step quantizes its output where a key head's value heads fill a Q8_K block.
+        let block = c.ssm_v_heads / c.ssm_k_heads.max(1) * c.ssm_head_dim;
+        let mut q8 = match block == Q8_BLOCK_VALUES {
+            true => s.o_q8.rows_mut(t, inner),
+            false => None,
+        };
+        let quantized = q8.is_some();
         deltanet_step(
             device,
             &shape,
@@ -84,11 +91,12 @@ pub fn forward(
             (&qkv.as_view(), &z.as_view(), &ba.as_view()),
             &mut state.conv.as_view_mut(),
             &mut state.recurrent.as_view_mut(),
-            &mut o,
+            (&mut o, q8.as_mut()),
             kept,
         )?;
         device.mark("DeltaNet ssm_out");
-        matmul(device, &w.out.view(), &o.as_view(), out)?;
+        let q8 = s.o_q8.rows(t, inner).filter(|_| quantized);
+        matmul_quantized(device, &w.out.view(), (&o.as_view(), q8.as_ref()), out)?;
         return Ok(());
     }
     let mut beta = s.beta.slice_mut(..t * c.ssm_v_heads);

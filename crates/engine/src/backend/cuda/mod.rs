@@ -135,7 +135,8 @@ impl CudaBackend {
             caches[layer] = Some(cache);
         }
         let route_skew = route_skew_from_env()?;
-        let scratch = Mutex::new(Scratch::new(&device, &config, 1)?);
+        let quantized = dots == Dots::Q8K && quantize_once();
+        let scratch = Mutex::new(Scratch::new(&device, &config, 1, quantized)?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
             config,
