@@ -4,7 +4,8 @@
 #   1. bits: `redlite logits` over 24 tokens fed one and four at a time (decode and
 #      small-batch graphs) with each switch of BITS_AB against the defaults (`cmp`);
 #   2. GPU tests (TESTS, default: q8_input, the quantizing norms and the q8 products reading
-#      their codes bit for bit; cuda_mtp, every verification row the bits of a plain step);
+#      their codes bit for bit; cuda_mtp, every verification row the bits of a plain step;
+#      cuda_serve, batched serving with and without MTP against each request alone);
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
@@ -52,7 +53,7 @@ if stage bits; then
 fi
 
 if stage tests; then
-  for t in ${TESTS:-q8_input cuda_mtp}; do
+  for t in ${TESTS:-q8_input cuda_mtp cuda_serve}; do
     [ -x "$D/$t" ] || { note "$t: not carried"; continue; }
     stamp "$t tests"
     "$D/$t" --test-threads=1 > "$OUT/$t.log" 2>&1

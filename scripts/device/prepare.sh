@@ -4,6 +4,7 @@
 #   redlite          cargo build --release --features cuda (and redlite.xz: stripped, xz)
 #   cuda_parity      the engine's CUDA parity tests (test binary)
 #   cuda_mtp         the engine's MTP GPU tests (test binary)
+#   cuda_serve       the serving scheduler on the GPU, batched against alone (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
 #   kernels, mma, attention, deltanet, preload, q8_input  the cuda crate's GPU tests (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
@@ -28,6 +29,7 @@ test_binary() {
 }
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_parity)" "$D/cuda_parity"
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_mtp)" "$D/cuda_mtp"
+cp "$(test_binary --features cuda -p redlite-engine --test cuda_serve)" "$D/cuda_serve"
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_expert_cache)" "$D/cuda_expert_cache"
 cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"
