@@ -35,6 +35,7 @@ mod graph;
 mod launch;
 mod layer_launch;
 mod layer_ops;
+mod matmul_launch;
 mod mma;
 mod mma_groups;
 mod moe_groups;

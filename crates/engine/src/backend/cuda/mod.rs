@@ -11,6 +11,7 @@
 //! capturing a whole one-token decode step in one CUDA graph (`graph`), replayed with the
 //! token id and position read from device memory.
 
+mod act;
 mod attention;
 mod deltanet;
 mod experts;
@@ -33,13 +34,14 @@ use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
+pub use act::CudaAct;
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
 use host_moe::HostMoe;
 use moe::LayerSkew;
 use scratch::Scratch;
-pub use state::{CudaAct, CudaState};
+pub use state::CudaState;
 use weights::{CudaWeights, Mixer};
 
 pub struct CudaBackend {
