@@ -26,6 +26,13 @@ pub struct DeviceMatrix {
 const ROUTER: &str = "ffn_gate_inp.weight";
 const SHARED_GATE: &str = "ffn_gate_inp_shexp.weight";
 
+/// `REDLITE_ROUTER_WIDEN_GATE=1`: an F16/BF16 shared-expert gate row joins an F32 router
+/// (`DeviceMatrix::router`).
+fn widen_gate() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_WIDEN_GATE").as_deref() == Ok("1"))
+}
+
 /// A tensor's place and description, or the error naming it.
 fn tensor<'g>(gguf: &'g GgufModel, name: &str) -> Result<(TensorRef, &'g TensorInfo)> {
     let loc = gguf
@@ -47,18 +54,35 @@ impl DeviceMatrix {
         })
     }
 
-    /// A router with the block's shared-expert gate row appended when both have the same
-    /// type and row length (F32 in every known file); otherwise the router alone.
+    /// A router with the block's shared-expert gate row appended (decode computes both,
+    /// and routes, in one launch) when both have the same type and row length; otherwise
+    /// the router alone. Real files and `redlite synth` store the router in F32 and the gate
+    /// in F16 or BF16 (spec: never quantized, the source precision), so they take the
+    /// three launches unless `REDLITE_ROUTER_WIDEN_GATE=1` widens the gate row to F32: its
+    /// values exactly, but summed in the router's order (another rounding of the shared
+    /// gate's logit, not yet measured on a GPU; hence off by default).
     fn router(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
         let shared_name = name.replace(ROUTER, SHARED_GATE);
         let (Some(router), Some(shared)) = (gguf.locate(name), gguf.locate(&shared_name)) else {
             return DeviceMatrix::load(device, gguf, name, dots);
         };
         let (r, g) = (gguf.info(router), gguf.info(shared));
-        if r.ty != g.ty || r.row_len() != g.row_len() || g.rows() != 1 {
+        if r.row_len() != g.row_len() || g.rows() != 1 {
             return DeviceMatrix::load(device, gguf, name, dots);
         }
-        let bytes = [gguf.data(router), gguf.data(shared)].concat();
+        let gate_row = if r.ty == g.ty {
+            gguf.data(shared).to_vec()
+        } else if r.ty == GgmlType::F32
+            && matches!(g.ty, GgmlType::F16 | GgmlType::BF16)
+            && widen_gate()
+        {
+            let mut values = vec![0.0f32; g.row_len() as usize];
+            dequantize_row(g.ty, gguf.data(shared), &mut values)?;
+            values.iter().flat_map(|v| v.to_le_bytes()).collect()
+        } else {
+            return DeviceMatrix::load(device, gguf, name, dots);
+        };
+        let bytes = [gguf.data(router), gate_row.as_slice()].concat();
         Ok(DeviceMatrix {
             ty: r.ty,
             rows: r.rows() as usize,
