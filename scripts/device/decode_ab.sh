@@ -2,7 +2,8 @@
 # On the GPU machine, one call: decode switches checked for bits and measured on the full
 # synthetic IQ2_XXS+MTP file. In order:
 #   1. bits: `redlite logits` over 24 tokens fed one and four at a time (decode and
-#      small-batch graphs) with each switch of BITS_AB against the defaults (`cmp`);
+#      small-batch graphs) with each switch of BITS_AB against the defaults (`cmp`, and the
+#      drift where they differ);
 #   2. GPU tests (TESTS, default: q8_input, the quantizing norms and the q8 products reading
 #      their codes bit for bit; cuda_mtp, every verification row the bits of a plain step;
 #      cuda_serve, batched serving with and without MTP against each request alone);
@@ -44,10 +45,29 @@ if stage bits; then
   same() { cmp -s "$1" "$2" && echo "same bits" || echo "DIFFERENT"; }
   for chunk in 1 4; do logits defaults "$chunk" REDLITE_UNUSED=0; done
   note "defaults, chunk 4 vs chunk 1: $(same "$W/defaults-1.f32" "$W/defaults-4.f32")"
+  # A setting that changes bits: its drift, the worst relative L2 per position and how many
+  # positions keep their argmax (random weights amplify any rounding over 48 layers).
+  drift() {
+    python3 - "$1" "$2" <<'PY'
+import array, math, sys
+a, b = (array.array("f", open(p, "rb").read()) for p in sys.argv[1:3])
+vocab = 151936
+if len(a) != len(b) or len(a) % vocab:
+    print("lengths differ"); sys.exit()
+rows = range(0, len(a), vocab)
+worst = max(math.sqrt(sum((x - y) ** 2 for x, y in zip(a[i:i + vocab], b[i:i + vocab])))
+            / max(math.sqrt(sum(x * x for x in a[i:i + vocab])), 1e-30) for i in rows)
+kept = sum(max(range(vocab), key=lambda j: a[i + j]) == max(range(vocab), key=lambda j: b[i + j])
+           for i in rows)
+print(f"worst rel L2 per position {worst:.3e}, argmax kept {kept}/{len(rows)}")
+PY
+  }
   for v in $BITS_AB; do
     for chunk in 1 4; do
       logits "${v//=/_}" "$chunk" "$v"
-      note "$v vs defaults, chunk $chunk: $(same "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
+      result="$(same "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
+      [ "$result" = DIFFERENT ] && result="$result: $(drift "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
+      note "$v vs defaults, chunk $chunk: $result"
     done
   done
 fi
