@@ -170,28 +170,29 @@ pub fn forward(
         }
         None => ids.slice(..),
     };
-    let fold = fold_shared(w);
+    let grouped = t > 1 && !small && grouped(w);
+    let fold = fold_shared(w, small && !grouped);
     let part = Part {
         device,
         c,
         w,
-        grouped: t > 1 && !small && grouped(w),
+        grouped,
         fold,
     };
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
+    let zero_ids = s.zero_ids.slice(..t);
     part.run(
         &chosen,
         &weights.as_view(),
-        &shared_weight.as_view(),
+        (&shared_weight.as_view(), &zero_ids),
         (h, h_q8),
         (&mut act, &mut act_shared),
         out,
     )?;
-    if fold {
+    if fold != Fold::None {
         return Ok(());
     }
-    let zero_ids = s.zero_ids.slice(..t);
     shared_expert(
         device,
         c,
@@ -273,8 +274,18 @@ struct Part<'a> {
     w: &'a MoeWeights,
     /// Gate/up grouped by expert (the router's ids come to the host).
     grouped: bool,
-    /// The shared expert in the routed launches.
-    fold: bool,
+    /// How much of the shared expert rides in the routed launches.
+    fold: Fold,
+}
+
+/// The shared expert in the routed launches: not at all (it runs on its own after them),
+/// gate/up only (its down, of another block type than the routed one, runs on its own), or
+/// both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fold {
+    None,
+    GateUp,
+    All,
 }
 
 impl<'a> Part<'a> {
@@ -283,7 +294,7 @@ impl<'a> Part<'a> {
         &self,
         ids: &CudaView<'_, i32>,
         weights: &CudaView<'_, f32>,
-        shared_weight: &CudaView<'_, f32>,
+        (shared_weight, zero_ids): (&CudaView<'_, f32>, &CudaView<'_, i32>),
         (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
         (act, act_shared): (&mut CudaViewMut<'v, f32>, &mut CudaViewMut<'v, f32>),
         out: &mut CudaViewMut<'_, f32>,
@@ -297,7 +308,7 @@ impl<'a> Part<'a> {
             true => {
                 let mut host = vec![0i32; ids.len()];
                 device.copy_to_host(ids, &mut host)?;
-                ExpertTiles::new(&host, used, c.n_expert, self.fold)
+                ExpertTiles::new(&host, used, c.n_expert, self.fold == Fold::All)
             }
             false => None,
         };
@@ -312,16 +323,16 @@ impl<'a> Part<'a> {
         };
         // With the fold, one launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
         let down = w.shared_down.view();
-        let shared = if self.fold {
+        if self.fold == Fold::None {
+            device.mark("routed experts");
+            routed.run(act, None)?;
+        } else {
             device.mark("routed + shared experts (folded)");
             let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
             routed.run(act, Some((&gate, &up, act_shared)))?;
-            Some(act_shared.as_view())
-        } else {
-            device.mark("routed experts");
-            routed.run(act, None)?;
-            None
-        };
+        }
+        let shared = act_shared.as_view();
+        let folded_down = (self.fold == Fold::All).then_some((&down, shared_weight, &shared));
         moe_down(
             device,
             &w.down_exps.view(),
@@ -331,8 +342,22 @@ impl<'a> Part<'a> {
             &act.as_view(),
             out,
             false,
-            shared.as_ref().map(|a| (&down, shared_weight, a)),
+            folded_down,
         )?;
+        if self.fold == Fold::GateUp {
+            // The shared expert's down as `shared_expert` launches it: the same sums.
+            moe_down(
+                device,
+                &down,
+                c.n_embd,
+                zero_ids,
+                shared_weight,
+                &shared,
+                out,
+                true,
+                None,
+            )?;
+        }
         Ok(())
     }
 }
@@ -386,12 +411,28 @@ fn grouped(w: &MoeWeights) -> bool {
 }
 
 /// Whether the shared expert rides along in the routed launches.
-fn fold_shared(w: &MoeWeights) -> bool {
+fn fold_shared(w: &MoeWeights, small: bool) -> Fold {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_MOE_FOLD_SHARED").as_deref() != Ok("0"))
+    let on = *ON.get_or_init(|| std::env::var("REDLITE_MOE_FOLD_SHARED").as_deref() != Ok("0"));
+    let gate_up = on
         && moe_folds_shared(&w.gate_exps.view(), &w.shared_gate.view())
-        && moe_folds_shared(&w.up_exps.view(), &w.shared_up.view())
-        && moe_folds_shared(&w.down_exps.view(), &w.shared_down.view())
+        && moe_folds_shared(&w.up_exps.view(), &w.shared_up.view());
+    let down = moe_folds_shared(&w.down_exps.view(), &w.shared_down.view());
+    match (gate_up, down) {
+        (true, true) => Fold::All,
+        (true, false) if small && fold_gate_up_alone() => Fold::GateUp,
+        _ => Fold::None,
+    }
+}
+
+/// `REDLITE_MOE_FOLD_GATE_UP=1`: in a batch of decode size, the shared expert's gate/up
+/// rides in the routed launch also where its down cannot (a block type other than the
+/// routed down's: the `use_more_bits` layers of the IQ1/IQ2 files, 24 of 48), one launch a
+/// layer fewer. Each row sums as in its own launch, so the bits should not move; off until
+/// a device call has checked that and measured it.
+fn fold_gate_up_alone() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MOE_FOLD_GATE_UP").as_deref() == Ok("1"))
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch
