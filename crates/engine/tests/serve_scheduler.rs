@@ -2,33 +2,24 @@
 //! produces alone (greedy), and what a single-sequence session produces; a second turn
 //! ingests only its new tokens; a client that goes away frees its slot; a full queue refuses.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::generate::{generate, GenerateRequest, StopReason};
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::sampling::SamplingParams;
-use redlite_engine::serve::{
-    self, Event, EventSink, Finish, Handle, Job, ServeConfig, SubmitError,
-};
+use redlite_engine::serve::{self, Event, Handle, ServeConfig, SubmitError};
 use redlite_engine::session::Session;
 use redlite_engine::state::KvType;
-use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
-use redlite_engine::tokenizer::Tokenizer;
-use redlite_gguf::GgufModel;
+use redlite_engine::synth::Recipe;
 
 mod mtp_support;
+mod serve_support;
+
+use serve_support::{job, prompt, tiny_model, wait, Model};
 
 const CHUNK: usize = 8;
-
-struct Model {
-    _dir: tempfile::TempDir,
-    gguf: Arc<GgufModel>,
-    tokenizer: Arc<Tokenizer>,
-}
 
 fn model() -> Model {
     model_with(false)
@@ -36,24 +27,7 @@ fn model() -> Model {
 
 /// The tiny model, with the MTP block when `mtp`.
 fn model_with(mtp: bool) -> Model {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    let mut config = Preset::Tiny.config();
-    config.n_mtp = usize::from(mtp);
-    let opts = SynthOptions {
-        config,
-        recipe: Recipe::Q4KM,
-        vocab: VocabChoice::Tiny,
-        seed: 5,
-    };
-    write_synth(&path, &opts, &mut |_, _| {}).unwrap();
-    let gguf = Arc::new(GgufModel::open(&path).unwrap());
-    let tokenizer = Arc::new(Tokenizer::from_metadata(gguf.metadata()).unwrap());
-    Model {
-        _dir: dir,
-        gguf,
-        tokenizer,
-    }
+    tiny_model(Recipe::Q4KM, mtp)
 }
 
 fn start(m: &Model, slots: usize, queue_limit: usize) -> Handle {
@@ -84,58 +58,6 @@ fn start_mtp(m: &Model, slots: usize, queue_limit: usize, draft: usize) -> Handl
         },
     )
     .unwrap()
-}
-
-/// Collects a job's events; `closed` simulates a client that went away.
-struct TestSink {
-    tx: Mutex<Sender<Event>>,
-    closed: Arc<AtomicBool>,
-}
-
-impl EventSink for TestSink {
-    fn send(&self, event: Event) -> bool {
-        !self.closed.load(Ordering::SeqCst) && self.tx.lock().unwrap().send(event).is_ok()
-    }
-    fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-}
-
-fn job(prompt: Vec<u32>, max_tokens: usize) -> (Job, Receiver<Event>, Arc<AtomicBool>) {
-    let (tx, rx) = channel();
-    let closed = Arc::new(AtomicBool::new(false));
-    let job = Job {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        render_special: false,
-        logprobs: None,
-        sink: Box::new(TestSink {
-            tx: Mutex::new(tx),
-            closed: closed.clone(),
-        }),
-    };
-    (job, rx, closed)
-}
-
-/// The generated ids and the end of a job.
-fn wait(rx: &Receiver<Event>) -> (Vec<u32>, Finish) {
-    let mut ids = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(60)).expect("an event") {
-            Event::Token { id, .. } => ids.push(id),
-            Event::Done(f) => return (ids, f),
-            Event::Failed(why) => panic!("job failed: {why}"),
-            Event::Started { .. } | Event::Text(_) => {}
-        }
-    }
-}
-
-fn prompt(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % 500)
-        .collect()
 }
 
 #[test]
@@ -208,13 +130,7 @@ fn serving_with_mtp_gives_the_plain_greedy_tokens() {
     serve_with_mtp(&model_with(true), false);
     let dir = tempfile::tempdir().unwrap();
     let path = mtp_support::agreeing_model(dir.path());
-    let gguf = Arc::new(GgufModel::open(&path).unwrap());
-    let tokenizer = Arc::new(Tokenizer::from_metadata(gguf.metadata()).unwrap());
-    let agreeing = Model {
-        _dir: dir,
-        gguf,
-        tokenizer,
-    };
+    let agreeing = Model::open(dir, &path);
     serve_with_mtp(&agreeing, true);
 }
 
