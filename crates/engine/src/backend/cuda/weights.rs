@@ -33,6 +33,25 @@ fn widen_gate() -> bool {
     *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_WIDEN_GATE").as_deref() == Ok("1"))
 }
 
+/// The shared-expert gate row's bytes in the router's type `router`: as stored when the
+/// types agree; an F16/BF16 row widened to F32 (exact values) when `widen`; else `None`.
+fn gate_row_as(
+    router: GgmlType,
+    gate: GgmlType,
+    row: &[u8],
+    widen: bool,
+) -> Result<Option<Vec<u8>>> {
+    if router == gate {
+        return Ok(Some(row.to_vec()));
+    }
+    if !(widen && router == GgmlType::F32 && matches!(gate, GgmlType::F16 | GgmlType::BF16)) {
+        return Ok(None);
+    }
+    let mut values = vec![0.0f32; row.len() / 2];
+    dequantize_row(gate, row, &mut values)?;
+    Ok(Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()))
+}
+
 /// A tensor's place and description, or the error naming it.
 fn tensor<'g>(gguf: &'g GgufModel, name: &str) -> Result<(TensorRef, &'g TensorInfo)> {
     let loc = gguf
@@ -70,16 +89,7 @@ impl DeviceMatrix {
         if r.row_len() != g.row_len() || g.rows() != 1 {
             return DeviceMatrix::load(device, gguf, name, dots);
         }
-        let gate_row = if r.ty == g.ty {
-            gguf.data(shared).to_vec()
-        } else if r.ty == GgmlType::F32
-            && matches!(g.ty, GgmlType::F16 | GgmlType::BF16)
-            && widen_gate()
-        {
-            let mut values = vec![0.0f32; g.row_len() as usize];
-            dequantize_row(g.ty, gguf.data(shared), &mut values)?;
-            values.iter().flat_map(|v| v.to_le_bytes()).collect()
-        } else {
+        let Some(gate_row) = gate_row_as(r.ty, g.ty, gguf.data(shared), widen_gate())? else {
             return DeviceMatrix::load(device, gguf, name, dots);
         };
         let bytes = [gguf.data(router), gate_row.as_slice()].concat();
@@ -259,4 +269,50 @@ pub fn upload_mtp(
     let l = config.n_layer;
     let caches = caches(device, config, residency, l..l + 1, &host)?;
     Ok((weights, caches))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_half_precision_gate_row_widens_to_the_exact_f32_values() {
+        let values = [1.0f32, -0.5, 65504.0, 2.0f32.powi(-24), 0.0, -3.140625];
+        let f16: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        for (ty, row) in [(GgmlType::F16, &f16), (GgmlType::BF16, &bf16)] {
+            let widened = gate_row_as(GgmlType::F32, ty, row, true).unwrap().unwrap();
+            let got: Vec<f32> = widened
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let want: Vec<f32> = match ty {
+                GgmlType::F16 => values
+                    .iter()
+                    .map(|&v| half::f16::from_f32(v).to_f32())
+                    .collect(),
+                _ => values
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect(),
+            };
+            assert_eq!(got, want, "{ty:?}");
+        }
+        // Off, or a type it cannot widen: the router stays alone.
+        assert!(gate_row_as(GgmlType::F32, GgmlType::F16, &f16, false)
+            .unwrap()
+            .is_none());
+        assert!(gate_row_as(GgmlType::F32, GgmlType::Q8_0, &f16, true)
+            .unwrap()
+            .is_none());
+        // The same type: the row as stored.
+        let same = gate_row_as(GgmlType::F16, GgmlType::F16, &f16, false).unwrap();
+        assert_eq!(same.as_deref(), Some(f16.as_slice()));
+    }
 }
