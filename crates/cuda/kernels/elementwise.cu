@@ -119,30 +119,30 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 // products that read it (`matmul_q8_kernel` and the others taking `gd`, `gq`): their CTAs
 // then skip quantizing it each. The codes are `quantize_q8k_shared`'s for the same values,
 // so every product gets the bits it would quantize itself. Dynamic shared memory: cols * 4
-// bytes (the row's output, staged for the quantization).
+// bytes (the row's output, staged for the quantization). Both kernels are `norm_row_q8`.
+static __device__ __forceinline__ void norm_row_q8(float* x, const float* y, const float* w,
+                                                   float* out, float* d, i8* q, int cols,
+                                                   float eps) {
+    extern __shared__ float4 norm_stage[];
+    float* stage = reinterpret_cast<float*>(norm_stage);
+    const i64 row = blockIdx.x;
+    norm_row(x + row * cols, y != nullptr ? y + row * cols : nullptr, w, out + row * cols, cols,
+             eps, stage);
+    __syncthreads();
+    const int blocks = cols / Q8K_VALUES;
+    quantize_q8k_blocks([=](int b) { return stage + b * Q8K_VALUES; }, blocks, d + row * blocks,
+                        q + row * cols);
+}
+
 __global__ void rms_norm_q8_kernel(const float* x, const float* __restrict__ w, float* out,
                                    float* __restrict__ d, i8* __restrict__ q, int cols,
                                    float eps) {
-    extern __shared__ float4 norm_stage[];
-    float* stage = reinterpret_cast<float*>(norm_stage);
-    norm_row(const_cast<float*>(x) + i64(blockIdx.x) * cols, nullptr, w,
-             out + i64(blockIdx.x) * cols, cols, eps, stage);
-    __syncthreads();
-    const int blocks = cols / Q8K_VALUES;
-    quantize_q8k_blocks([=](int b) { return stage + b * Q8K_VALUES; }, blocks,
-                        d + i64(blockIdx.x) * blocks, q + i64(blockIdx.x) * cols);
+    norm_row_q8(const_cast<float*>(x), nullptr, w, out, d, q, cols, eps);
 }
 
 __global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ w, float* __restrict__ out,
                                        float* __restrict__ d, i8* __restrict__ q, int cols,
                                        float eps) {
-    extern __shared__ float4 norm_stage[];
-    float* stage = reinterpret_cast<float*>(norm_stage);
-    norm_row(x + i64(blockIdx.x) * cols, y + i64(blockIdx.x) * cols, w,
-             out + i64(blockIdx.x) * cols, cols, eps, stage);
-    __syncthreads();
-    const int blocks = cols / Q8K_VALUES;
-    quantize_q8k_blocks([=](int b) { return stage + b * Q8K_VALUES; }, blocks,
-                        d + i64(blockIdx.x) * blocks, q + i64(blockIdx.x) * cols);
+    norm_row_q8(x, y, w, out, d, q, cols, eps);
 }

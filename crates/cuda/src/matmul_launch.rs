@@ -33,15 +33,9 @@ pub(crate) fn matmul(
     let x_aligned = device.address(x).is_multiple_of(16);
     let mut plan = plan_matmul(device, kind, dots, (rows, cols, tokens), x_aligned);
     let kernel = device.kernel(&plan.kernel)?;
-    let q8 = match (plan.q8_input, q8) {
-        (false, _) => raw::Q8Arg::Absent,
-        (true, None) => raw::Q8Arg::Null,
-        (true, Some((d, q))) => {
-            // Nothing to stage: the kernel reads the codes where they are.
-            plan.cfg.shared_mem_bytes = 0;
-            raw::Q8Arg::Given(d, q)
-        }
-    };
+    let q8 = raw::Q8Arg::new(plan.q8_input, q8);
+    let staged = plan.cfg.shared_mem_bytes as usize;
+    plan.cfg.shared_mem_bytes = q8.shared_bytes(staged) as u32;
     crate::profile::label(|| {
         format!(
             "matmul {}{} {rows}x{cols} t{tokens}",

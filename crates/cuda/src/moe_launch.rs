@@ -210,16 +210,8 @@ pub(crate) fn moe_gate_up(
             Some(s) => (used + 1, ff.max(s.3)),
             None => (used, ff),
         };
-        let q8 = match (dots.quantizes(kind.ty), q8) {
-            (false, _) => raw::Q8Arg::Absent,
-            (true, None) => raw::Q8Arg::Null,
-            (true, Some((d, q))) => raw::Q8Arg::Given(d, q),
-        };
-        // Nothing to stage when the kernel reads the codes where they are.
-        let shared_bytes = match q8 {
-            raw::Q8Arg::Given(..) => 0,
-            _ => shared_bytes,
-        };
+        let q8 = raw::Q8Arg::new(dots.quantizes(kind.ty), q8);
+        let shared_bytes = q8.shared_bytes(shared_bytes);
         let cfg = config(
             (rows.div_ceil(rows_per_cta), slots, tokens),
             threads,

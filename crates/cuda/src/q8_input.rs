@@ -11,7 +11,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32, ROW_THREADS};
 use crate::layer_ops::rms_norm_shapes;
 use crate::ops::shape;
-use crate::raw;
+use crate::raw::{self, NormRows};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Values per Q8_K block: one f32 scale per this many codes.
@@ -74,7 +74,7 @@ pub fn rms_norm_quantized(
     q8: &mut Q8RowsMut<'_>,
     eps: f32,
 ) -> Result<(), CudaError> {
-    norm_quantized(device, (x, None), w, out, q8, eps)
+    norm_quantized(device, NormRows::Plain(x), w, out, q8, eps)
 }
 
 /// [`crate::add_rms_norm`], each row's output also quantized to Q8_K into `q8`.
@@ -88,37 +88,35 @@ pub fn add_rms_norm_quantized(
     eps: f32,
 ) -> Result<(), CudaError> {
     shape(CudaOp::RmsNorm, "y length", x.len(), y.len())?;
-    let x = x.as_view();
-    norm_quantized(device, (&x, Some(y)), w, out, q8, eps)
+    norm_quantized(device, NormRows::Add(x, y), w, out, q8, eps)
 }
 
 fn norm_quantized(
     device: &Device,
-    (x, y): (&CudaView<'_, f32>, Option<&CudaView<'_, f32>>),
+    rows: NormRows<'_, '_>,
     w: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
     q8: &mut Q8RowsMut<'_>,
     eps: f32,
 ) -> Result<(), CudaError> {
-    if !rms_norm_shapes(x.len(), w.len(), out.len())? {
+    let (x_len, kernel) = match &rows {
+        NormRows::Plain(x) => (x.len(), "rms_norm_q8_kernel"),
+        NormRows::Add(x, _) => (x.len(), "add_rms_norm_q8_kernel"),
+    };
+    if !rms_norm_shapes(x_len, w.len(), out.len())? {
         return Ok(());
     }
     let cols = w.len();
-    let rows = x.len() / cols;
-    let lengths = (q8.scales.len(), q8.codes.len());
-    q8_shape(CudaOp::RmsNorm, lengths, rows, cols)?;
-    let kernel = match y {
-        Some(_) => device.kernel("add_rms_norm_q8_kernel")?,
-        None => device.kernel("rms_norm_q8_kernel")?,
-    };
-    let cfg = config((rows, 1, 1), ROW_THREADS, cols * size_of::<f32>());
+    let n = x_len / cols;
+    q8_shape(CudaOp::RmsNorm, (q8.scales.len(), q8.codes.len()), n, cols)?;
+    let kernel = device.kernel(kernel)?;
+    let cfg = config((n, 1, 1), ROW_THREADS, cols * size_of::<f32>());
     let q8 = (&mut q8.scales, &mut q8.codes);
     raw::launch_norm_q8(
         device.stream(),
         kernel,
         cfg,
-        x,
-        y,
+        rows,
         w,
         out,
         q8,

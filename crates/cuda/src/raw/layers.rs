@@ -6,6 +6,7 @@
 
 use crate::error::CudaError;
 use crate::profile;
+use crate::q8_input::Q8Views;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
@@ -59,6 +60,27 @@ pub(crate) enum Q8Arg<'a, 'b> {
     Absent,
     Null,
     Given(&'a CudaView<'b, f32>, &'a CudaView<'b, i8>),
+}
+
+impl<'a, 'b> Q8Arg<'a, 'b> {
+    /// The argument for a kernel that takes `gd, gq` (`takes`) or not, given the codes or
+    /// not.
+    pub(crate) fn new(takes: bool, q8: Option<Q8Views<'a, 'b>>) -> Self {
+        match (takes, q8) {
+            (false, _) => Q8Arg::Absent,
+            (true, None) => Q8Arg::Null,
+            (true, Some((d, q))) => Q8Arg::Given(d, q),
+        }
+    }
+
+    /// The dynamic shared memory of a launch that stages `staged` bytes of quantized input
+    /// unless it reads the codes where they are.
+    pub(crate) fn shared_bytes(&self, staged: usize) -> usize {
+        match self {
+            Q8Arg::Given(..) => 0,
+            _ => staged,
+        }
+    }
 }
 
 pub(super) fn push_q8<'a>(launch: &mut LaunchArgs<'a>, q8: Q8Arg<'a, '_>) {
@@ -134,15 +156,21 @@ pub(crate) fn launch_add_rms_norm(
     })
 }
 
-/// `rms_norm_q8_kernel(x, w, out, d, q, cols, eps)` and `add_rms_norm_q8_kernel(x, y, w,
-/// out, d, q, cols, eps)` (`y` given): the norms with each row also quantized into `d`, `q`.
+/// The rows a quantizing norm reads: `x` alone (`rms_norm_q8_kernel`), or the residual `x`,
+/// updated in place, and the `y` added to it first (`add_rms_norm_q8_kernel`).
+pub(crate) enum NormRows<'a, 'b> {
+    Plain(&'a CudaView<'a, f32>),
+    Add(&'a mut CudaViewMut<'b, f32>, &'a CudaView<'a, f32>),
+}
+
+/// `rms_norm_q8_kernel(x, w, out, d, q, cols, eps)` or `add_rms_norm_q8_kernel(x, y, w, out,
+/// d, q, cols, eps)`, as `rows` says: the norms with each row also quantized into `d`, `q`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_norm_q8(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
-    x: &CudaView<'_, f32>,
-    y: Option<&CudaView<'_, f32>>,
+    rows: NormRows<'_, '_>,
     w: &CudaView<'_, f32>,
     out: &mut CudaViewMut<'_, f32>,
     (d, q): (&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>),
@@ -150,15 +178,14 @@ pub(crate) fn launch_norm_q8(
     eps: f32,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
-    launch.arg(x);
-    if let Some(y) = y {
-        launch.arg(y);
-    }
+    match rows {
+        NormRows::Plain(x) => launch.arg(x),
+        NormRows::Add(x, y) => launch.arg(x).arg(y),
+    };
     launch.arg(w).arg(out).arg(d).arg(q).arg(&cols).arg(&eps);
-    // SAFETY: arguments match the signature of the kernel the caller chose by `y`; x, y and
-    // out hold grid.x rows of `cols` (a multiple of 256), w `cols`, d grid.x x cols / 256 and
-    // q grid.x x cols values; the dynamic shared memory holds a row (launcher). With `y`, x
-    // is updated in place: the caller holds it mutably (the view given here is its own).
+    // SAFETY: arguments match the signature of the kernel the caller chose by `rows`; x, y
+    // and out hold grid.x rows of `cols` (a multiple of 256), w `cols`, d grid.x x cols / 256
+    // and q grid.x x cols values; the dynamic shared memory holds a row (launcher).
     launched(stream, "cuLaunchKernel(norm_q8)", unsafe {
         launch.launch(config)
     })

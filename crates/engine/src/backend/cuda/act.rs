@@ -3,11 +3,9 @@
 //! products read instead of quantizing the rows again. `Backend::new_act` cannot fail, so an
 //! allocation failure is kept and reported by the first op that uses the buffer.
 
-use redlite_cuda::{
-    CudaSlice, CudaView, CudaViewMut, Device, Q8Rows, Q8RowsMut, ONE_TOKEN_KERNELS_MAX_TOKENS,
-    Q8_BLOCK_VALUES,
-};
+use redlite_cuda::{CudaSlice, CudaView, CudaViewMut, Device, Q8Rows, Q8RowsMut};
 
+use crate::backend::cuda::q8_buffers::Q8Buffers;
 use crate::error::{EngineError, Result};
 
 /// Activations `[max_tokens][width]` in device memory, and for batches of decode size
@@ -16,43 +14,23 @@ pub struct CudaAct {
     pub(super) width: usize,
     pub(super) max_tokens: usize,
     data: std::result::Result<CudaSlice<f32>, String>,
-    q8: Option<Q8Side>,
-}
-
-/// The Q8_K codes of an activation buffer's first rows (`Q8Rows`' layout), written by the
-/// norms (`rms_norm_quantized`) for the q8 products that read the buffer.
-struct Q8Side {
-    scales: CudaSlice<f32>,
-    codes: CudaSlice<i8>,
-    /// Rows the buffers hold: a batch of decode size at most.
-    capacity: usize,
+    /// Room for the codes (`None`: not kept, or not allocated: the products quantize).
+    q8: Option<Q8Buffers>,
     /// Leading rows whose codes are those of the f32 rows now: set by the norm that wrote
     /// both, reset by every other write (`rows_mut`, `row_range_mut`).
-    valid: usize,
+    q8_valid: usize,
 }
 
 impl CudaAct {
-    /// `quantized`: keep the Q8_K codes of up to `ONE_TOKEN_KERNELS_MAX_TOKENS` rows (the
-    /// backend's q8 products; widths of whole 256-value blocks).
+    /// `quantized`: keep the Q8_K codes of a batch of decode size (the backend's q8
+    /// products; widths of whole 256-value blocks).
     pub(super) fn new(
         device: &Device,
         max_tokens: usize,
         width: usize,
         quantized: bool,
     ) -> CudaAct {
-        let capacity = max_tokens.min(ONE_TOKEN_KERNELS_MAX_TOKENS);
-        let q8 = (quantized && width.is_multiple_of(Q8_BLOCK_VALUES) && capacity > 0)
-            .then(|| {
-                Some(Q8Side {
-                    scales: device
-                        .alloc_zeros(capacity * width / Q8_BLOCK_VALUES)
-                        .ok()?,
-                    codes: device.alloc_zeros(capacity * width).ok()?,
-                    capacity,
-                    valid: 0,
-                })
-            })
-            .flatten();
+        let q8 = Q8Buffers::new(device, max_tokens, width, quantized).ok();
         CudaAct {
             width,
             max_tokens,
@@ -60,6 +38,7 @@ impl CudaAct {
                 .alloc_zeros(max_tokens * width)
                 .map_err(|e| e.to_string()),
             q8,
+            q8_valid: 0,
         }
     }
 
@@ -71,64 +50,34 @@ impl CudaAct {
         tokens: usize,
     ) -> Result<(CudaViewMut<'_, f32>, Option<Q8RowsMut<'_>>)> {
         self.check(tokens)?;
-        let quantizes = self.quantizes(tokens);
-        let width = self.width;
-        let data = match &mut self.data {
-            Ok(d) => d.slice_mut(..tokens * width),
-            Err(msg) => {
-                return Err(EngineError::Cuda(format!(
-                    "activation buffer of {} x {width} was not allocated: {msg}",
-                    self.max_tokens
-                )))
-            }
+        let quantized = self.norm_writes(tokens);
+        let (width, max_tokens) = (self.width, self.max_tokens);
+        let data = rows_of(&mut self.data, (max_tokens, width), 0..tokens)?;
+        let q8 = match quantized {
+            true => self.q8.as_mut().and_then(|q8| q8.rows_mut(tokens, width)),
+            false => None,
         };
-        let q8 = self
-            .q8
-            .as_mut()
-            .filter(|_| quantizes)
-            .map(|side| Q8RowsMut {
-                scales: side.scales.slice_mut(..tokens * width / Q8_BLOCK_VALUES),
-                codes: side.codes.slice_mut(..tokens * width),
-            });
         Ok((data, q8))
     }
 
-    /// Whether a norm of `tokens` rows into this buffer also quantizes them: what
-    /// `rows_mut_quantized` will hand out, and what a replayed graph did when it recorded
-    /// the norm (whose codes count as valid then too).
-    pub(super) fn quantizes(&mut self, tokens: usize) -> bool {
-        match &mut self.q8 {
-            Some(side) if tokens <= side.capacity => {
-                side.valid = tokens;
-                true
-            }
-            Some(side) => {
-                side.valid = 0;
-                false
-            }
-            None => false,
-        }
+    /// A norm writes `tokens` rows (or a replayed graph recorded from that norm does):
+    /// whether it writes their codes too, which then count as valid.
+    pub(super) fn norm_writes(&mut self, tokens: usize) -> bool {
+        let quantized = self
+            .q8
+            .as_ref()
+            .is_some_and(|q8| q8.fits(tokens, self.width));
+        self.q8_valid = if quantized { tokens } else { 0 };
+        quantized
     }
 
     /// The Q8_K codes of rows `first..last` when the last write of those rows was a norm
     /// that also quantized them; `None` otherwise (the q8 products quantize the rows).
     pub(super) fn q8_range(&self, first: usize, last: usize) -> Option<Q8Rows<'_>> {
-        let side = self.q8.as_ref()?;
-        if first >= last || last > side.valid {
+        if last > self.q8_valid {
             return None;
         }
-        let blocks = self.width / Q8_BLOCK_VALUES;
-        Some(Q8Rows {
-            scales: side.scales.slice(first * blocks..last * blocks),
-            codes: side.codes.slice(first * self.width..last * self.width),
-        })
-    }
-
-    /// Anything but a quantizing norm is about to write the rows: their codes are stale.
-    fn forget_codes(&mut self) {
-        if let Some(side) = &mut self.q8 {
-            side.valid = 0;
-        }
+        self.q8.as_ref()?.range((first, last), self.width)
     }
 
     fn check(&self, tokens: usize) -> Result<()> {
@@ -145,24 +94,13 @@ impl CudaAct {
     pub(super) fn address(&self, device: &Device) -> Result<u64> {
         match &self.data {
             Ok(d) => Ok(device.address(d)),
-            Err(msg) => Err(self.unallocated(msg)),
+            Err(msg) => Err(unallocated((self.max_tokens, self.width), msg)),
         }
-    }
-
-    fn unallocated(&self, msg: &str) -> EngineError {
-        EngineError::Cuda(format!(
-            "activation buffer of {} x {} was not allocated: {msg}",
-            self.max_tokens, self.width
-        ))
     }
 
     /// The first `tokens` rows.
     pub(super) fn rows(&self, tokens: usize) -> Result<CudaView<'_, f32>> {
-        self.check(tokens)?;
-        match &self.data {
-            Ok(d) => Ok(d.slice(..tokens * self.width)),
-            Err(msg) => Err(self.unallocated(msg)),
-        }
+        self.row_range(0, tokens)
     }
 
     /// Rows `first..last`.
@@ -170,38 +108,40 @@ impl CudaAct {
         self.check(last)?;
         match &self.data {
             Ok(d) => Ok(d.slice(first * self.width..last * self.width)),
-            Err(msg) => Err(self.unallocated(msg)),
+            Err(msg) => Err(unallocated((self.max_tokens, self.width), msg)),
         }
     }
 
-    /// Rows `first..last`, writable.
+    /// Rows `first..last`, writable; their codes (if any) are stale from here on.
     pub(super) fn row_range_mut(
         &mut self,
         first: usize,
         last: usize,
     ) -> Result<CudaViewMut<'_, f32>> {
         self.check(last)?;
-        self.forget_codes();
-        let width = self.width;
-        match &mut self.data {
-            Ok(d) => Ok(d.slice_mut(first * width..last * width)),
-            Err(msg) => Err(EngineError::Cuda(format!(
-                "activation buffer of {} x {width} was not allocated: {msg}",
-                self.max_tokens
-            ))),
-        }
+        self.q8_valid = 0;
+        rows_of(&mut self.data, (self.max_tokens, self.width), first..last)
     }
 
     pub(super) fn rows_mut(&mut self, tokens: usize) -> Result<CudaViewMut<'_, f32>> {
-        self.check(tokens)?;
-        self.forget_codes();
-        let width = self.width;
-        match &mut self.data {
-            Ok(d) => Ok(d.slice_mut(..tokens * width)),
-            Err(msg) => Err(EngineError::Cuda(format!(
-                "activation buffer of {} x {width} was not allocated: {msg}",
-                self.max_tokens
-            ))),
-        }
+        self.row_range_mut(0, tokens)
     }
+}
+
+/// Rows `rows` of an activation buffer of `max_tokens` x `width`, writable.
+fn rows_of(
+    data: &mut std::result::Result<CudaSlice<f32>, String>,
+    (max_tokens, width): (usize, usize),
+    rows: std::ops::Range<usize>,
+) -> Result<CudaViewMut<'_, f32>> {
+    match data {
+        Ok(d) => Ok(d.slice_mut(rows.start * width..rows.end * width)),
+        Err(msg) => Err(unallocated((max_tokens, width), msg)),
+    }
+}
+
+fn unallocated((max_tokens, width): (usize, usize), msg: &str) -> EngineError {
+    EngineError::Cuda(format!(
+        "activation buffer of {max_tokens} x {width} was not allocated: {msg}"
+    ))
 }

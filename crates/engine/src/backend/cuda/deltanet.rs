@@ -95,7 +95,7 @@ pub fn forward(
             kept,
         )?;
         device.mark("DeltaNet ssm_out");
-        let q8 = s.o_q8.rows(t, inner).filter(|_| quantized);
+        let q8 = s.o_q8.range((0, t), inner).filter(|_| quantized);
         matmul_quantized(device, &w.out.view(), (&o.as_view(), q8.as_ref()), out)?;
         return Ok(());
     }

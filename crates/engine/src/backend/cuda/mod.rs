@@ -20,6 +20,7 @@ mod host_moe;
 mod moe;
 mod moe_pairs;
 mod mtp;
+mod q8_buffers;
 mod scratch;
 mod state;
 mod weights;
@@ -137,8 +138,7 @@ impl CudaBackend {
             caches[layer] = Some(cache);
         }
         let route_skew = route_skew_from_env()?;
-        let quantized = dots == Dots::Q8K && quantize_once();
-        let scratch = Mutex::new(Scratch::new(&device, &config, 1, quantized)?);
+        let scratch = Mutex::new(Scratch::new(&device, &config, 1, keeps_codes(dots))?);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
             config,
@@ -306,11 +306,12 @@ fn route_skew_from_env() -> Result<Option<RouteSkew>> {
     }
 }
 
-/// `REDLITE_Q8_ONCE=0`: the norms do not quantize their output for the q8 products, which
-/// then quantize it in each CTA (the same bits; docs/PERF.md, tenth session).
-fn quantize_once() -> bool {
+/// Whether the activations keep Q8_K codes for the q8 products (their `dots`), unless
+/// `REDLITE_Q8_ONCE=0`: then the norms do not quantize their output and the products
+/// quantize it in each CTA (the same bits; docs/PERF.md, tenth session).
+fn keeps_codes(dots: Dots) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_Q8_ONCE").as_deref() != Ok("0"))
+    dots == Dots::Q8K && *ON.get_or_init(|| std::env::var("REDLITE_Q8_ONCE").as_deref() != Ok("0"))
 }
 
 /// `REDLITE_FUSED_ADD_NORM=0`: the residual add and the next norm as two launches.
@@ -355,8 +356,7 @@ impl Backend for CudaBackend {
     /// first op).
     fn new_act(&self, max_tokens: usize, width: usize) -> CudaAct {
         drop(self.scratch(max_tokens));
-        let quantized = self.dots == Dots::Q8K && quantize_once();
-        CudaAct::new(&self.device, max_tokens, width, quantized)
+        CudaAct::new(&self.device, max_tokens, width, keeps_codes(self.dots))
     }
 
     fn new_state(&self, capacity: usize, kv_type: KvType) -> CudaState {
@@ -400,7 +400,7 @@ impl Backend for CudaBackend {
         let buffers = [x.address(&self.device)?, out.address(&self.device)?, 0];
         if self.gate(Op::Norm(norm), b.tokens, buffers)? == Gate::Skip {
             // The graph that replays it writes the codes too (recorded by the same code).
-            out.quantizes(b.tokens);
+            out.norm_writes(b.tokens);
             return Ok(());
         }
         self.device.mark("norms and residuals");
@@ -571,7 +571,7 @@ impl Backend for CudaBackend {
         ];
         if self.gate(Op::AddNorm(norm), b.tokens, buffers)? == Gate::Skip {
             x.rows_mut(b.tokens)?;
-            out.quantizes(b.tokens);
+            out.norm_writes(b.tokens);
             return Ok(());
         }
         self.device.mark("norms and residuals");

@@ -2,10 +2,9 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{
-    attention_partials_len, CudaSlice, Device, Q8Rows, Q8RowsMut, ONE_TOKEN_KERNELS_MAX_TOKENS,
-    Q8_BLOCK_VALUES, SMALL_BATCH_MAX_TOKENS,
-};
+use redlite_cuda::{attention_partials_len, CudaSlice, Device, SMALL_BATCH_MAX_TOKENS};
+
+use crate::backend::cuda::q8_buffers::Q8Buffers;
 
 use crate::error::Result;
 use crate::model::config::HybridConfig;
@@ -33,7 +32,7 @@ pub struct Scratch {
     pub o: CudaSlice<f32>,
     /// `o` in Q8_K for a batch of decode size, written by the fused DeltaNet step for the
     /// output projection to read.
-    pub o_q8: Q8Scratch,
+    pub o_q8: Q8Buffers,
     /// Attention: normed, rotated queries `[T][heads][hd]`; new keys and values
     /// `[T][kv_heads][hd]`.
     pub q: CudaSlice<f32>,
@@ -71,56 +70,8 @@ pub struct Scratch {
     /// LM-head output `[logit_rows][vocab]`, grown on demand (decode needs one row).
     pub logits: CudaSlice<f32>,
     pub logit_rows: usize,
-}
-
-/// Rows of activations in Q8_K (`Q8Rows`' layout), for up to `ONE_TOKEN_KERNELS_MAX_TOKENS`
-/// rows of up to `width` values; empty when the products do not read codes.
-pub struct Q8Scratch {
-    scales: CudaSlice<f32>,
-    codes: CudaSlice<i8>,
-    rows: usize,
-    width: usize,
-}
-
-impl Q8Scratch {
-    fn new(device: &Device, tokens: usize, width: usize, on: bool) -> Result<Q8Scratch> {
-        let rows = if on {
-            tokens.min(ONE_TOKEN_KERNELS_MAX_TOKENS)
-        } else {
-            0
-        };
-        let width = if width.is_multiple_of(Q8_BLOCK_VALUES) {
-            width
-        } else {
-            0
-        };
-        Ok(Q8Scratch {
-            scales: device.alloc_zeros((rows * width / Q8_BLOCK_VALUES).max(1))?,
-            codes: device.alloc_zeros((rows * width).max(1))?,
-            rows,
-            width,
-        })
-    }
-
-    fn fits(&self, tokens: usize, width: usize) -> bool {
-        tokens <= self.rows && width <= self.width && width.is_multiple_of(Q8_BLOCK_VALUES)
-    }
-
-    /// Where `tokens` rows of `width` values go, if they fit.
-    pub fn rows_mut(&mut self, tokens: usize, width: usize) -> Option<Q8RowsMut<'_>> {
-        self.fits(tokens, width).then(|| Q8RowsMut {
-            scales: self.scales.slice_mut(..tokens * width / Q8_BLOCK_VALUES),
-            codes: self.codes.slice_mut(..tokens * width),
-        })
-    }
-
-    /// The rows `rows_mut` handed out (their codes as last written).
-    pub fn rows(&self, tokens: usize, width: usize) -> Option<Q8Rows<'_>> {
-        self.fits(tokens, width).then(|| Q8Rows {
-            scales: self.scales.slice(..tokens * width / Q8_BLOCK_VALUES),
-            codes: self.codes.slice(..tokens * width),
-        })
-    }
+    /// Whether the Q8_K buffers are kept (the backend's q8 products), for `reserve`.
+    quantized: bool,
 }
 
 impl Scratch {
@@ -149,7 +100,7 @@ impl Scratch {
             beta: f(c.ssm_v_heads)?,
             g: f(c.ssm_v_heads)?,
             o: f(inner.max(attn))?,
-            o_q8: Q8Scratch::new(device, t, inner.max(attn), quantized)?,
+            o_q8: Q8Buffers::new(device, t, inner.max(attn), quantized)?,
             q: f(attn)?,
             k: f(kv)?,
             v: f(kv)?,
@@ -180,6 +131,7 @@ impl Scratch {
             ones: device.upload(&vec![1.0f32; t * c.n_expert_used.max(1)])?,
             logits: device.alloc_zeros(c.n_vocab.max(1))?,
             logit_rows: 1,
+            quantized,
         })
     }
 
@@ -189,8 +141,7 @@ impl Scratch {
             let logits = std::mem::replace(&mut self.logits, device.alloc_zeros(1)?);
             let rows = self.logit_rows;
             let generation = self.generation + 1;
-            let quantized = self.o_q8.rows > 0;
-            *self = Scratch::new(device, c, tokens, quantized)?;
+            *self = Scratch::new(device, c, tokens, self.quantized)?;
             self.generation = generation;
             self.logits = logits;
             self.logit_rows = rows;
