@@ -15,7 +15,8 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated VAR=value settings), STAGES (bits
+# Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated settings, each VAR=value or several
+# joined by +: A=1+B=1), STAGES (bits
 # tests decode mtp small), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,8 +27,8 @@ BITS_AB="${BITS_AB:-}"; DECODE_AB="${DECODE_AB:-}"; SMALL_AB="${SMALL_AB:-}"
 R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
 SUMMARY="$OUT/summary.txt"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-stamp() { note "[$SECONDS s] $*"; }
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
 python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
   "$D/redlite.xz" "$R" && chmod +x "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
@@ -64,22 +65,18 @@ PY
   }
   for v in $BITS_AB; do
     for chunk in 1 4; do
-      logits "${v//=/_}" "$chunk" "$v"
-      result="$(same "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
-      [ "$result" = DIFFERENT ] && result="$result: $(drift "$W/defaults-$chunk.f32" "$W/${v//=/_}-$chunk.f32")"
+      name="${v//[=+]/_}"
+      logits "$name" "$chunk" ${v//+/ }
+      result="$(same "$W/defaults-$chunk.f32" "$W/$name-$chunk.f32")"
+      [ "$result" = DIFFERENT ] && result="$result: $(drift "$W/defaults-$chunk.f32" "$W/$name-$chunk.f32")"
       note "$v vs defaults, chunk $chunk: $result"
     done
   done
 fi
 
 if stage tests; then
-  for t in ${TESTS:-q8_input cuda_mtp cuda_serve}; do
-    [ -x "$D/$t" ] || { note "$t: not carried"; continue; }
-    stamp "$t tests"
-    "$D/$t" --test-threads=1 > "$OUT/$t.log" 2>&1
-    note "$t: $(grep -E '^test result' "$OUT/$t.log" | tail -1)"
-    grep -E 'panicked|differs|FAILED' "$OUT/$t.log" | head -8 | tee -a "$SUMMARY"
-  done
+  # shellcheck disable=SC2086
+  run_tests "$D" ${TESTS:-q8_input cuda_mtp cuda_serve}
 fi
 
 if stage decode; then
@@ -93,7 +90,7 @@ if stage decode; then
   first=1
   for v in $DECODE_AB; do
     depths=0; [ "$first" = 1 ] && depths=0,4096; first=0
-    note "$v: $(dec "$depths" "$v")"
+    note "$v: $(dec "$depths" ${v//+/ })"
   done
   note "defaults again: $(dec 0 REDLITE_UNUSED=0)"
 fi

@@ -14,8 +14,8 @@ W=/tmp/rl; OUT="${OUT:-$W/results}"; mkdir -p "$W" "$OUT" "$ROOT/target/release"
 PP="${PP:-512}"; TG="${TG:-64}"; R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS.gguf"
 SUMMARY="$OUT/summary.txt"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-stamp() { note "[$SECONDS s] $*"; }
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
 python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
   "$ROOT/.cache/device/redlite.xz" "$R" && chmod +x "$R"
 bash "$ROOT/scripts/bench/vs-llamacpp-cuda.sh" build

@@ -30,8 +30,8 @@ RATES="${RATES:-0,0.5,0.7,0.9,1}"; DRAFTS="${DRAFTS:-1 2 3}"
 R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
 SUMMARY="$OUT/summary.txt"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-stamp() { note "[$SECONDS s] $*"; }
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
 unxz_to() {
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$1" "$2" && chmod +x "$2"

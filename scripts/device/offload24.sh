@@ -6,11 +6,18 @@
 # .cache/device/llama-src.tgz.
 #
 #   bash scripts/device/offload24.sh prep     # llama.cpp build, the file, NVRTC caches of
-#                                             # both kernel builds, llama-bench (~7 min)
-#   bash scripts/device/offload24.sh redlite  # redlite uniform, then skewed (~9 min)
+#                                             # both kernel builds, the GPU tests of TESTS
+#                                             # while llama.cpp builds, llama-bench (~7 min)
+#   bash scripts/device/offload24.sh redlite  # redlite under each routing of ROUTES
 #
-# Env: NCMOE (26), SKEW_DECAY (0.22), PP (512), TG (128), REDLITE_CACHE_POLICY (default LFU),
-# RUN_TIMEOUT_S (280, each redlite run). Logs and summary.txt under $OUT.
+# ROUTES (default "uniform skew"): uniform, skew, natural (the router's own choice on the
+# random weights), each optionally with a suffix naming one more setting: -serial
+# (REDLITE_CACHE_OVERLAP=0: the copies before the products, the path before the eleventh
+# session), -lru (REDLITE_CACHE_POLICY=lru), -prefetch (REDLITE_CACHE_PREFETCH=1).
+# Env: NCMOE (26), SKEW_DECAY (0.22), PP (512), TG (128), LIMIT (redlite's --gpu-limit, 24GiB),
+# REDLITE_CACHE_POLICY (default LFU),
+# RUN_TIMEOUT_S (280, each redlite run), TESTS (test binaries of .cache/device run in prep;
+# default none). Logs and summary.txt under $OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 W=/tmp/rl; OUT="${OUT:-$W/results}"; mkdir -p "$W" "$OUT" "$ROOT/target/release"
@@ -19,8 +26,8 @@ R="$ROOT/target/release/redlite"; M="$W/full-Q4_K_M.gguf"; SUMMARY="$OUT/summary
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
 [ -n "$blas_lib" ] && export LD_LIBRARY_PATH="$(dirname "$blas_lib"):$LD_LIBRARY_PATH"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-stamp() { note "[$SECONDS s] $*"; }
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
 if [ ! -x "$R" ]; then
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$ROOT/.cache/device/redlite.xz" "$R" && chmod +x "$R"
@@ -53,6 +60,8 @@ prep)
   done
   wait
   tail -3 "$OUT"/warm-*.log | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  run_tests "$ROOT/.cache/device" ${TESTS:-}
   stamp "waiting for llama.cpp's build"
   while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
   [ -x "$W/llama/build/bin/llama-bench" ] || { tail -20 "$W/llama/build.log" | tee -a "$SUMMARY"; exit 1; }
@@ -61,25 +70,33 @@ prep)
     -ncmoe "$NCMOE" -p "$PP" -n "$TG" -r 2 -o json > "$OUT/llamacpp.json" 2> "$OUT/llamacpp.log" \
     || tail -5 "$OUT/llamacpp.log" | tee -a "$SUMMARY"
   cp "$OUT/llamacpp.json" "$OUT/peak-llamacpp" "$W/" 2> /dev/null
+  rm -f "$OUT"/*.samples
   stamp "done"
   ;;
 redlite)
-  "$R" plan -m "$M" --gpu-limit 24GiB > "$OUT/plan.txt" 2>&1
-  for route in uniform skew; do
+  "$R" plan -m "$M" --gpu-limit "${LIMIT:-24GiB}" > "$OUT/plan.txt" 2>&1
+  ROUTES="${ROUTES:-uniform skew}"
+  for route in $ROUTES; do
     case "$route" in
-      uniform) routing=(REDLITE_BENCH_ROUTE_SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
-      skew) routing=(REDLITE_BENCH_ROUTE_SPREAD=0 REDLITE_BENCH_ROUTE_SKEW="$SKEW_DECAY") ;;
+      uniform*) routing=(REDLITE_BENCH_ROUTE_SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+      skew*) routing=(REDLITE_BENCH_ROUTE_SPREAD=0 REDLITE_BENCH_ROUTE_SKEW="$SKEW_DECAY") ;;
+      natural*) routing=(REDLITE_BENCH_ROUTE_SPREAD=0 REDLITE_BENCH_ROUTE_SKEW=0) ;;
+    esac
+    case "$route" in
+      *-serial) routing+=(REDLITE_CACHE_OVERLAP=0) ;;
+      *-lru) routing+=(REDLITE_CACHE_POLICY=lru) ;;
+      *-prefetch) routing+=(REDLITE_CACHE_PREFETCH=1) ;;
     esac
     stamp "redlite, $route routing"
     with_peak "$OUT/peak-redlite-$route" timeout "${RUN_TIMEOUT_S:-280}" env "${routing[@]}" \
-      "$R" bench -m "$M" --device cuda --gpu-limit 24GiB -p "$PP" -n "$TG" -r 2 --json \
+      "$R" bench -m "$M" --device cuda --gpu-limit "${LIMIT:-24GiB}" -p "$PP" -n "$TG" -r 2 --json \
       > "$OUT/redlite-$route.json" 2> "$OUT/redlite-$route.log" \
       || tail -5 "$OUT/redlite-$route.log" | tee -a "$SUMMARY"
   done
   cp "$W/llamacpp.json" "$W/peak-llamacpp" "$OUT/" 2> /dev/null
-  python3 - "$OUT" "$NCMOE" <<'PY' | tee -a "$SUMMARY"
+  python3 - "$OUT" "$NCMOE" "${LIMIT:-24GiB}" $ROUTES <<'PY' | tee -a "$SUMMARY"
 import json, sys
-out, ncmoe = sys.argv[1], sys.argv[2]
+out, ncmoe, limit, routes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 def peak(name):
     try:
         return f"{int(open(f'{out}/peak-{name}').read().split()[0]) / 1024:.1f} GiB"
@@ -91,10 +108,10 @@ try:
         llama[f"pp{x['n_prompt']}" if x["n_gen"] == 0 else f"tg{x['n_gen']}"] = x["avg_ts"]
 except Exception as e:
     print("llama.cpp unreadable:", e)
-print(f"Q4_K_M, --gpu-limit 24GiB; llama.cpp -ncmoe {ncmoe} (peak {peak('llamacpp')})")
-print("| routing (redlite) | test | llama.cpp t/s | redlite t/s | ratio | hit rate | MiB copied per token | redlite peak |")
-print("|---|---|---|---|---|---|---|---|")
-for route in ("uniform", "skew"):
+print(f"Q4_K_M, redlite --gpu-limit {limit}; llama.cpp -ncmoe {ncmoe} (peak {peak('llamacpp')})")
+print("| routing (redlite) | test | llama.cpp t/s | redlite t/s | ratio | hit rate | MiB copied per token | waited ms per token | prefetched per token (used) | redlite peak |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for route in routes:
     try:
         results = json.load(open(f"{out}/redlite-{route}.json"))["results"]
     except Exception as e:
@@ -105,7 +122,10 @@ for route in ("uniform", "skew"):
         c = x.get("expert_cache")
         hit = f"{100 * c['hit_rate']:.1f} %" if c else "resident"
         mib = f"{c['bytes_per_token'] / 2**20:.1f}" if c else "0"
-        print(f"| {route} | {x['test']} | {l:.1f} | {x['avg_ts']:.1f} | {x['avg_ts'] / l:.2f}x | {hit} | {mib} | {peak('redlite-' + route)} |")
+        wait = f"{c.get('wait_ms_per_token', 0):.2f}" if c else "0"
+        pre = f"{c.get('prefetched_per_token', 0):.1f} ({100 * c.get('prefetch_used', 0):.0f} %)" if c else "-"
+        print(f"| {route} | {x['test']} | {l:.1f} | {x['avg_ts']:.1f} ± {x['stddev_ts']:.1f} | {x['avg_ts'] / l:.2f}x | {hit} | {mib} | {wait} | {pre} | {peak('redlite-' + route)} |")
 PY
+  rm -f "$OUT"/*.samples
   ;;
 esac

@@ -286,22 +286,23 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // rides along as version 3's does (non-null `shared_*`, same block type and row length):
 // gate/up as slot k = used of grid.y into act_shared, down as one more weighted term.
 
+// The work of CTA `cta` (its blockIdx in moe_gate_up_q8_kernel's grid); moe_cached.cu runs
+// the same body from a ticket, so both give the same bits.
 template <class B, int WARPS, int LANES, int ROWS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
-                      const int* __restrict__ ids, const float* __restrict__ x,
-                      const float* __restrict__ gd, const i8* __restrict__ gq,
-                      float* __restrict__ act, int ff, int cols, int used, int n_expert,
-                      const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
-                      float* __restrict__ act_shared, int shared_ff) {
-    if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
+static __device__ __forceinline__ void moe_gate_up_q8_body(
+    uint3 cta, const u8* __restrict__ gate, const u8* __restrict__ up,
+    const int* __restrict__ ids, const float* __restrict__ x, const float* __restrict__ gd,
+    const i8* __restrict__ gq, float* __restrict__ act, int ff, int cols, int used,
+    int n_expert, const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
+    float* __restrict__ act_shared, int shared_ff) {
+    if (skipped_pair(ids, cta.z, cta.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
-    const int k = blockIdx.y, t = blockIdx.z;
+    const int k = cta.y, t = cta.z;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
     // This lane group's ROWS consecutive rows.
-    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
+    const int row0 = ((cta.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* g_rows;
     const u8* u_rows;
@@ -357,6 +358,19 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
         const float gs = group_reduce_sum<LANES>(g[r]), us = group_reduce_sum<LANES>(u[r]);
         if (member == 0 && r < rows_here) out[r] = siluf(gs) * us;
     }
+}
+
+template <class B, int WARPS, int LANES, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
+                      const int* __restrict__ ids, const float* __restrict__ x,
+                      const float* __restrict__ gd, const i8* __restrict__ gq,
+                      float* __restrict__ act, int ff, int cols, int used, int n_expert,
+                      const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
+                      float* __restrict__ act_shared, int shared_ff) {
+    moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
+                                               cols, used, n_expert, shared_gate, shared_up,
+                                               act_shared, shared_ff);
 }
 
 // Grouped gate/up for prompts (several tokens per call): the (token, slot) pairs routed to

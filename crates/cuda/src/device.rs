@@ -7,17 +7,19 @@ use crate::raw;
 use crate::source::modules;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr,
-    ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub struct Device {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Work beside the main stream (the expert cache's prefetch): see [`Device::on_side`].
+    side: SideStream,
     arch: String,
     multiprocessors: u32,
     /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
@@ -72,6 +74,7 @@ impl Device {
             ))?;
         // One stream of our own (the legacy default stream cannot be captured into a graph).
         let stream = raw::single_stream(&context)?;
+        let side = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
         for module in modules() {
             let compiled = compile_cached(&module, &arch)?;
@@ -90,6 +93,7 @@ impl Device {
             .map_err(CudaError::driver("cuMemGetInfo"))?;
         Ok(Device {
             stream,
+            side,
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
@@ -171,12 +175,74 @@ impl Device {
     /// With `--profile` (`enable_components`): `component`'s launches start here on the
     /// stream. Nothing otherwise.
     pub fn mark(&self, component: &'static str) {
-        crate::profile::mark(self.stream(), component);
+        // Side work is not a component of the main stream's timeline.
+        if !self.side.is_active() {
+            crate::profile::mark(self.stream(), component);
+        }
     }
 
-    /// The stream every op of this device is queued on.
+    /// The stream the ops of this device are queued on: the main stream, or the side stream
+    /// inside [`Device::on_side`].
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        if self.side.is_active() {
+            &self.side.stream
+        } else {
+            &self.stream
+        }
+    }
+
+    /// Queues the launches of `work` on the side stream, after everything queued on the main
+    /// stream so far, so that they run beside what the main stream does next; the main
+    /// stream does not wait for them until [`Device::wait_side`] or [`Device::join_side`].
+    /// Inside a capture the side stream's launches join the graph as a parallel branch.
+    /// The caller keeps the buffers the side work touches away from the main stream's work
+    /// until it waits.
+    pub fn on_side<T, E: From<CudaError>>(
+        &self,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let side = &self.side;
+        side.fork
+            .record(&self.stream)
+            .map_err(CudaError::driver("cuEventRecord"))?;
+        side.stream
+            .wait(&side.fork)
+            .map_err(CudaError::driver("cuStreamWaitEvent"))?;
+        side.pending.store(true, Ordering::Relaxed);
+        side.active.store(this_thread(), Ordering::Relaxed);
+        let result = work();
+        side.active.store(0, Ordering::Relaxed);
+        result
+    }
+
+    /// Marks the side stream's work queued so far, for [`Device::wait_side`].
+    pub fn mark_side(&self) -> Result<(), CudaError> {
+        self.side
+            .mark
+            .record(&self.side.stream)
+            .map_err(CudaError::driver("cuEventRecord"))
+    }
+
+    /// The main stream waits for the side stream's work up to the last [`Device::mark_side`].
+    pub fn wait_side(&self) -> Result<(), CudaError> {
+        self.stream
+            .wait(&self.side.mark)
+            .map_err(CudaError::driver("cuStreamWaitEvent"))
+    }
+
+    /// The main stream waits for all the side stream's work (nothing when there is none
+    /// since the last join). A capture must join before it ends.
+    pub fn join_side(&self) -> Result<(), CudaError> {
+        let side = &self.side;
+        if !side.pending.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        side.join
+            .record(&side.stream)
+            .map_err(CudaError::driver("cuEventRecord"))?;
+        self.stream
+            .wait(&side.join)
+            .map_err(CudaError::driver("cuStreamWaitEvent"))
     }
 
     pub(crate) fn kernel(&self, expression: &str) -> Result<&CudaFunction, CudaError> {
@@ -256,4 +322,53 @@ impl Device {
         let (address, _sync) = buffer.device_ptr(&self.stream);
         address
     }
+}
+
+/// A second stream for work beside the main one, and the events that order the two; made
+/// once (no event is created during a capture).
+struct SideStream {
+    stream: Arc<CudaStream>,
+    /// The thread ([`this_thread`]) whose launches go to the side stream, inside
+    /// [`Device::on_side`]; 0: none. Other threads sharing the device keep the main stream.
+    active: AtomicU64,
+    /// The side stream has work the main stream has not joined.
+    pending: AtomicBool,
+    fork: CudaEvent,
+    mark: CudaEvent,
+    join: CudaEvent,
+}
+
+impl SideStream {
+    /// Whether this thread is inside [`Device::on_side`].
+    fn is_active(&self) -> bool {
+        let active = self.active.load(Ordering::Relaxed);
+        active != 0 && active == this_thread()
+    }
+
+    fn new(context: &Arc<CudaContext>) -> Result<SideStream, CudaError> {
+        let event = || {
+            context
+                .new_event(None)
+                .map_err(CudaError::driver("cuEventCreate"))
+        };
+        Ok(SideStream {
+            stream: context
+                .new_stream()
+                .map_err(CudaError::driver("cuStreamCreate"))?,
+            active: AtomicU64::new(0),
+            pending: AtomicBool::new(false),
+            fork: event()?,
+            mark: event()?,
+            join: event()?,
+        })
+    }
+}
+
+/// A number of the calling thread, unique in the process and never 0.
+fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static THIS: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    THIS.with(|t| *t)
 }

@@ -17,7 +17,7 @@ use crate::raw;
 use crate::source::{EXPERT_CACHE_FILL, EXPERT_CACHE_LOOKUP};
 
 /// Bytes one CTA of the fill kernel copies.
-const FILL_CHUNK: usize = 64 << 10;
+pub(crate) const FILL_CHUNK: usize = 64 << 10;
 /// Threads of a fill CTA.
 const FILL_THREADS: u32 = 256;
 /// Most threads of the one lookup CTA: experts per layer and slots are at most this.
@@ -55,6 +55,11 @@ impl MappedHost {
         self.len
     }
 
+    /// Its address in the device's address space.
+    pub(crate) fn address(&self) -> u64 {
+        self.address
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -72,6 +77,14 @@ pub struct CacheCounts {
     /// Lookups whose experts did not fit the slots (a bug if ever non-zero: callers split
     /// batches so they fit).
     pub overflows: u64,
+    /// Nanoseconds the products of missing experts waited for their copies, from the
+    /// lookup's end to the last miss's gate and up rows in (copies made inside the gate/up
+    /// launch only: [`crate::moe_gate_up_cached`]).
+    pub wait_ns: u64,
+    /// Experts copied in by prefetches ([`expert_cache_prefetch`]).
+    pub prefetched: u64,
+    /// Hits on experts a prefetch brought in (each counted once, at its first use).
+    pub prefetch_hits: u64,
 }
 
 /// Which slots give way to missing experts. Either way the expert products read the same
@@ -119,7 +132,14 @@ pub struct CacheTables {
     stamp: CudaSlice<u32>,
     uses: CudaSlice<u32>,
     clock: CudaSlice<u32>,
-    stats: CudaSlice<u64>,
+    pub(crate) stats: CudaSlice<u64>,
+    /// 1 for a slot a prefetch filled and no lookup has used since.
+    prefetched: CudaSlice<u32>,
+    /// The copies-in-the-gate/up launch's counters (`moe_cached.cu`): its CTAs' ticket
+    /// (zero between launches), each fill's gate and up chunks written and then the fills
+    /// complete (zeroed by the lookup before it).
+    pub(crate) ticket: CudaSlice<u32>,
+    pub(crate) ready: CudaSlice<u32>,
 }
 
 impl CacheTables {
@@ -163,7 +183,10 @@ impl CacheTables {
             stamp: device.alloc_zeros(slots)?,
             uses: device.alloc_zeros(n_expert)?,
             clock: device.alloc_zeros(1)?,
-            stats: device.alloc_zeros(4)?,
+            stats: device.alloc_zeros(8)?,
+            prefetched: device.alloc_zeros(slots)?,
+            ticket: device.alloc_zeros(1)?,
+            ready: device.alloc_zeros(slots + 1)?,
         })
     }
 
@@ -187,6 +210,9 @@ impl CacheTables {
             misses: v[1],
             lookups: v[2],
             overflows: v[3],
+            wait_ns: v[4],
+            prefetched: v[6],
+            prefetch_hits: v[7],
         })
     }
 
@@ -196,18 +222,34 @@ impl CacheTables {
     }
 }
 
-/// Looks up the experts of `ids` (`[pairs]`, the router's choice) in the cache: `slot_ids`
-/// gets each pair's slot, `fills` (`2 x min(pairs, slots)`: expert, slot) and `fill_count`
-/// the experts to copy in. The distinct experts of `ids` must fit the slots (callers split
-/// larger batches); if they do not, the overflow counter says so and the pairs left out get
-/// slot -1 (zeros from the expert products).
+/// What a lookup is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupKind {
+    /// The experts a call chose (counted as hits and misses, and as uses by the LFU).
+    Chosen,
+    /// Experts a later call is likely to need (the next layer's router applied to this
+    /// layer's input), for [`expert_cache_fill`] to bring in ahead: the same choice of slots,
+    /// but no hit, miss, lookup or use is counted; the slots the last lookup used are kept,
+    /// and [`CacheCounts`] counts the experts prefetched and, later, the hits on them.
+    Prefetch,
+}
+
+/// Looks up the experts of `ids` (`[pairs]`, the router's choice, or a prediction: `kind`)
+/// in the cache: `slot_ids` gets each pair's slot, `fills` (`2 x min(pairs, slots)`: expert,
+/// slot) and `fill_count` the experts to copy in. The distinct experts of `ids` must fit the
+/// slots (callers split larger batches); if they do not, the overflow counter says so and
+/// the pairs left out get slot -1 (zeros from the expert products). It also zeroes the
+/// fills' progress counters that [`crate::moe_gate_up_cached`] counts in.
 pub fn expert_cache_lookup(
     device: &Device,
     tables: &mut CacheTables,
     ids: &CudaView<'_, i32>,
-    slot_ids: &mut CudaViewMut<'_, i32>,
-    fills: &mut CudaViewMut<'_, i32>,
-    fill_count: &mut CudaViewMut<'_, i32>,
+    (slot_ids, fills, fill_count): (
+        &mut CudaViewMut<'_, i32>,
+        &mut CudaViewMut<'_, i32>,
+        &mut CudaViewMut<'_, i32>,
+    ),
+    kind: LookupKind,
 ) -> Result<(), CudaError> {
     let op = CudaOp::ExpertCache;
     let pairs = ids.len();
@@ -233,6 +275,8 @@ pub fn expert_cache_lookup(
         uses: &mut tables.uses,
         clock: &mut tables.clock,
         stats: &mut tables.stats,
+        ready: &mut tables.ready,
+        prefetched: &mut tables.prefetched,
     };
     let dims = (to_i32(pairs), to_i32(tables.n_expert), to_i32(tables.slots));
     let policy = match tables.policy {
@@ -250,6 +294,7 @@ pub fn expert_cache_lookup(
         fill_count,
         dims,
         policy,
+        i32::from(kind == LookupKind::Prefetch),
     )
 }
 
@@ -277,29 +322,11 @@ pub fn expert_cache_fill(
 ) -> Result<(), CudaError> {
     let op = CudaOp::ExpertCache;
     let max_fills = fills.len() / 2;
-    let sizes = [target.gate_bytes, target.gate_bytes, target.down_bytes];
-    for (i, what) in ["gate", "up", "down"].iter().enumerate() {
-        shape(op, what, n_expert * sizes[i], target.host[i].len())?;
-        fits(
-            op,
-            "fills (at most the slots)",
-            max_fills as u64,
-            (target.slots[i].len() / sizes[i].max(1)) as u64,
-        )?;
-    }
-    shape(op, "fill count length", 1, fill_count.len())?;
+    let copy = check_fills(device, op, fills, fill_count, &target, n_expert)?;
     if max_fills == 0 {
         return Ok(());
     }
-    let wide = sizes.iter().all(|b| b % 16 == 0)
-        && target
-            .slots
-            .iter()
-            .all(|s| device.address(*s).is_multiple_of(16));
-    let chunks = target
-        .gate_bytes
-        .max(target.down_bytes)
-        .div_ceil(FILL_CHUNK);
+    let chunks = copy.gate_chunks.max(copy.down_chunks);
     let kernel = device.kernel(EXPERT_CACHE_FILL)?;
     crate::profile::label(|| format!("expert_cache_fill fills{max_fills} chunks{chunks}"));
     let host = target.host.map(|h| h.address);
@@ -317,6 +344,49 @@ pub fn expert_cache_fill(
         &host,
         target.slots,
         byte_sizes,
-        i32::from(wide),
+        i32::from(copy.wide),
     )
+}
+
+/// How the misses' copies of a fill list are cut: CTAs of [`FILL_CHUNK`] bytes per tensor
+/// (gate and up, down), and whether 16-byte loads may be used.
+pub(crate) struct FillCopy {
+    pub gate_chunks: usize,
+    pub down_chunks: usize,
+    pub wide: bool,
+}
+
+/// Checks the copies of `fills` (`2 x max_fills`: expert, slot) into `target`, a layer of
+/// `n_expert` experts: host copies of the whole stacks, slot stacks of at least `max_fills`
+/// experts; one count.
+pub(crate) fn check_fills(
+    device: &Device,
+    op: CudaOp,
+    fills: &CudaView<'_, i32>,
+    fill_count: &CudaView<'_, i32>,
+    target: &FillTarget<'_>,
+    n_expert: usize,
+) -> Result<FillCopy, CudaError> {
+    let max_fills = fills.len() / 2;
+    let sizes = [target.gate_bytes, target.gate_bytes, target.down_bytes];
+    for (i, what) in ["gate", "up", "down"].iter().enumerate() {
+        shape(op, what, n_expert * sizes[i], target.host[i].len())?;
+        fits(
+            op,
+            "fills (at most the slots)",
+            max_fills as u64,
+            (target.slots[i].len() / sizes[i].max(1)) as u64,
+        )?;
+    }
+    shape(op, "fill count length", 1, fill_count.len())?;
+    let wide = sizes.iter().all(|b| b % 16 == 0)
+        && target
+            .slots
+            .iter()
+            .all(|s| device.address(*s).is_multiple_of(16));
+    Ok(FillCopy {
+        gate_chunks: target.gate_bytes.div_ceil(FILL_CHUNK),
+        down_chunks: target.down_bytes.div_ceil(FILL_CHUNK),
+        wide,
+    })
 }

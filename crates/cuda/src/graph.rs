@@ -32,8 +32,10 @@ impl Device {
             .map_err(CudaError::driver("cuStreamBeginCapture"))
     }
 
-    /// Stops recording and instantiates what was recorded (`None`: nothing was).
+    /// Stops recording and instantiates what was recorded (`None`: nothing was), after
+    /// joining the side stream's branch if one is open.
     pub fn end_capture(&self) -> Result<Option<Graph>, CudaError> {
+        self.join_side()?;
         let graph = self
             .stream()
             .end_capture(CUgraphInstantiate_flags(0))

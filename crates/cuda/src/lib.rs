@@ -38,6 +38,7 @@ mod layer_ops;
 mod matmul_launch;
 mod mma;
 mod mma_groups;
+mod moe_cached;
 mod moe_groups;
 mod moe_launch;
 mod moe_ops;
@@ -64,7 +65,7 @@ pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use expert_cache::{
     expert_cache_fill, expert_cache_lookup, CacheCounts, CachePolicy, CacheTables, FillTarget,
-    MappedHost, CACHE_MAX_EXPERTS,
+    LookupKind, MappedHost, CACHE_MAX_EXPERTS,
 };
 pub use graph::Graph;
 pub use layer_ops::{
@@ -77,6 +78,7 @@ pub use mma::{
     moe_gate_up_mma, PrefillKernels, MMA_MIN_ROWS,
 };
 pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
+pub use moe_cached::{moe_gate_up_cached, moe_gate_up_cached_takes, CacheCopies};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use moe_launch::with_preload;
 pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};

@@ -144,6 +144,12 @@ pub(crate) fn moe_folds(ty: GgmlType, dots: Dots) -> bool {
     !matvec_v1() && (moe_v3() || dots.quantizes(ty))
 }
 
+/// Whether a gate/up launch of `ty` with `dots` takes the q8 kernel (the one
+/// `moe_gate_up_q8_cached_kernel` runs with an expert cache's copies).
+pub(crate) fn gate_up_is_q8(ty: GgmlType, dots: Dots) -> bool {
+    !matvec_v1() && !moe_v3() && dots.quantizes(ty)
+}
+
 fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     if matvec_v1() {
         return MoeVersion::V1;
@@ -177,7 +183,28 @@ pub(crate) fn moe_gate_up(
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
+    copies: Option<CachedCopies<'_, '_>>,
 ) -> Result<(), CudaError> {
+    if let Some(copies) = copies {
+        let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
+            return Err(CudaError::UnsupportedType {
+                op: crate::CudaOp::MoeGateUp,
+                ty: kind.ty,
+            });
+        };
+        let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
+        let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
+        return gate_up_cached(
+            device,
+            device.kernel(&kernel)?,
+            (gate, up, ids),
+            (x, q8),
+            act,
+            ((ff, cols), rows_per_cta, (used, n_expert)),
+            shared,
+            copies,
+        );
+    }
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
@@ -234,6 +261,7 @@ pub(crate) fn moe_gate_up(
             act,
             dims,
             shared,
+            None,
         );
     }
     let cfg = config(
@@ -243,6 +271,58 @@ pub(crate) fn moe_gate_up(
     );
     crate::profile::label(|| format!("moe_gate_up {} {ff}x{cols} used{used}", kind.cuda_name));
     raw::launch_moe_gate_up(device.stream(), kernel, cfg, gate, up, ids, x, act, dims)
+}
+
+/// The misses' copies riding in a one-token gate/up launch (`moe_cached.cu`), checked by
+/// the op entry: the raw arguments and the copy CTAs per fill.
+pub(crate) struct CachedCopies<'a, 'b> {
+    pub args: raw::CachedCopyArgs<'a, 'b>,
+    /// Copy CTAs of one fill: gate and up, down.
+    pub chunks: (usize, usize),
+}
+
+/// `moe_gate_up_q8_cached_kernel`: the q8 gate/up of one token with the copies' CTAs before
+/// (gate, up) and after (down) its own, all in one flat grid.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn gate_up_cached(
+    device: &Device,
+    kernel: &cudarc::driver::CudaFunction,
+    (gate, up, ids): (&CudaView<'_, u8>, &CudaView<'_, u8>, &CudaView<'_, i32>),
+    (x, q8): (&CudaView<'_, f32>, Option<Q8Views<'_, '_>>),
+    act: &mut CudaViewMut<'_, f32>,
+    ((ff, cols), rows_per_cta, (used, n_expert)): ((usize, usize), usize, (usize, usize)),
+    shared: Option<raw::SharedUpArgs<'_, '_>>,
+    copies: CachedCopies<'_, '_>,
+) -> Result<(), CudaError> {
+    let (slots, rows) = match &shared {
+        Some(s) => (used + 1, ff.max(s.3)),
+        None => (used, ff),
+    };
+    let grid = (rows.div_ceil(rows_per_cta), slots);
+    let max_fills = copies.args.fills.len() / 2;
+    let (gate_chunks, down_chunks) = copies.chunks;
+    let ctas = max_fills * (2 * gate_chunks + down_chunks) + grid.0 * grid.1;
+    let q8 = raw::Q8Arg::new(true, q8);
+    let cfg = config(
+        (ctas, 1, 1),
+        LAYER_WARPS * 32,
+        q8.shared_bytes(q8_shared_bytes(cols)),
+    );
+    crate::profile::label(|| {
+        format!("moe_gate_up cached {ff}x{cols} slots{slots} fills{max_fills}")
+    });
+    let dims = (to_i32(ff), to_i32(cols), to_i32(used), to_i32(n_expert));
+    raw::launch_moe_gate_up_v3(
+        device.stream(),
+        kernel,
+        cfg,
+        (gate, up, ids, x),
+        q8,
+        act,
+        dims,
+        shared,
+        Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -112,6 +112,22 @@ pub fn moe_gate_up(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
+    gate_up(device, (gate, up), ff, ids, (x, q8), act, shared, None)
+}
+
+/// [`moe_gate_up`], with an expert cache's copies in the launch when `copies` is given
+/// (`crate::moe_gate_up_cached`, which checked them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gate_up(
+    device: &Device,
+    (gate, up): (&WeightMatrix<'_>, &WeightMatrix<'_>),
+    ff: usize,
+    ids: &CudaView<'_, i32>,
+    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    act: &mut CudaViewMut<'_, f32>,
+    shared: Option<SharedGateUp<'_, '_>>,
+    copies: Option<launch::CachedCopies<'_, '_>>,
+) -> Result<(), CudaError> {
     let op = CudaOp::MoeGateUp;
     let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
     check_matrix(device, op, up)?;
@@ -161,6 +177,7 @@ pub fn moe_gate_up(
         (ff, cols),
         (tokens, used, n_expert),
         shared,
+        copies,
     )
 }
 

@@ -29,7 +29,8 @@ pub(crate) fn single_stream(
     context: &std::sync::Arc<cudarc::driver::CudaContext>,
 ) -> Result<std::sync::Arc<CudaStream>, CudaError> {
     // SAFETY: called before any buffer of the freshly created context exists, so no buffer
-    // carries events; the crate never creates a second stream.
+    // carries events. The one other stream (`Device::on_side`) is ordered against this one
+    // by explicit events, and its callers keep the buffers it touches apart.
     unsafe { context.disable_event_tracking() };
     context
         .new_stream()

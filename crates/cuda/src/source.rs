@@ -20,7 +20,9 @@ const MOE: &str = include_str!("../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../kernels/moe_route.cu");
 const MOE_DECODE: &str = include_str!("../kernels/moe_decode.cu");
 const Q8DOT: &str = include_str!("../kernels/q8dot.cuh");
+const EXPERT_COPY: &str = include_str!("../kernels/expert_copy.cuh");
 const EXPERT_CACHE: &str = include_str!("../kernels/expert_cache.cu");
+const MOE_CACHED: &str = include_str!("../kernels/moe_cached.cu");
 
 /// The weighted sum of per-pair expert outputs (`moe.cu`).
 pub(crate) const MOE_COMBINE_KERNEL: &str = "moe_combine_kernel";
@@ -315,6 +317,14 @@ pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        kind.cuda_name
+    )
+}
+
+/// The q8 gate/up of one token with an expert cache's copies in the launch (`moe_cached.cu`).
+pub(crate) fn moe_gate_up_q8_cached_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
+    format!(
+        "moe_gate_up_q8_cached_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
         kind.cuda_name
     )
 }
@@ -672,8 +682,21 @@ pub fn modules() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "expert_cache",
-            source: [COMMON, EXPERT_CACHE].join("\n"),
+            source: [COMMON, EXPERT_COPY, EXPERT_CACHE].join("\n"),
             kernels: vec![EXPERT_CACHE_LOOKUP.into(), EXPERT_CACHE_FILL.into()],
+        },
+        ModuleSource {
+            name: "moe_cached",
+            source: with_q8_dots(&[MOE, EXPERT_COPY, MOE_CACHED].join("\n")),
+            kernels: q8_kinds()
+                .flat_map(|k| {
+                    MOE_LANES.iter().flat_map(move |&lanes| {
+                        MOE_Q8_ROWS
+                            .iter()
+                            .map(move |&rows| moe_gate_up_q8_cached_kernel(k, lanes, rows))
+                    })
+                })
+                .collect(),
         },
     ]
 }

@@ -41,11 +41,20 @@ pub struct BenchResult {
 pub struct BenchCache {
     /// Of the chosen experts (distinct per MoE call), the share found on the GPU.
     pub hit_rate: f64,
-    /// Experts copied in, and their bytes, per token.
+    /// Experts copied in, and the bytes copied (misses and prefetches), per token.
     pub misses_per_token: f64,
     pub bytes_per_token: f64,
+    /// Milliseconds per token the products of missing experts waited for their copies
+    /// (one-token steps: the copies that computing the cached experts did not hide).
+    pub wait_ms_per_token: f64,
     /// Hit rate of each cached block.
     pub layer_hit_rates: Vec<f64>,
+    /// Microseconds per token of that wait in each cached block.
+    pub layer_wait_us_per_token: Vec<f64>,
+    /// With the prefetch: experts it brought in per token, and the share of them that a
+    /// lookup then used.
+    pub prefetched_per_token: f64,
+    pub prefetch_used: f64,
 }
 
 /// Sums the cache's counters over timed stretches: `start` before, `stop` after each.
@@ -54,6 +63,9 @@ struct CacheTally {
     before: Vec<ExpertCacheCounts>,
     hits: Vec<u64>,
     misses: Vec<u64>,
+    wait_ns: Vec<u64>,
+    prefetched: u64,
+    prefetch_hits: u64,
     bytes: u64,
 }
 
@@ -67,9 +79,14 @@ impl CacheTally {
         let after = session.expert_cache_counts()?;
         self.hits.resize(after.len(), 0);
         self.misses.resize(after.len(), 0);
+        self.wait_ns.resize(after.len(), 0);
         for (i, (a, b)) in after.iter().zip(&self.before).enumerate() {
             self.hits[i] += a.hits - b.hits;
             self.misses[i] += a.misses - b.misses;
+            self.wait_ns[i] += a.wait_ns - b.wait_ns;
+            self.prefetched += a.prefetched - b.prefetched;
+            self.prefetch_hits += a.prefetch_hits - b.prefetch_hits;
+            self.bytes += (a.prefetched - b.prefetched) * a.bytes_per_miss;
             self.bytes += (a.misses - b.misses) * a.bytes_per_miss;
         }
         Ok(())
@@ -87,12 +104,20 @@ impl CacheTally {
             hit_rate: rate(hits, misses),
             misses_per_token: misses as f64 / tokens,
             bytes_per_token: self.bytes as f64 / tokens,
+            wait_ms_per_token: self.wait_ns.iter().sum::<u64>() as f64 * 1e-6 / tokens,
             layer_hit_rates: self
                 .hits
                 .iter()
                 .zip(&self.misses)
                 .map(|(&h, &m)| rate(h, m))
                 .collect(),
+            layer_wait_us_per_token: self
+                .wait_ns
+                .iter()
+                .map(|&w| w as f64 * 1e-3 / tokens)
+                .collect(),
+            prefetched_per_token: self.prefetched as f64 / tokens,
+            prefetch_used: self.prefetch_hits as f64 / self.prefetched.max(1) as f64,
         })
     }
 }

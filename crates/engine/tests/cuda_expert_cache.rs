@@ -13,12 +13,12 @@ use std::sync::Arc;
 use cuda_support::device;
 use redlite_cuda::{
     expert_cache_fill, expert_cache_lookup, CachePolicy, CacheTables, CudaError, Device,
-    FillTarget, MappedHost,
+    FillTarget, LookupKind, MappedHost,
 };
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::backend::cuda::{CudaBackend, ExpertResidency};
-use redlite_engine::backend::Backend;
+use redlite_engine::backend::{Backend, ExpertCacheCounts};
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::session::Session;
 use redlite_engine::state::KvType;
@@ -107,7 +107,12 @@ fn an_expert_cache_gives_the_logits_of_residency() {
                     let counts = cached.backend.expert_cache_counts().unwrap();
                     let hits: u64 = counts.iter().map(|c| c.hits).sum();
                     let misses: u64 = counts.iter().map(|c| c.misses).sum();
-                    println!("{case:<56} hits {hits} misses {misses}");
+                    let waited: u64 = counts.iter().map(|c| c.wait_ns).sum();
+                    println!("{case:<56} hits {hits} misses {misses} waited {waited} ns");
+                    // Decode steps copy inside the gate/up launch (and time the wait) where
+                    // it takes the q8 kernel: the quantized recipes under Ggml precision.
+                    let in_launch = p == Precision::Ggml && recipe != Recipe::F32;
+                    assert_eq!(waited > 0, in_launch, "{case}: waited {waited} ns");
                     assert_eq!(counts.len(), 4, "{case}: a cache per layer");
                     assert!(misses >= 16, "{case}: {misses} misses");
                     if slots == 9 {
@@ -137,11 +142,59 @@ fn the_decode_graph_with_a_cache_equals_eager_launches() {
         let want = run(&mut eager, &tokens[..8], &tokens[8..]);
         let got = run(&mut graphed, &tokens[..8], &tokens[8..]);
         assert_eq!(first_difference(&want, &got, vocab), None, "{policy}");
-        assert_eq!(
-            graphed.backend.expert_cache_counts().unwrap(),
-            eager.backend.expert_cache_counts().unwrap(),
-            "{policy}: same lookups, hits and misses"
+        // The same lookups, hits and misses (the time waited for copies differs).
+        let untimed = |s: &Session<CudaBackend>| {
+            let counts = s.backend.expert_cache_counts().unwrap();
+            counts
+                .into_iter()
+                .map(|c| ExpertCacheCounts { wait_ns: 0, ..c })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(untimed(&graphed), untimed(&eager), "{policy}");
+    }
+}
+
+/// The prefetch (the next block's router on this block's input, its experts copied in on
+/// the side stream) only moves experts between slots: decode logits stay the bits of
+/// residency, with the decode graph (the side stream a branch of it) and without.
+#[test]
+fn prefetching_keeps_the_logits_of_residency() {
+    let Some(device) = device("prefetching_keeps_the_logits_of_residency") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt(40);
+    for recipe in [Recipe::IQ2XXS, Recipe::Q4KM] {
+        let gguf = tiny(dir.path(), recipe);
+        let vocab = config_from_gguf(&gguf).unwrap().n_vocab;
+        let mut resident = session(
+            &device,
+            &gguf,
+            Precision::Ggml,
+            ExpertResidency::Resident,
+            512,
         );
+        let want = run(&mut resident, &tokens[..8], &tokens[8..]);
+        for (slots, graphs) in [(5, true), (5, false), (9, true)] {
+            let cache = ExpertResidency::Cache {
+                slots,
+                policy: CachePolicy::LFU,
+            };
+            let mut cached = session(&device, &gguf, Precision::Ggml, cache, 512);
+            cached.backend.set_prefetch(true).unwrap();
+            if !graphs {
+                cached.backend.disable_graphs().unwrap();
+            }
+            let got = run(&mut cached, &tokens[..8], &tokens[8..]);
+            let case = format!("{} slots {slots} graphs {graphs}", recipe.name());
+            assert_eq!(first_difference(&want, &got, vocab), None, "{case}");
+            let counts = cached.backend.expert_cache_counts().unwrap();
+            let prefetched: u64 = counts.iter().map(|c| c.prefetched).sum();
+            let used: u64 = counts.iter().map(|c| c.prefetch_hits).sum();
+            println!("{case}: prefetched {prefetched}, used {used}");
+            assert!(prefetched > 0, "{case}: nothing prefetched");
+            assert!(used <= prefetched, "{case}: {used} hits on {prefetched}");
+        }
     }
 }
 
@@ -179,15 +232,13 @@ fn check_lookups(device: &Device, policy: CachePolicy, calls: &[Call], hits_miss
             let pairs = ids.len().min(slots);
             let mut fills_here = fills.slice_mut(..2 * pairs);
             let mut count_view = count.slice_mut(..);
-            expert_cache_lookup(
-                device,
-                &mut tables,
-                &ids_dev.slice(..),
+            let out = (
                 &mut slot_ids.slice_mut(..),
                 &mut fills_here,
                 &mut count_view,
-            )
-            .unwrap();
+            );
+            let chosen = &ids_dev.slice(..);
+            expert_cache_lookup(device, &mut tables, chosen, out, LookupKind::Chosen).unwrap();
             let target = FillTarget {
                 host: [&hosts[0], &hosts[1], &hosts[2]],
                 slots: [&stacks[0], &stacks[1], &stacks[2]],
@@ -290,6 +341,50 @@ fn lookups_replace_the_least_frequently_used_slot() {
         &calls,
         (5, 6),
     );
+}
+
+/// Victims are picked by repeated minimum for up to 8 misses and by ranking every slot for
+/// more; both give the oldest slots first (LRU), ties to the lower slot, and the missing
+/// experts take them in increasing id order.
+#[test]
+fn many_and_few_misses_take_the_oldest_slots_in_order() {
+    let Some(device) = device("many_and_few_misses_take_the_oldest_slots_in_order") else {
+        return;
+    };
+    let (n_expert, slots) = (64, 16);
+    let mut tables = CacheTables::new(&device, n_expert, slots, CachePolicy::Lru).unwrap();
+    let mut fills = device.alloc_zeros::<i32>(2 * slots).unwrap();
+    let mut count = device.alloc_zeros::<i32>(1).unwrap();
+    let mut look_up = |ids: &[i32]| {
+        let ids_dev = device.upload(ids).unwrap();
+        let mut slot_ids = device.alloc_zeros::<i32>(ids.len()).unwrap();
+        let out = (
+            &mut slot_ids.slice_mut(..),
+            &mut fills.slice_mut(..2 * ids.len().min(slots)),
+            &mut count.slice_mut(..),
+        );
+        let ids = &ids_dev.slice(..);
+        expert_cache_lookup(&device, &mut tables, ids, out, LookupKind::Chosen).unwrap();
+        tables.slot_of(&device).unwrap()
+    };
+    // Call 1: 16 misses (ranked): expert i into slot i. Calls 2 to 13 touch experts 15 down
+    // to 4, so slot k was last used by call 17 - k and slots 0 to 3 by call 1.
+    let all: Vec<i32> = (0..16).collect();
+    look_up(&all);
+    for e in (4..16).rev() {
+        look_up(&[e]);
+    }
+    // 10 misses (ranked): slots 0-3, then 15, 14, ..., 10, to experts 40..49 in order.
+    let slot_of = look_up(&(40..50).collect::<Vec<i32>>());
+    let want = [0, 1, 2, 3, 15, 14, 13, 12, 11, 10];
+    for (e, s) in (40..50).zip(want) {
+        assert_eq!(slot_of[e], s, "ranked: slot of expert {e}");
+    }
+    // 5 misses (repeated minimum): slots 9, 8, 7, 6, 5 to experts 50..54.
+    let slot_of = look_up(&(50..55).collect::<Vec<i32>>());
+    for (e, s) in (50..55).zip([9, 8, 7, 6, 5]) {
+        assert_eq!(slot_of[e], s, "minimum: slot of expert {e}");
+    }
 }
 
 /// LFU's aging: counts halve at every `half_life`-th lookup, so an expert used often long ago

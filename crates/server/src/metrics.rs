@@ -116,6 +116,12 @@ pub async fn handle(State(state): State<Shared>) -> impl IntoResponse {
         };
         metric(name, kind, help, &[("", value as f64)]);
     }
+    metric(
+        "expert_cache_wait_seconds_total",
+        "counter",
+        "Seconds decoding waited for experts copied into the GPU expert cache.",
+        &[("", m.expert_cache_wait_ns as f64 * 1e-9)],
+    );
     let mean_accepted = m.mtp_accepted as f64 / m.mtp_steps.max(1) as f64;
     let gauges: [(&str, &str, f64); 6] = [
         ("slots", "Slots (sequences served at once).", m.slots as f64),

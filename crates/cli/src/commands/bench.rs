@@ -155,11 +155,19 @@ fn report(result: Option<&BenchResult>, json: bool) {
         });
         let cache = r.expert_cache.as_ref().map_or(String::new(), |c| {
             format!(
-                " expert cache: hit rate {:.1} %, {:.1} experts ({:.1} MiB) copied per token",
+                " expert cache: hit rate {:.1} %, {:.1} experts ({:.1} MiB) copied per token, waited for {:.2} ms per token",
                 100.0 * c.hit_rate,
                 c.misses_per_token,
-                c.bytes_per_token / (1u64 << 20) as f64
-            )
+                c.bytes_per_token / (1u64 << 20) as f64,
+                c.wait_ms_per_token
+            ) + &match c.prefetched_per_token > 0.0 {
+                true => format!(
+                    ", {:.1} experts prefetched per token ({:.1} % of them used)",
+                    c.prefetched_per_token,
+                    100.0 * c.prefetch_used
+                ),
+                false => String::new(),
+            }
         });
         println!(
             "| {:<22} | {:>10.2} ± {:<8.2} t/s |{mtp}{cache}",

@@ -4,8 +4,8 @@
 use super::layers::{builder, launched};
 use crate::error::CudaError;
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchArgs,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -44,13 +44,16 @@ pub(crate) struct TableArgs<'a> {
     pub uses: &'a mut CudaSlice<u32>,
     pub clock: &'a mut CudaSlice<u32>,
     pub stats: &'a mut CudaSlice<u64>,
+    pub ready: &'a mut CudaSlice<u32>,
+    pub prefetched: &'a mut CudaSlice<u32>,
 }
 
 /// The replacement policy's arguments: `lfu` (0: LRU, 1: LFU) and the LFU's half-life.
 pub(crate) type PolicyArgs = (i32, u32);
 
 /// `expert_cache_lookup_kernel(ids, pairs, n_expert, slots, slot_of, expert_of, stamp,
-/// uses, clock, slot_ids, fills, fill_count, stats, lfu, half_life)`.
+/// uses, clock, slot_ids, fills, fill_count, stats, lfu, half_life, ready, ready_len,
+/// prefetched, prefetch)`, with ready_len the fills' capacity.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_expert_cache_lookup(
     stream: &CudaStream,
@@ -63,6 +66,7 @@ pub(crate) fn launch_expert_cache_lookup(
     fill_count: &mut CudaViewMut<'_, i32>,
     (pairs, n_expert, slots): (i32, i32, i32),
     (lfu, half_life): PolicyArgs,
+    prefetch: i32,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch
@@ -81,10 +85,14 @@ pub(crate) fn launch_expert_cache_lookup(
         .arg(tables.stats)
         .arg(&lfu)
         .arg(&half_life);
+    let ready_len = pairs.min(slots);
+    launch.arg(tables.ready).arg(&ready_len);
+    launch.arg(tables.prefetched).arg(&prefetch);
     // SAFETY: arguments match the signature; one CTA of at least max(n_expert, slots) and at
     // most 1024 threads (the op entry); ids and slot_ids hold `pairs`, slot_of and uses
-    // n_expert, expert_of and stamp `slots`, fills 2 x min(pairs, slots), clock one, stats four
-    // values; half_life is at least 1 (the tables' constructor).
+    // n_expert, expert_of, stamp and prefetched `slots`, ready slots + 1 (the kernel zeroes
+    // ready_len + 1 ≤ slots + 1 of them), fills 2 x min(pairs, slots), clock one, stats
+    // eight values; half_life is at least 1 (the tables' constructor).
     launched(stream, "cuLaunchKernel(expert_cache_lookup)", unsafe {
         launch.launch(config)
     })
@@ -132,4 +140,51 @@ pub(crate) fn launch_expert_cache_fill(
     launched(stream, "cuLaunchKernel(expert_cache_fill)", unsafe {
         launch.launch(config)
     })
+}
+
+/// The misses' copies done by `moe_gate_up_q8_cached_kernel` (`moe_cached.cu`): the lookup's
+/// fills and count, the host copies (device addresses), the down slot stack, the sizes, the
+/// CTAs per tensor and the launch's counters.
+pub(crate) struct CachedCopyArgs<'a, 'b> {
+    pub fills: &'a CudaView<'b, i32>,
+    pub fill_count: &'a CudaView<'b, i32>,
+    pub host: [u64; 3],
+    pub down: &'a CudaSlice<u8>,
+    pub sizes: FillSizes,
+    pub wide: i32,
+    /// max_fills, gate_chunks, down_chunks.
+    pub counts: (i32, i32, i32),
+    pub ticket: &'a mut CudaSlice<u32>,
+    pub ready: &'a mut CudaSlice<u32>,
+    pub stats: &'a mut CudaSlice<u64>,
+}
+
+/// Pushes the copies' arguments of `moe_gate_up_q8_cached_kernel` after the gate/up ones
+/// (`launch_moe_gate_up_v3`): fills, fill_count, host_gate, host_up, host_down, down,
+/// gate_bytes, down_bytes, chunk, wide, max_fills, gate_chunks, down_chunks, ticket, ready,
+/// stats, grid_x, grid_y.
+pub(crate) fn push_cached_copies<'a>(
+    launch: &mut LaunchArgs<'a>,
+    copies: &'a mut CachedCopyArgs<'_, '_>,
+    grid: &'a (i32, i32),
+) {
+    launch
+        .arg(copies.fills)
+        .arg(copies.fill_count)
+        .arg(&copies.host[0])
+        .arg(&copies.host[1])
+        .arg(&copies.host[2])
+        .arg(copies.down)
+        .arg(&copies.sizes.0)
+        .arg(&copies.sizes.1)
+        .arg(&copies.sizes.2)
+        .arg(&copies.wide)
+        .arg(&copies.counts.0)
+        .arg(&copies.counts.1)
+        .arg(&copies.counts.2)
+        .arg(&mut *copies.ticket)
+        .arg(&mut *copies.ready)
+        .arg(&mut *copies.stats)
+        .arg(&grid.0)
+        .arg(&grid.1);
 }

@@ -2,6 +2,7 @@
 //! versions (with the shared expert folded in, and grouped by expert). Split from `layers.rs`;
 //! the same helpers and contracts.
 
+use super::expert_cache::{push_cached_copies, CachedCopyArgs};
 use super::layers::{builder, launched, push_q8, Q8Arg, NO_POS};
 use crate::error::CudaError;
 use cudarc::driver::{
@@ -224,6 +225,7 @@ pub(crate) fn launch_moe_gate_up_v3(
     act: &mut CudaViewMut<'_, f32>,
     (ff, cols, used, n_expert): (i32, i32, i32, i32),
     shared: Option<SharedUpArgs<'_, '_>>,
+    copies: Option<(CachedCopyArgs<'_, '_>, (i32, i32))>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(gate).arg(up).arg(ids).arg(x);
@@ -232,11 +234,23 @@ pub(crate) fn launch_moe_gate_up_v3(
     launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
     let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);
+    let mut copies = copies;
+    if let Some((copies, grid)) = copies.as_mut() {
+        push_cached_copies(&mut launch, copies, grid);
+    }
     // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
     // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
     // tokens x used x ff (op entry). Grid.y is used + 1 only with `shared`, whose gate and
     // up hold shared_ff rows of `cols` in the same block type and act_shared tokens x
     // shared_ff (op entry); without it grid.y = used and the null pointers are never read.
+    // With `copies` (moe_gate_up_q8_cached_kernel, one token): the copies' arguments are
+    // expert_cache_fill_kernel's, checked the same way (`check_fills`): live mapped host
+    // allocations of n_expert experts, slot stacks (gate and up above, written through
+    // shared borrows as the fill kernel does: the device's one stream serializes a layer's
+    // calls) of at least max_fills experts, fills of 2 x max_fills entries from the lookup;
+    // grid.x is max_fills x (2 x gate_chunks + down_chunks) + grid_x x grid_y CTAs, as the
+    // kernel recomputes for its tickets; the ticket is zero (its last CTA resets it) and
+    // ready[max_fills] zeroed by the lookup queued before.
     launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
         launch.launch(config)
     })

@@ -94,6 +94,13 @@ pub struct ExpertCacheCounts {
     pub lookups: u64,
     /// Bytes one miss copies.
     pub bytes_per_miss: u64,
+    /// Nanoseconds the products of missing experts waited for their copies (the copies
+    /// that computing the cached experts did not hide; one-token steps).
+    pub wait_ns: u64,
+    /// Experts brought in ahead by the prefetch, and the hits on them (each counted at its
+    /// first use).
+    pub prefetched: u64,
+    pub prefetch_hits: u64,
 }
 
 pub trait Backend {

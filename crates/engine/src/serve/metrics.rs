@@ -35,6 +35,7 @@ struct Counters {
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     cache_bytes: AtomicU64,
+    cache_wait_ns: AtomicU64,
 }
 
 pub(super) struct Metrics {
@@ -78,10 +79,12 @@ pub struct MetricsSnapshot {
     pub mtp_drafted: u64,
     pub mtp_accepted: u64,
     /// The GPU expert cache (with `--experts cache=...`): experts found on the GPU, copied
-    /// in, and the bytes copied, as of the last finished request.
+    /// in, the bytes copied, and the nanoseconds decoding waited for copies, as of the last
+    /// finished request.
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
     pub expert_cache_bytes: u64,
+    pub expert_cache_wait_ns: u64,
 }
 
 impl Metrics {
@@ -176,6 +179,9 @@ impl Metrics {
             .store(sum(&|c| c.misses), Ordering::Relaxed);
         let bytes = sum(&|c| c.misses * c.bytes_per_miss);
         self.c.cache_bytes.store(bytes, Ordering::Relaxed);
+        self.c
+            .cache_wait_ns
+            .store(sum(&|c| c.wait_ns), Ordering::Relaxed);
     }
 
     pub fn set_busy(&self, busy: usize) {
@@ -222,6 +228,7 @@ impl Metrics {
             expert_cache_hits: get(&self.c.cache_hits),
             expert_cache_misses: get(&self.c.cache_misses),
             expert_cache_bytes: get(&self.c.cache_bytes),
+            expert_cache_wait_ns: get(&self.c.cache_wait_ns),
         }
     }
 }

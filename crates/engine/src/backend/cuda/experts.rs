@@ -11,10 +11,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use crate::error::{EngineError, Result};
 use redlite_cuda::{
-    expert_cache_fill, expert_cache_lookup, CacheCounts, CachePolicy, CacheTables, CudaSlice,
-    CudaView, CudaViewMut, Device, FillTarget, MappedHost, SKIP_PAIR,
+    expert_cache_fill, expert_cache_lookup, CacheCopies, CacheCounts, CachePolicy, CacheTables,
+    CudaSlice, CudaView, CudaViewMut, Device, FillTarget, LookupKind, MappedHost, SKIP_PAIR,
 };
 
 /// Where the routed experts of every MoE layer live.
@@ -64,10 +66,16 @@ pub struct HostStacks {
 }
 
 impl HostStacks {
-    /// Copies a whole stack into page-locked host memory and keeps it under `name`.
+    /// Copies a whole stack into page-locked host memory and keeps it under `name`. The
+    /// copy runs on every core: `bytes` is the file's mapping, and one thread faulting its
+    /// pages in and copying them made loading a cached 45 GiB file take minutes.
     pub fn keep(&self, device: &Device, name: &str, bytes: &[u8]) -> Result<()> {
+        const PIECE: usize = 16 << 20;
         let mut host = MappedHost::new(device, bytes.len())?;
-        host.bytes_mut()?.copy_from_slice(bytes);
+        host.bytes_mut()?
+            .par_chunks_mut(PIECE)
+            .zip(bytes.par_chunks(PIECE))
+            .for_each(|(to, from)| to.copy_from_slice(from));
         self.stacks.borrow_mut().insert(name.to_string(), host);
         Ok(())
     }
@@ -143,37 +151,124 @@ impl LayerCache {
         device: &Device,
         ids: &CudaView<'_, i32>,
         slot_ids: &mut CudaViewMut<'_, i32>,
-        fills: &mut CudaSlice<i32>,
-        fill_count: &mut CudaSlice<i32>,
+        (fills, fill_count): (&mut CudaSlice<i32>, &mut CudaSlice<i32>),
+        stacks: [&CudaSlice<u8>; 3],
+    ) -> Result<()> {
+        self.look_up(device, ids, slot_ids, (fills, fill_count))?;
+        device.mark("expert cache copies");
+        self.fill(device, ids.len(), (fills, fill_count), stacks)
+    }
+
+    /// Looks `ids` up: each pair's slot into `slot_ids`, the misses to copy into `fills`
+    /// (their first [`LayerCache::fills_len`] values) and `fill_count`, for
+    /// [`LayerCache::copies`] or the fill of [`LayerCache::bring_in`].
+    pub fn look_up(
+        &mut self,
+        device: &Device,
+        ids: &CudaView<'_, i32>,
+        slot_ids: &mut CudaViewMut<'_, i32>,
+        (fills, fill_count): (&mut CudaSlice<i32>, &mut CudaSlice<i32>),
+    ) -> Result<()> {
+        device.mark("expert cache lookup");
+        self.look_up_for(
+            device,
+            ids,
+            (slot_ids, fills, fill_count),
+            LookupKind::Chosen,
+        )
+    }
+
+    fn look_up_for(
+        &mut self,
+        device: &Device,
+        ids: &CudaView<'_, i32>,
+        out: LookupOut<'_, '_>,
+        kind: LookupKind,
+    ) -> Result<()> {
+        let (slot_ids, fills, fill_count) = out;
+        let mut fills = fills.slice_mut(..self.fills_len(ids.len()));
+        let mut count = fill_count.slice_mut(..1);
+        let out = (slot_ids, &mut fills, &mut count);
+        expert_cache_lookup(device, &mut self.tables, ids, out, kind)?;
+        Ok(())
+    }
+
+    /// Copies the misses a lookup of `pairs` pairs listed in `fills` into `stacks`.
+    fn fill(
+        &self,
+        device: &Device,
+        pairs: usize,
+        (fills, fill_count): (&CudaSlice<i32>, &CudaSlice<i32>),
+        stacks: [&CudaSlice<u8>; 3],
+    ) -> Result<()> {
+        let target = fill_target(&self.host, (self.gate_bytes, self.down_bytes), stacks);
+        let fills = fills.slice(..self.fills_len(pairs));
+        let n_expert = self.tables.n_expert();
+        expert_cache_fill(device, &fills, &fill_count.slice(..1), target, n_expert)?;
+        Ok(())
+    }
+
+    /// Brings in ahead the experts of `ids` (a prediction of a later call's: `prefetch.rs`)
+    /// that are not cached: a lookup of [`LookupKind::Prefetch`], then the fill.
+    pub fn prefetch(
+        &mut self,
+        device: &Device,
+        ids: &CudaView<'_, i32>,
+        out: LookupOut<'_, '_>,
         stacks: [&CudaSlice<u8>; 3],
     ) -> Result<()> {
         let pairs = ids.len();
-        let mut fills = fills.slice_mut(..2 * pairs.min(self.slots()));
-        let mut count = fill_count.slice_mut(..1);
-        device.mark("expert cache lookup");
-        expert_cache_lookup(
+        let (slot_ids, fills, fill_count) = out;
+        self.look_up_for(
             device,
-            &mut self.tables,
             ids,
-            slot_ids,
-            &mut fills,
-            &mut count,
+            (slot_ids, fills, fill_count),
+            LookupKind::Prefetch,
         )?;
-        device.mark("expert cache copies");
-        let target = FillTarget {
-            host: [&self.host[0], &self.host[1], &self.host[2]],
-            slots: stacks,
-            gate_bytes: self.gate_bytes,
-            down_bytes: self.down_bytes,
-        };
-        expert_cache_fill(
-            device,
-            &fills.as_view(),
-            &count.as_view(),
-            target,
-            self.tables.n_expert(),
-        )?;
-        Ok(())
+        self.fill(device, pairs, (fills, fill_count), stacks)
+    }
+
+    /// The values of `fills` a lookup of `pairs` pairs writes: an expert and a slot per
+    /// possible miss.
+    pub fn fills_len(&self, pairs: usize) -> usize {
+        2 * pairs.min(self.slots())
+    }
+
+    /// The copies of the last lookup's misses for `redlite_cuda::moe_gate_up_cached`, which
+    /// makes them in the gate/up launch; `fills` as [`LayerCache::fills_len`] says.
+    pub fn copies<'a, 'b>(
+        &'a mut self,
+        (fills, fill_count): (&'a CudaView<'b, i32>, &'a CudaView<'b, i32>),
+        stacks: [&'a CudaSlice<u8>; 3],
+    ) -> CacheCopies<'a, 'b> {
+        CacheCopies {
+            target: fill_target(&self.host, (self.gate_bytes, self.down_bytes), stacks),
+            tables: &mut self.tables,
+            fills,
+            fill_count,
+        }
+    }
+}
+
+/// A lookup's outputs: each pair's slot, the misses to copy (expert, slot) and their count.
+type LookupOut<'a, 'b> = (
+    &'a mut CudaViewMut<'b, i32>,
+    &'a mut CudaSlice<i32>,
+    &'a mut CudaSlice<i32>,
+);
+
+/// Where a layer's misses are copied from (`host`) and to (`stacks`: gate, up, down slot
+/// stacks), with each expert's gate (= up) and down bytes.
+fn fill_target<'a>(
+    host: &'a [MappedHost; 3],
+    (gate_bytes, down_bytes): (usize, usize),
+    stacks: [&'a CudaSlice<u8>; 3],
+) -> FillTarget<'a> {
+    FillTarget {
+        host: [&host[0], &host[1], &host[2]],
+        slots: stacks,
+        gate_bytes,
+        down_bytes,
     }
 }
 

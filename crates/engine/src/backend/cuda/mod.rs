@@ -20,6 +20,7 @@ mod host_moe;
 mod moe;
 mod moe_pairs;
 mod mtp;
+mod prefetch;
 mod q8_buffers;
 mod scratch;
 mod state;
@@ -41,6 +42,7 @@ pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};
 use host_moe::HostMoe;
 use moe::LayerSkew;
+use prefetch::{NextBlock, PrefetchBuffers};
 use scratch::Scratch;
 pub use state::CudaState;
 use weights::{CudaWeights, Mixer};
@@ -68,6 +70,8 @@ pub struct CudaBackend {
     host_moe: Option<HostMoe>,
     /// The MTP block's input buffers, grown to the largest batch it saw.
     mtp_buffers: Mutex<mtp::MtpBuffers>,
+    /// With an expert cache and `REDLITE_CACHE_PREFETCH=1`: the prefetch's buffers.
+    prefetch: Mutex<Option<PrefetchBuffers>>,
 }
 
 impl CudaBackend {
@@ -139,6 +143,13 @@ impl CudaBackend {
         }
         let route_skew = route_skew_from_env()?;
         let scratch = Mutex::new(Scratch::new(&device, &config, 1, keeps_codes(dots))?);
+        let prefetch = match residency {
+            ExpertResidency::Cache { .. } if prefetch::prefetch_on() => {
+                Some(PrefetchBuffers::new(&device, &config)?)
+            }
+            _ => None,
+        };
+        let prefetch = Mutex::new(prefetch);
         let graphs = DecodeGraphs::new(device.clone())?;
         Ok(CudaBackend {
             config,
@@ -152,6 +163,7 @@ impl CudaBackend {
             route_skew,
             host_moe: None,
             mtp_buffers: Mutex::new(mtp::MtpBuffers::default()),
+            prefetch,
         })
     }
 
@@ -222,6 +234,21 @@ impl CudaBackend {
     /// does for every backend): tests compare the graph with eager launches.
     pub fn disable_graphs(&self) -> Result<()> {
         graph::lock(&self.graphs)?.disable();
+        Ok(())
+    }
+
+    /// Turns the expert cache's prefetch (`prefetch.rs`) on or off for this backend (by
+    /// default as `REDLITE_CACHE_PREFETCH` says); without a cache there is nothing to do.
+    pub fn set_prefetch(&self, on: bool) -> Result<()> {
+        let mut buffers = self
+            .prefetch
+            .lock()
+            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?;
+        let cached = matches!(self.residency, ExpertResidency::Cache { .. });
+        *buffers = match on && cached {
+            true => Some(PrefetchBuffers::new(&self.device, &self.config)?),
+            false => None,
+        };
         Ok(())
     }
 
@@ -346,6 +373,9 @@ impl Backend for CudaBackend {
                     misses: c.misses,
                     lookups: c.lookups,
                     bytes_per_miss: cache.expert_bytes(),
+                    wait_ns: c.wait_ns,
+                    prefetched: c.prefetched,
+                    prefetch_hits: c.prefetch_hits,
                 });
             }
         }
@@ -528,14 +558,26 @@ impl Backend for CudaBackend {
         }
         let mut scratch = self.scratch(b.tokens)?;
         let mut caches = self.caches()?;
-        let cache = caches.get_mut(layer).and_then(|c| c.as_mut());
+        let mut buffers = self
+            .prefetch
+            .lock()
+            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?;
+        let at = (layer, self.config.n_layer);
+        let (cache, next) = prefetch::split_caches(&mut caches, at, buffers.is_some());
+        let next = match (next, buffers.as_mut()) {
+            (Some(cache), Some(buffers)) => {
+                let w = &self.weights.layer(layer + 1)?.moe;
+                Some((NextBlock::of(w, cache), buffers))
+            }
+            _ => None,
+        };
         let skew = self.route_skew.map(|skew| LayerSkew { skew, layer });
         moe::forward(
             &self.device,
             &self.config,
             &self.weights.layer(layer)?.moe,
-            cache,
-            skew,
+            (cache, skew),
+            next,
             &mut scratch,
             (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
             &mut out.rows_mut(b.tokens)?,

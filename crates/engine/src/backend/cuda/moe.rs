@@ -16,20 +16,26 @@
 //! pairs (same logits, bit for bit). Off: on the H200 it measured 3 % slower at pp512
 //! (docs/PERF.md), the per-pair launch already reads repeated rows from L2.
 //! With an expert cache (`experts`), the products run on the layer's slot stacks with slot
-//! ids, after a lookup that copies the misses in. Benchmarks of the cache may replace the
-//! router's choice by draws from a skewed law (`REDLITE_BENCH_ROUTE_SKEW`, [`LayerSkew`]).
+//! ids, after a lookup; the misses are copied in by the gate/up launch of one token (while
+//! the cached experts compute) or else by a fill before it. A batch of decode size on a
+//! cache takes the one-token kernels as a resident one does (a token at a time where its
+//! experts may not fit the slots), so its rows are the bits of residency. Benchmarks of the
+//! cache may replace the router's choice by draws from a skewed law
+//! (`REDLITE_BENCH_ROUTE_SKEW`, [`LayerSkew`]).
 
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_grouped,
-    moe_gate_up_mma, moe_route, moe_route_skew, router_topk, router_topk_takes, CudaView,
-    CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew, SharedGateUp,
-    ONE_TOKEN_KERNELS_MAX_TOKENS,
+    matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_cached,
+    moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_skew,
+    router_topk, router_topk_takes, CacheCopies, CudaSlice, CudaView, CudaViewMut, Device,
+    ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew, SharedGateUp,
+    ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
 use crate::backend::cuda::moe_pairs::{self, pair_down, PairBuffers};
+use crate::backend::cuda::prefetch::{NextBlock, Prefetch, PrefetchBuffers};
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::weights::MoeWeights;
 use crate::error::Result;
@@ -47,8 +53,37 @@ pub struct LayerSkew {
 /// expert stacks in `w` are its slot stacks: the chosen experts are looked up (and copied
 /// in) first and the products read slots; a prompt's experts come through in waves
 /// (`moe_pairs`). With `skew`, the chosen experts are replaced before anything reads them.
+/// With `next` (one token, `REDLITE_CACHE_PREFETCH=1`), the next block's likely experts are
+/// brought into its cache on the side stream meanwhile (`prefetch.rs`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    (cache, skew): (Option<&mut LayerCache>, Option<LayerSkew>),
+    next: Option<(NextBlock<'_>, &mut PrefetchBuffers)>,
+    s: &mut Scratch,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    // The previous block's prefetch into this block's cache ends before its lookup.
+    device.join_side()?;
+    let prefetch = match next {
+        Some((next, buffers)) if h.len() == c.n_embd => {
+            Some(Prefetch::start(device, next, buffers, h)?)
+        }
+        _ => None,
+    };
+    block(device, c, w, cache, skew, s, (h, h_q8), out)?;
+    if let Some(prefetch) = prefetch {
+        prefetch.finish(device)?;
+    }
+    Ok(())
+}
+
+/// [`forward`] without the prefetch.
+#[allow(clippy::too_many_arguments)]
+fn block(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
@@ -125,10 +160,11 @@ pub fn forward(
             c.n_expert,
         )?;
     }
-    // A resident batch of decode size takes the one-token kernels below, each row then the
-    // bits of a one-token step (and no host round trip: it may be recorded as a graph).
+    // A batch of decode size takes the one-token kernels below, each row then the bits of a
+    // one-token step (and no host round trip: it may be recorded as a graph); with a cache,
+    // in one go where its pairs fit the slots, else a token at a time.
     let small = t <= ONE_TOKEN_KERNELS_MAX_TOKENS;
-    if t > 1 && (cache.is_some() || (pair_down() && !small)) {
+    if !small && (cache.is_some() || pair_down()) {
         let buffers = PairBuffers {
             act: &mut s.act,
             wave_ids: &mut s.wave_ids,
@@ -147,29 +183,114 @@ pub fn forward(
             c,
             w,
             (&zero_ids, &mut act_shared),
-            &shared_weight,
+            &shared_weight.as_view(),
             (h, h_q8),
             out,
         );
     }
-    // One token (a cache's slots hold its experts), or the fused down for a resident prompt.
+    let mut cache = cache;
+    let at_once = match &cache {
+        Some(cache) if cache.slots() < t * used => 1,
+        _ => t,
+    };
+    let (e, blocks) = (c.n_embd, c.n_embd / Q8_BLOCK_VALUES);
+    for first in (0..t).step_by(at_once) {
+        let rows = first..first + at_once;
+        let scratch = ExpertScratch {
+            act: &mut s.act,
+            act_shared: &mut s.act_shared,
+            slot_ids: &mut s.slot_ids,
+            fills: &mut s.fills,
+            fill_count: &mut s.fill_count,
+            zero_ids: &s.zero_ids,
+        };
+        let chosen = (
+            &ids.slice(rows.start * used..rows.end * used),
+            &weights.slice(rows.start * used..rows.end * used),
+            &shared_weight.slice(rows.clone()),
+        );
+        let h_rows = h.slice(rows.start * e..rows.end * e);
+        let q8_rows = h_q8.map(|q| Q8Rows {
+            scales: q.scales.slice(rows.start * blocks..rows.end * blocks),
+            codes: q.codes.slice(rows.start * e..rows.end * e),
+        });
+        let mut out_rows = out.slice_mut(rows.start * e..rows.end * e);
+        experts(
+            device,
+            c,
+            w,
+            cache.as_deref_mut(),
+            scratch,
+            chosen,
+            (&h_rows, q8_rows.as_ref()),
+            &mut out_rows,
+        )?;
+    }
+    Ok(())
+}
+
+/// The scratch buffers of [`experts`] (fields of `Scratch`).
+struct ExpertScratch<'s> {
+    act: &'s mut CudaSlice<f32>,
+    act_shared: &'s mut CudaSlice<f32>,
+    slot_ids: &'s mut CudaSlice<i32>,
+    fills: &'s mut CudaSlice<i32>,
+    fill_count: &'s mut CudaSlice<i32>,
+    zero_ids: &'s CudaSlice<i32>,
+}
+
+/// The routed and shared experts of the tokens of `h` (all of them fitting a cache's slots)
+/// through the one-token kernels (the fused down), or, for a resident prompt with
+/// `REDLITE_MOE_PAIR_DOWN=0`, the fused down of a batch.
+#[allow(clippy::too_many_arguments)]
+fn experts(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    cache: Option<&mut LayerCache>,
+    s: ExpertScratch<'_>,
+    (ids, weights, shared_weight): (&CudaView<'_, i32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let t = h.len() / c.n_embd;
+    let used = c.n_expert_used;
+    let small = t <= ONE_TOKEN_KERNELS_MAX_TOKENS;
+    let stacks = [w.gate_exps.bytes(), w.up_exps.bytes(), w.down_exps.bytes()];
+    // With a cache, the misses are copied in the gate/up launch where it can (the hits
+    // compute meanwhile), else by the fill before it.
+    let mut copying = None;
     let chosen = match cache {
         Some(cache) => {
             let mut slot_ids = s.slot_ids.slice_mut(..t * used);
-            let stacks = [w.gate_exps.bytes(), w.up_exps.bytes(), w.down_exps.bytes()];
-            let all = ids.as_view();
-            cache.bring_in(
-                device,
-                &all,
-                &mut slot_ids,
-                &mut s.fills,
-                &mut s.fill_count,
-                stacks,
-            )?;
+            if moe_gate_up_cached_takes(&w.gate_exps.view(), t) {
+                cache.look_up(
+                    device,
+                    ids,
+                    &mut slot_ids,
+                    (&mut *s.fills, &mut *s.fill_count),
+                )?;
+                copying = Some(cache);
+            } else {
+                cache.bring_in(
+                    device,
+                    ids,
+                    &mut slot_ids,
+                    (&mut *s.fills, &mut *s.fill_count),
+                    stacks,
+                )?;
+            }
             s.slot_ids.slice(..t * used)
         }
         None => ids.slice(..),
     };
+    let fills = copying
+        .as_ref()
+        .map(|cache| s.fills.slice(..cache.fills_len(t * used)));
+    let fill_count = s.fill_count.slice(..1);
+    let copies = copying
+        .zip(fills.as_ref())
+        .map(|(cache, fills)| cache.copies((fills, &fill_count), stacks));
     let grouped = t > 1 && !small && grouped(w);
     let fold = fold_shared(w, small && !grouped);
     let part = Part {
@@ -183,9 +304,9 @@ pub fn forward(
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
     let zero_ids = s.zero_ids.slice(..t);
     part.run(
-        &chosen,
-        &weights.as_view(),
-        (&shared_weight.as_view(), &zero_ids),
+        (&chosen, copies),
+        weights,
+        (shared_weight, &zero_ids),
         (h, h_q8),
         (&mut act, &mut act_shared),
         out,
@@ -198,7 +319,7 @@ pub fn forward(
         c,
         w,
         (&zero_ids, &mut act_shared),
-        &shared_weight,
+        shared_weight,
         (h, h_q8),
         out,
     )
@@ -212,7 +333,7 @@ fn shared_expert(
     c: &HybridConfig,
     w: &MoeWeights,
     (zero_ids, act_shared): (&CudaView<'_, i32>, &mut CudaViewMut<'_, f32>),
-    shared_weight: &CudaViewMut<'_, f32>,
+    shared_weight: &CudaView<'_, f32>,
     (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
@@ -229,13 +350,12 @@ fn shared_expert(
     if mma {
         let dense = MmaGroups::dense(device, t)?;
         moe_gate_up_mma(device, &gate, &up, c.shared_ff, &dense, h, act_shared)?;
-        let sw = shared_weight.as_view();
         moe_down_mma(
             device,
             &down,
             c.n_embd,
             &dense,
-            &sw,
+            shared_weight,
             &act_shared.as_view(),
             out,
             true,
@@ -257,7 +377,7 @@ fn shared_expert(
         &w.shared_down.view(),
         c.n_embd,
         zero_ids,
-        &shared_weight.as_view(),
+        shared_weight,
         &act_shared.as_view(),
         out,
         true,
@@ -289,10 +409,11 @@ enum Fold {
 }
 
 impl<'a> Part<'a> {
-    /// `ids`: the pairs' experts (or slots); `act`: the routed and shared activations.
+    /// `ids`: the pairs' experts (or slots), with the cache's copies to make in the gate/up
+    /// launch; `act`: the routed and shared activations.
     fn run<'v>(
         &self,
-        ids: &CudaView<'_, i32>,
+        (ids, copies): (&CudaView<'_, i32>, Option<CacheCopies<'_, '_>>),
         weights: &CudaView<'_, f32>,
         (shared_weight, zero_ids): (&CudaView<'_, f32>, &CudaView<'_, i32>),
         (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
@@ -325,11 +446,11 @@ impl<'a> Part<'a> {
         let down = w.shared_down.view();
         if self.fold == Fold::None {
             device.mark("routed experts");
-            routed.run(act, None)?;
+            routed.run(act, None, copies)?;
         } else {
             device.mark("routed + shared experts (folded)");
             let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
-            routed.run(act, Some((&gate, &up, act_shared)))?;
+            routed.run(act, Some((&gate, &up, act_shared)), copies)?;
         }
         let shared = act_shared.as_view();
         let folded_down = (self.fold == Fold::All).then_some((&down, shared_weight, &shared));
@@ -376,12 +497,27 @@ struct RoutedGateUp<'a, 'b> {
 }
 
 impl RoutedGateUp<'_, '_> {
+    /// With `copies`, the cache's misses are copied in the same launch (one token).
     fn run(
         &self,
         act: &mut CudaViewMut<'_, f32>,
         shared: Option<SharedGateUp<'_, '_>>,
+        copies: Option<CacheCopies<'_, '_>>,
     ) -> Result<()> {
         let (gate, up) = (self.w.gate_exps.view(), self.w.up_exps.view());
+        if let Some(copies) = copies {
+            moe_gate_up_cached(
+                self.device,
+                (&gate, &up),
+                self.ff,
+                self.ids,
+                (self.h, self.h_q8),
+                act,
+                shared,
+                copies,
+            )?;
+            return Ok(());
+        }
         match self.tiles {
             Some(tiles) => {
                 moe_gate_up_grouped(self.device, &gate, &up, self.ff, tiles, self.h, act, shared)?

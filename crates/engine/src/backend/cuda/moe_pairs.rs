@@ -96,8 +96,7 @@ pub fn routed(
                     device,
                     &wave_ids,
                     &mut slot_ids,
-                    b.fills,
-                    b.fill_count,
+                    (b.fills, b.fill_count),
                     stacks,
                 )?;
                 b.slot_ids.slice(..pairs)
