@@ -10,13 +10,16 @@
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
-#   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB.
+#   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
+#   6. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state and
+#      memory sections for one decode launch of each kernel of STALL_KERNELS (why a product
+#      of a few MB takes ~10 µs: the stall reasons, the bytes in flight).
 # Carry .cache/device/redlite.xz and the test binaries named in TESTS (scripts/device/prepare.sh).
 #
 #   bash scripts/device/decode_ab.sh
 #
 # Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated settings, each VAR=value or several
-# joined by +: A=1+B=1), STAGES (bits
+# joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
 # tests decode mtp small), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -108,6 +111,21 @@ if stage small; then
   for v in REDLITE_UNUSED=0 $SMALL_AB; do
     env "$v" "$R" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 > "$OUT/small-${v//=/_}.txt" 2>&1
     note "pp1..4 $v: $(grep -E '^\| pp' "$OUT/small-${v//=/_}.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+if stage stalls && command -v ncu > /dev/null; then
+  tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(8)))')"
+  for k in ${STALL_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel deltanet_step_kernel}; do
+    stamp "ncu sections, $k"
+    # Skip the first token's launches (cold caches, the graph being recorded): the 200th
+    # launch of the kernel is in a replayed decode step.
+    timeout 150 ncu --graph-profiling node --kernel-name "regex:$k" --launch-skip 200 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      "$R" logits -m "$M" --device cuda --chunk 1 --tokens "$tokens" \
+      > "$OUT/ncu-$k.txt" 2> "$OUT/ncu-$k.err" || tail -3 "$OUT/ncu-$k.err"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|No Eligible|Stall|Warp Cycles Per Issued" \
+      "$OUT/ncu-$k.txt" | head -14 | tee -a "$SUMMARY"
   done
 fi
 stamp "done"

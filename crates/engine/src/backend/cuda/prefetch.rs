@@ -2,9 +2,11 @@
 //! MoE block computes, the next block's router applied to this block's input predicts the
 //! next block's experts, and those not in its cache are copied in on the device's side
 //! stream, beside this block's experts and the next block's mixer, instead of on the
-//! critical path of the next block. A residual stream changes little from one block to the
-//! next, so on a trained model the prediction is mostly right; a wrong guess costs PCIe
-//! bytes and a slot, never a result: the next block's own lookup still finds or copies
+//! critical path of the next block. It pays where the prediction is mostly right: a
+//! trained model's residual stream changes little from one block to the next, but on the
+//! random weights of a synthetic file half the prefetched experts are used and decode is
+//! 7.6 % slower (docs/PERF.md, eleventh session), hence off by default. A wrong guess costs
+//! PCIe bytes and a slot, never a result: the next block's own lookup still finds or copies
 //! every expert it chooses, so logits are the bits of residency either way.
 //!
 //! Ordering: the side work starts after everything queued so far (the input `h` is ready);

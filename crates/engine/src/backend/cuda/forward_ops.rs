@@ -1,0 +1,429 @@
+//! The forward pass's ops of the [`Backend`] trait on the GPU: embedding, norms, the DeltaNet
+//! and attention mixers, the MoE block (with its expert cache and prefetch), residual adds,
+//! logits and the MTP block's input; each queues kernels (or is skipped when the decode
+//! graph recorded it: `graph`).
+
+use redlite_cuda::Position;
+
+use super::act::CudaAct;
+use super::graph::{self, Gate, Op};
+use super::moe::{self, LayerSkew};
+use super::prefetch::{self, NextBlock};
+use super::state::CudaState;
+use super::weights::{self, Mixer};
+use super::{attention, deltanet, keeps_codes, mtp, CudaBackend, ExpertResidency};
+use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
+use crate::error::{EngineError, Result};
+use crate::model::config::HybridConfig;
+use crate::state::KvType;
+
+/// `REDLITE_FUSED_ADD_NORM=0`: the residual add and the next norm as two launches.
+fn fuse_add_norm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_FUSED_ADD_NORM").as_deref() != Ok("0"))
+}
+
+impl Backend for CudaBackend {
+    type Act = CudaAct;
+    type State = CudaState;
+
+    fn config(&self) -> &HybridConfig {
+        &self.config
+    }
+
+    fn expert_cache_counts(&self) -> Result<Vec<ExpertCacheCounts>> {
+        let caches = self.caches()?;
+        let mut all = Vec::new();
+        for (layer, cache) in caches.iter().enumerate() {
+            if let Some(cache) = cache {
+                let c = cache.counts(&self.device)?;
+                if c.overflows > 0 {
+                    return Err(EngineError::Cuda(format!(
+                        "the expert cache of block {layer} overflowed {} times (a batch's experts did not fit its slots)",
+                        c.overflows
+                    )));
+                }
+                all.push(ExpertCacheCounts {
+                    layer,
+                    hits: c.hits,
+                    misses: c.misses,
+                    lookups: c.lookups,
+                    bytes_per_miss: cache.expert_bytes(),
+                    wait_ns: c.wait_ns,
+                    prefetched: c.prefetched,
+                    prefetch_hits: c.prefetch_hits,
+                });
+            }
+        }
+        Ok(all)
+    }
+
+    /// Also sizes the scratch buffers for `max_tokens` (a failure there is reported by the
+    /// first op).
+    fn new_act(&self, max_tokens: usize, width: usize) -> CudaAct {
+        drop(self.scratch(max_tokens));
+        CudaAct::new(&self.device, max_tokens, width, keeps_codes(self.dots))
+    }
+
+    fn new_state(&self, capacity: usize, kv_type: KvType) -> CudaState {
+        CudaState::new(
+            self.device.clone(),
+            self.graphs.clone(),
+            &self.config,
+            capacity,
+            kv_type,
+        )
+    }
+
+    fn embed(&self, tokens: &[u32], x: &mut CudaAct) -> Result<()> {
+        let n_vocab = self.weights.token_embd.rows;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab });
+        }
+        let mut scratch = self.scratch(tokens.len())?;
+        let mut graphs = graph::lock(&self.graphs)?;
+        match self.graphable(tokens.len()) {
+            true => graphs.arm(),
+            false => graphs.abandon(),
+        }
+        drop(graphs);
+        self.device.mark("embedding");
+        let mut ids = scratch.token_ids.slice_mut(..tokens.len());
+        self.device.copy_to_device(tokens, &mut ids)?;
+        let mut out = x.rows_mut(tokens.len())?;
+        redlite_cuda::embed(
+            &self.device,
+            &self.weights.token_embd.view(),
+            &ids.as_view(),
+            &mut out,
+        )?;
+        Ok(())
+    }
+
+    /// Into a buffer that keeps Q8_K codes (a batch of decode size), the rows are quantized
+    /// too, for the q8 products that read them (`CudaAct::q8_range`).
+    fn rms_norm(&self, norm: Norm, b: Batch, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let buffers = [x.address(&self.device)?, out.address(&self.device)?, 0];
+        if self.gate(Op::Norm(norm), b.tokens, buffers)? == Gate::Skip {
+            // The graph that replays it writes the codes too (recorded by the same code).
+            out.norm_writes(b.tokens);
+            return Ok(());
+        }
+        self.device.mark("norms and residuals");
+        let (x, w) = (x.rows(b.tokens)?, self.norm_weights(norm)?.as_view());
+        let eps = self.config.rms_eps;
+        match out.rows_mut_quantized(b.tokens)? {
+            (mut out, Some(mut q8)) => {
+                redlite_cuda::rms_norm_quantized(&self.device, &x, &w, &mut out, &mut q8, eps)?
+            }
+            (mut out, None) => redlite_cuda::rms_norm(&self.device, &x, &w, &mut out, eps)?,
+        }
+        Ok(())
+    }
+
+    /// One sequence at a time (the kernels take one state); each segment's rows are a view
+    /// into the batch's activations.
+    fn deltanet(
+        &self,
+        layer: usize,
+        segs: &mut [Segment<'_, CudaState>],
+        h: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let Mixer::DeltaNet(w) = &self.weights.layer(layer)?.mixer else {
+            return Err(self.not_a(layer, "a DeltaNet"));
+        };
+        let sequences = segs.len();
+        for seg in segs.iter_mut() {
+            let pos = seg.batch().pos0;
+            let (delta, record) = seg
+                .state
+                .deltanet_recording(&self.device, layer, seg.tokens)?;
+            // A recording step writes its rows' states too: it is another graph.
+            let state = match &record {
+                Some(rows) => self.device.address(&rows.recurrent),
+                None => self.device.address(&delta.recurrent),
+            };
+            let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
+            let at = (pos, sequences);
+            if self.mixer_gate(Op::DeltaNet(layer), seg.tokens, buffers, at)? == Gate::Skip {
+                continue;
+            }
+            let mut scratch = self.scratch(seg.tokens)?;
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            deltanet::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                (&h.row_range(first, last)?, h.q8_range(first, last).as_ref()),
+                delta,
+                record,
+                &mut out.row_range_mut(first, last)?,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        segs: &mut [Segment<'_, CudaState>],
+        h: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let Mixer::Attention(w) = &self.weights.layer(layer)?.mixer else {
+            return Err(self.not_a(layer, "an attention"));
+        };
+        let sequences = segs.len();
+        for seg in segs.iter_mut() {
+            let b = seg.batch();
+            let capacity = seg.state.capacity;
+            let kv = seg.state.kv_mut(layer)?;
+            let state = kv.address(&self.device);
+            let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];
+            let at = (b.pos0, sequences);
+            let gate = self.mixer_gate(Op::Attention(layer), seg.tokens, buffers, at)?;
+            if gate == Gate::Skip {
+                continue;
+            }
+            let mut scratch = self.scratch(seg.tokens)?;
+            let graphs = graph::lock(&self.graphs)?;
+            let position = match gate {
+                Gate::Capture => Position::Device(&graphs.position()),
+                _ => Position::Host,
+            };
+            let (first, last) = (seg.row0, seg.row0 + seg.tokens);
+            attention::forward(
+                &self.device,
+                &self.config,
+                w,
+                &mut scratch,
+                b,
+                (&h.row_range(first, last)?, h.q8_range(first, last).as_ref()),
+                kv,
+                capacity,
+                &mut out.row_range_mut(first, last)?,
+                position,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn moe(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let buffers = [h.address(&self.device)?, out.address(&self.device)?, 0];
+        if self.gate(Op::Moe(layer), b.tokens, buffers)? == Gate::Skip {
+            return Ok(());
+        }
+        if self.residency == ExpertResidency::Cpu {
+            let host = self.host_moe.as_ref().ok_or_else(|| {
+                EngineError::BadConfig(
+                    "experts on the CPU need the host weights (CudaBackend::with_host_experts)"
+                        .into(),
+                )
+            })?;
+            self.device.mark("routed + shared experts (on the CPU)");
+            return host.forward(
+                &self.device,
+                &self.config,
+                layer,
+                b.tokens,
+                &h.rows(b.tokens)?,
+                &mut out.rows_mut(b.tokens)?,
+            );
+        }
+        let mut scratch = self.scratch(b.tokens)?;
+        let mut caches = self.caches()?;
+        let mut buffers = self
+            .prefetch
+            .lock()
+            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?;
+        let at = (layer, self.config.n_layer);
+        let (cache, next) = prefetch::split_caches(&mut caches, at, buffers.is_some());
+        let next = match (next, buffers.as_mut()) {
+            (Some(cache), Some(buffers)) => {
+                let w = &self.weights.layer(layer + 1)?.moe;
+                Some((NextBlock::of(w, cache), buffers))
+            }
+            _ => None,
+        };
+        let skew = self.route_skew.map(|skew| LayerSkew { skew, layer });
+        moe::forward(
+            &self.device,
+            &self.config,
+            &self.weights.layer(layer)?.moe,
+            (cache, skew),
+            next,
+            &mut scratch,
+            (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
+            &mut out.rows_mut(b.tokens)?,
+        )
+    }
+
+    fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
+        let buffers = [x.address(&self.device)?, y.address(&self.device)?, 0];
+        if self.gate(Op::Add, b.tokens, buffers)? == Gate::Skip {
+            return Ok(());
+        }
+        self.device.mark("norms and residuals");
+        redlite_cuda::add(&self.device, &mut x.rows_mut(b.tokens)?, &y.rows(b.tokens)?)?;
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        b: Batch,
+        x: &mut CudaAct,
+        y: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        if !fuse_add_norm() {
+            self.add(b, x, y)?;
+            return self.rms_norm(norm, b, x, out);
+        }
+        let buffers = [
+            x.address(&self.device)?,
+            y.address(&self.device)?,
+            out.address(&self.device)?,
+        ];
+        if self.gate(Op::AddNorm(norm), b.tokens, buffers)? == Gate::Skip {
+            x.rows_mut(b.tokens)?;
+            out.norm_writes(b.tokens);
+            return Ok(());
+        }
+        self.device.mark("norms and residuals");
+        let (mut x, y) = (x.rows_mut(b.tokens)?, y.rows(b.tokens)?);
+        let (w, eps) = (self.norm_weights(norm)?.as_view(), self.config.rms_eps);
+        match out.rows_mut_quantized(b.tokens)? {
+            (mut out, Some(mut q8)) => redlite_cuda::add_rms_norm_quantized(
+                &self.device,
+                &mut x,
+                &y,
+                &w,
+                &mut out,
+                &mut q8,
+                eps,
+            )?,
+            (mut out, None) => {
+                redlite_cuda::add_rms_norm(&self.device, &mut x, &y, &w, &mut out, eps)?
+            }
+        }
+        Ok(())
+    }
+
+    fn logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        self.device.mark("LM head");
+        self.head_logits(&self.weights.output, rows, x, out)
+    }
+
+    /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
+    fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
+        let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt());
+        if interrupted.is_err() {
+            return Vec::new();
+        }
+        let mut host = vec![0f32; b.tokens * x.width];
+        match x.rows(b.tokens) {
+            Ok(view) if self.device.copy_to_host(&view, &mut host).is_ok() => host,
+            _ => Vec::new(),
+        }
+    }
+
+    fn new_mtp_state(&self, capacity: usize, kv_type: KvType) -> Result<CudaState> {
+        self.weights.mtp()?;
+        Ok(CudaState::new_mtp(
+            self.device.clone(),
+            self.graphs.clone(),
+            &self.config,
+            capacity,
+            kv_type,
+        ))
+    }
+
+    fn mtp_input(
+        &self,
+        tokens: &[u32],
+        hidden: &CudaAct,
+        hidden_row0: usize,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let table = self.weights.mtp_embed()?;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(EngineError::BadToken {
+                id,
+                n_vocab: table.rows,
+            });
+        }
+        // Eager, like the trunk's embedding: the block's layer may then be recorded.
+        let n = tokens.len();
+        let mut graphs = graph::lock(&self.graphs)?;
+        match self.graphable(n) {
+            true => graphs.arm(),
+            false => graphs.abandon(),
+        }
+        drop(graphs);
+        let mut scratch = self.scratch(n)?;
+        self.device.mark("MTP block");
+        let mut ids = scratch.token_ids.slice_mut(..n);
+        self.device.copy_to_device(tokens, &mut ids)?;
+        let mut buffers = self
+            .mtp_buffers
+            .lock()
+            .map_err(|_| EngineError::Cuda("MTP buffers lock poisoned by a panic".into()))?;
+        mtp::input(
+            &self.device,
+            self.weights.mtp()?,
+            table,
+            self.config.rms_eps,
+            &ids.as_view(),
+            &hidden.row_range(hidden_row0, hidden_row0 + n)?,
+            &mut out.rows_mut(n)?,
+            &mut buffers,
+        )
+    }
+
+    fn mtp_logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        self.device.mark("MTP head");
+        self.head_logits(self.weights.mtp_head()?, rows, x, out)
+    }
+}
+
+impl CudaBackend {
+    /// Logits of `rows` through `head`; runs of consecutive rows each take one product.
+    fn head_logits(
+        &self,
+        head: &weights::DeviceMatrix,
+        rows: &[usize],
+        x: &CudaAct,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt()?;
+        let vocab = head.rows;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            let mut scratch = self.scratch(first + n)?;
+            scratch.reserve_logits(&self.device, &self.config, n)?;
+            let mut logits = scratch.logits.slice_mut(..n * vocab);
+            let rows = x.row_range(first, first + n)?;
+            let q8 = x.q8_range(first, first + n);
+            redlite_cuda::matmul_quantized(
+                &self.device,
+                &head.view(),
+                (&rows, q8.as_ref()),
+                &mut logits,
+            )?;
+            let start = out.len();
+            out.resize(start + n * vocab, 0.0);
+            self.device
+                .copy_to_host(&logits.as_view(), &mut out[start..])?;
+            i = j;
+        }
+        Ok(())
+    }
+}
