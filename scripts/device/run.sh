@@ -125,19 +125,26 @@ fi
 if stage cache; then
   # The expert cache: bit for bit residency on tiny models (prefill, chunks, decode, graph;
   # LRU and LFU), both victim orders and the copies, the allocator's limit; then the full
-  # Q4_K_M file's logits with a 16 GiB cache against residency.
+  # Q4_K_M file's logits with a 16 GiB cache against residency, fed as a prompt, one token
+  # at a time (decode: the copies inside the gate/up launch, and with the prefetch) and four
+  # at a time (small batches).
   stamp "expert cache"
   "$D/cuda_expert_cache" --test-threads=1 --nocapture > "$OUT/cache-tests.log" 2>&1
   note "cuda_expert_cache: $(grep -E '^test result' "$OUT/cache-tests.log" | tail -1)"
   Q="$W/full-Q4_K_M.gguf"
   if [ -f "$Q" ] && [ "${CACHE_FULL:-1}" = 1 ]; then
     ids=$(seq -s, 11 37 2379)
-    for e in resident cache=16GiB; do
-      "$R" logits -m "$Q" --device cuda --experts "$e" --tokens "$ids" \
-        --out "$W/logits-$e.bin" > "$OUT/logits-$e.log" 2>&1
+    for chunk in 512 1 4; do
+      for e in resident cache=16GiB cache=16GiB+prefetch; do
+        [ "$e" = cache=16GiB+prefetch ] && [ "$chunk" != 1 ] && continue
+        REDLITE_CACHE_PREFETCH=$([ "$e" = cache=16GiB+prefetch ] && echo 1 || echo 0) \
+          "$R" logits -m "$Q" --device cuda --experts "${e%+prefetch}" --chunk "$chunk" \
+          --tokens "$ids" --out "$W/logits-$e-$chunk.bin" > "$OUT/logits-$e-$chunk.log" 2>&1
+        [ "$e" = resident ] && continue
+        cmp -s "$W/logits-resident-$chunk.bin" "$W/logits-$e-$chunk.bin" && same=identical || same=DIFFERENT
+        note "full Q4_K_M logits (64 tokens, chunk $chunk), $e vs resident: $same"
+      done
     done
-    cmp -s "$W/logits-resident.bin" "$W/logits-cache=16GiB.bin" && same=identical || same=DIFFERENT
-    note "full Q4_K_M logits (64 tokens), 16 GiB expert cache vs resident: $same"
   fi
 fi
 
