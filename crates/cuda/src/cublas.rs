@@ -55,7 +55,7 @@ pub fn cublas_takes(device: &Device, matrix: &WeightMatrix<'_>, tokens: usize) -
         && device.blas().is_some()
 }
 
-/// y[t] = W x[t] through cuBLAS (see the module comment); `x` is tokens x cols, `y` tokens x
+/// `y[t] = W x[t]` through cuBLAS (see the module comment); `x` is tokens x cols, `y` tokens x
 /// rows.
 pub fn matmul_cublas(
     device: &Device,

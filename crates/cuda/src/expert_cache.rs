@@ -81,7 +81,7 @@ pub struct CacheCounts {
     /// lookup's end to the last miss's gate and up rows in (copies made inside the gate/up
     /// launch only: [`crate::moe_gate_up_cached`]).
     pub wait_ns: u64,
-    /// Experts copied in by prefetches ([`expert_cache_prefetch`]).
+    /// Experts copied in by prefetches (lookups of [`LookupKind::Prefetch`]).
     pub prefetched: u64,
     /// Hits on experts a prefetch brought in (each counted once, at its first use).
     pub prefetch_hits: u64,

@@ -238,6 +238,7 @@ impl CudaBackend {
 
     /// Turns the expert cache's prefetch (`prefetch.rs`) on or off for this backend (by
     /// default as `REDLITE_CACHE_PREFETCH` says); without a cache there is nothing to do.
+    /// Call it before decoding: a decode graph already recorded keeps what it recorded.
     pub fn set_prefetch(&self, on: bool) -> Result<()> {
         let mut buffers = self
             .prefetch
