@@ -76,7 +76,12 @@ impl CacheTally {
     }
 
     fn stop(&mut self, session: &dyn Runner) -> Result<()> {
-        let after = session.expert_cache_counts()?;
+        self.add(session.expert_cache_counts()?);
+        Ok(())
+    }
+
+    /// Adds what the counters `after` show since `before`.
+    fn add(&mut self, after: Vec<ExpertCacheCounts>) {
         self.hits.resize(after.len(), 0);
         self.misses.resize(after.len(), 0);
         self.wait_ns.resize(after.len(), 0);
@@ -89,7 +94,6 @@ impl CacheTally {
             self.bytes += (a.prefetched - b.prefetched) * a.bytes_per_miss;
             self.bytes += (a.misses - b.misses) * a.bytes_per_miss;
         }
-        Ok(())
     }
 
     /// The summary over `tokens` timed tokens; `None` without a cache.
@@ -313,4 +317,42 @@ pub fn bench_gen_mtp(
         rollback_ms: per_step(timings.accept_seconds),
     });
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(hits: u64, misses: u64, wait_ns: u64, prefetched: (u64, u64)) -> ExpertCacheCounts {
+        ExpertCacheCounts {
+            layer: 0,
+            hits,
+            misses,
+            lookups: 0,
+            bytes_per_miss: 1000,
+            wait_ns,
+            prefetched: prefetched.0,
+            prefetch_hits: prefetched.1,
+        }
+    }
+
+    #[test]
+    fn the_cache_summary_counts_misses_prefetches_and_waits_per_token() {
+        let mut tally = CacheTally {
+            before: vec![counts(10, 5, 1_000_000, (4, 1))],
+            ..CacheTally::default()
+        };
+        // Over 10 tokens: 30 hits, 10 misses, 2 ms waited, 8 prefetched of which 6 used.
+        tally.add(vec![counts(40, 15, 3_000_000, (12, 7))]);
+        let s = tally.summary(10).expect("a cache");
+        assert_eq!(s.hit_rate, 0.75);
+        assert_eq!(s.misses_per_token, 1.0);
+        // Misses and prefetches both cross PCIe: (10 + 8) x 1000 bytes over 10 tokens.
+        assert_eq!(s.bytes_per_token, 1800.0);
+        assert_eq!(s.wait_ms_per_token, 0.2);
+        assert_eq!(s.layer_wait_us_per_token, vec![200.0]);
+        assert_eq!(s.prefetched_per_token, 0.8);
+        assert_eq!(s.prefetch_used, 0.75);
+        assert!(CacheTally::default().summary(10).is_none());
+    }
 }
