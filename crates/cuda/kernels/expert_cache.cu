@@ -32,11 +32,21 @@
 // Most victims the lookup picks by repeated minimum rather than by ranking every slot.
 #define CACHE_PICK_BY_MINIMUM 8
 
+// The warp's smallest (key, at) in that order; every lane ends with it.
+static __device__ __forceinline__ void warp_min_key(u64& key, int& at) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const u64 other = __shfl_xor_sync(0xffffffffu, key, offset);
+        const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
+        if (other < key || (other == key && other_at < at)) key = other, at = other_at;
+    }
+}
+
 // One CTA of `blockDim.x` threads (a multiple of 32, at least n_expert and slots, at most
 // 1024). `ids`: `pairs` expert ids (the router's choice; out-of-range ids are ignored and
 // get slot -1, skipped pairs (-2) slot -2). Writes `slot_ids` (the slot of each pair's
 // expert), `fills` (pairs of expert, slot to copy, in rank order) and `fill_count`, and
-// zeroes `ready[ready_len + 1]` (null: none). `half_life` (LFU only) is at least 1.
+// zeroes `ready[ready_len + 1]`. `half_life` (LFU only) is at least 1.
 // `prefetch` (1): the experts a later call is likely to need, brought in ahead (the next
 // layer's router applied to this layer's input): the same slots and copies, but no counts
 // of hits, misses or uses (the LFU's), and the slots it fills are marked prefetched.
@@ -64,8 +74,8 @@ __global__ void expert_cache_lookup_kernel(
         clock[0] = step;
         prefetch_hits = 0;
     }
-    // The fills' progress counters of moe_cached.cu's launch that follows (null: none).
-    for (int i = tid; ready != nullptr && i <= ready_len; i += blockDim.x) ready[i] = 0;
+    // The fills' progress counters of moe_cached.cu's launch that follows.
+    for (int i = tid; i <= ready_len; i += blockDim.x) ready[i] = 0;
     need[tid] = 0;
     __syncthreads();
     for (int p = tid; p < pairs; p += blockDim.x) {
@@ -139,23 +149,13 @@ __global__ void expert_cache_lookup_kernel(
         for (int r = 0; r < taken; ++r) {
             u64 key = tid < slots && !picked ? keys[tid] : ~0ull;
             int at = tid < slots && !picked ? tid : CACHE_MAX_THREADS;
-#pragma unroll
-            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-                const u64 other = __shfl_xor_sync(0xffffffffu, key, offset);
-                const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
-                if (other < key || (other == key && other_at < at)) key = other, at = other_at;
-            }
+            warp_min_key(key, at);
             if (lane == 0) best_key[warp] = key, best_at[warp] = at;
             __syncthreads();
             if (warp == 0) {
                 key = lane < warps ? best_key[lane] : ~0ull;
                 at = lane < warps ? best_at[lane] : CACHE_MAX_THREADS;
-#pragma unroll
-                for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-                    const u64 other = __shfl_xor_sync(0xffffffffu, key, offset);
-                    const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
-                    if (other < key || (other == key && other_at < at)) key = other, at = other_at;
-                }
+                warp_min_key(key, at);
                 if (lane == 0) winner = at;
             }
             __syncthreads();
@@ -171,7 +171,7 @@ __global__ void expert_cache_lookup_kernel(
     }
     // The first slots in key order go to the missing experts; an old expert leaves its slot
     // first (it is not needed by this call: needed ones sort last).
-    const bool victim = rank < misses && rank < free_slots;
+    const bool victim = rank < taken;
     if (victim) {
         const int old = expert_of[tid];
         if (old >= 0) slot_of[old] = -1;
@@ -193,13 +193,12 @@ __global__ void expert_cache_lookup_kernel(
         slot_ids[p] = (e >= 0 && e < n_expert) ? slot_of[e] : (e == -2 ? -2 : -1);
     }
     if (tid == 0) {
-        const int filled = min(misses, free_slots);
-        *fill_count = filled;
+        *fill_count = taken;
         if (prefetch) {
-            stats[6] += u64(filled);
+            stats[6] += u64(taken);
         } else {
             stats[0] += u64(hit_total);
-            stats[1] += u64(filled);
+            stats[1] += u64(taken);
             stats[2] += 1;
             if (misses > free_slots) stats[3] += 1;
             stats[5] = global_ns();

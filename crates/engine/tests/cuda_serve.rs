@@ -15,12 +15,10 @@ use redlite_cuda::Device;
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cuda::CudaBackend;
 use redlite_engine::model::load::config_from_gguf;
-use redlite_engine::serve::{self, Handle, ServeConfig};
-use redlite_engine::state::KvType;
+use redlite_engine::serve::{self, Handle};
 use redlite_engine::synth::Recipe;
-use serve_support::{job, prompt, tiny_model, wait, Model};
+use serve_support::{job, prompt, serve_config, tiny_model, wait, Model};
 
-const CHUNK: usize = 8;
 const MAX_TOKENS: usize = 14;
 
 /// A scheduler on the GPU (llama.cpp's precision, the default) with `slots` slots,
@@ -37,15 +35,7 @@ fn start(device: &Arc<Device>, m: &Model, slots: usize, draft: usize) -> Handle 
             Ok(backend)
         },
         m.tokenizer.clone(),
-        ServeConfig {
-            slots,
-            context: 256,
-            kv_type: KvType::F32,
-            chunk: CHUNK,
-            queue_limit: 16,
-            snapshots_per_slot: 0,
-            draft,
-        },
+        serve_config(slots, 16, 0, draft),
     )
     .unwrap()
 }

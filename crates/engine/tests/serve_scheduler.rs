@@ -9,7 +9,7 @@ use redlite_engine::backend::cpu::CpuBackend;
 use redlite_engine::generate::{generate, GenerateRequest, StopReason};
 use redlite_engine::model::load::config_from_gguf;
 use redlite_engine::sampling::SamplingParams;
-use redlite_engine::serve::{self, Event, Handle, ServeConfig, SubmitError};
+use redlite_engine::serve::{self, Event, Handle, SubmitError};
 use redlite_engine::session::Session;
 use redlite_engine::state::KvType;
 use redlite_engine::synth::Recipe;
@@ -17,9 +17,7 @@ use redlite_engine::synth::Recipe;
 mod mtp_support;
 mod serve_support;
 
-use serve_support::{job, prompt, tiny_model, wait, Model};
-
-const CHUNK: usize = 8;
+use serve_support::{job, prompt, serve_config, tiny_model, wait, Model, CHUNK};
 
 fn model() -> Model {
     model_with(false)
@@ -47,15 +45,7 @@ fn start_mtp(m: &Model, slots: usize, queue_limit: usize, draft: usize) -> Handl
             Ok(backend)
         },
         m.tokenizer.clone(),
-        ServeConfig {
-            slots,
-            context: 256,
-            kv_type: KvType::F32,
-            chunk: CHUNK,
-            queue_limit,
-            snapshots_per_slot: 4,
-            draft,
-        },
+        serve_config(slots, queue_limit, 4, draft),
     )
     .unwrap()
 }

@@ -8,10 +8,34 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlite_engine::sampling::SamplingParams;
-use redlite_engine::serve::{Event, EventSink, Finish, Job};
+use redlite_engine::serve::{Event, EventSink, Finish, Job, ServeConfig};
+use redlite_engine::state::KvType;
 use redlite_engine::synth::{write_synth, Preset, Recipe, SynthOptions, VocabChoice};
 use redlite_engine::tokenizer::Tokenizer;
 use redlite_gguf::GgufModel;
+
+/// Prompt tokens per scheduler step in the serving tests.
+pub const CHUNK: usize = 8;
+
+/// The schedulers' settings in the serving tests: `slots`, `queue_limit` waiting requests,
+/// `snapshots_per_slot` prompt-reuse snapshots, `draft` MTP drafts per step (0: off); 256
+/// positions of f32 KV per slot, prompts in steps of [`CHUNK`] tokens.
+pub fn serve_config(
+    slots: usize,
+    queue_limit: usize,
+    snapshots_per_slot: usize,
+    draft: usize,
+) -> ServeConfig {
+    ServeConfig {
+        slots,
+        context: 256,
+        kv_type: KvType::F32,
+        chunk: CHUNK,
+        queue_limit,
+        snapshots_per_slot,
+        draft,
+    }
+}
 
 pub struct Model {
     pub _dir: tempfile::TempDir,

@@ -87,7 +87,7 @@ fn block(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
-    cache: Option<&mut LayerCache>,
+    mut cache: Option<&mut LayerCache>,
     skew: Option<LayerSkew>,
     s: &mut Scratch,
     (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
@@ -188,7 +188,6 @@ fn block(
             out,
         );
     }
-    let mut cache = cache;
     let at_once = match &cache {
         Some(cache) if cache.slots() < t * used => 1,
         _ => t,
