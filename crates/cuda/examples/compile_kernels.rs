@@ -29,15 +29,16 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        for (module, result) in results {
-            match result {
+        for module in results {
+            let (name, seconds) = (&module.name, module.seconds);
+            match module.result {
                 Ok(()) => {
                     passed += 1;
-                    println!("ok     {arch} {module}");
+                    println!("ok     {arch} {name} ({seconds:.1} s)");
                 }
                 Err(log) => {
                     failed += 1;
-                    println!("FAILED {arch} {module}\n{log}");
+                    println!("FAILED {arch} {name} ({seconds:.1} s)\n{log}");
                 }
             }
         }

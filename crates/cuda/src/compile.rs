@@ -52,7 +52,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 
 fn compile_uncached(module: &ModuleSource, arch: &str) -> Result<Compiled, CudaError> {
     raw::nvrtc_compile(
-        module.name,
+        &module.name,
         arch,
         &module.source,
         &options(arch),
@@ -83,27 +83,89 @@ pub(crate) fn compile_cached(module: &ModuleSource, arch: &str) -> Result<Compil
     Ok(compiled)
 }
 
-/// Compiles every kernel module for `arch` without the cache (and without a GPU): one
-/// entry per module, `Err` holding the compiler log. The outer error is a bad `arch` or
-/// no NVRTC.
-#[allow(clippy::type_complexity)]
-pub fn compile_all(arch: &str) -> Result<Vec<(String, Result<(), String>)>, CudaError> {
+/// `work(i)` for i in 0..count on up to as many threads as the machine has cores, results
+/// in index order. NVRTC compiles are independent and single-threaded: the modules of a
+/// fresh machine's first run compile side by side instead of one after another.
+fn parallel_map<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, count.max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, T)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= count {
+                            return done;
+                        }
+                        done.push((i, work(i)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| match worker.join() {
+                Ok(done) => done,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, result)| result).collect()
+}
+
+/// Every kernel module compiled for `arch` (through the disk cache), in `modules()` order.
+pub(crate) fn compile_modules_cached(
+    modules: &[ModuleSource],
+    arch: &str,
+) -> Result<Vec<Compiled>, CudaError> {
+    parallel_map(modules.len(), |i| compile_cached(&modules[i], arch))
+        .into_iter()
+        .collect()
+}
+
+/// One module's outcome in [`compile_all`]: `Err` holds the compiler log.
+#[derive(Debug)]
+pub struct ModuleCompiled {
+    pub name: String,
+    pub result: Result<(), String>,
+    /// Wall time of this module's compile.
+    pub seconds: f64,
+}
+
+/// Compiles every kernel module for `arch` without the cache (and without a GPU), the
+/// modules side by side. The outer error is a bad `arch` or no NVRTC.
+pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
     check_arch(arch)?;
     nvrtc_version()?;
-    Ok(modules()
-        .iter()
-        .map(|module| {
-            let result = compile_uncached(module, arch)
-                .map(|_| ())
-                .map_err(|e| e.to_string());
-            (module.name.to_string(), result)
-        })
-        .collect())
+    let modules = modules();
+    Ok(parallel_map(modules.len(), |i| {
+        let started = std::time::Instant::now();
+        let result = compile_uncached(&modules[i], arch)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        ModuleCompiled {
+            name: modules[i].name.clone(),
+            result,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_map_keeps_the_order() {
+        let squares = parallel_map(37, |i| i * i);
+        assert_eq!(squares, (0..37).map(|i| i * i).collect::<Vec<_>>());
+        assert!(parallel_map(0, |i| i).is_empty());
+    }
 
     #[test]
     fn arch_names() {

@@ -1,7 +1,7 @@
 //! One GPU: its context and stream, its architecture, and every kernel loaded from the
 //! (cached) NVRTC build of the kernel modules.
 
-use crate::compile::compile_cached;
+use crate::compile::compile_modules_cached;
 use crate::error::CudaError;
 use crate::raw;
 use crate::source::modules;
@@ -76,8 +76,8 @@ impl Device {
         let stream = raw::single_stream(&context)?;
         let side = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
-        for module in modules() {
-            let compiled = compile_cached(&module, &arch)?;
+        let modules = modules();
+        for compiled in compile_modules_cached(&modules, &arch)? {
             let loaded = context
                 .load_module(Ptx::from_binary(compiled.image))
                 .map_err(CudaError::driver("cuModuleLoadData"))?;

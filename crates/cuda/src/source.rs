@@ -486,7 +486,7 @@ pub(crate) fn attention_prefill_kernel(kv: &str, head_dim: usize) -> String {
 
 /// One NVRTC program: its full source and the kernels (name expressions) it exports.
 pub struct ModuleSource {
-    pub name: &'static str,
+    pub name: String,
     pub source: String,
     pub kernels: Vec<String>,
 }
@@ -504,11 +504,43 @@ fn with_q8_dots(body: &str) -> String {
     with_prelude(&[REDUCE, Q8DOT, body].join("\n"))
 }
 
-/// Every kernel module of the crate.
+/// Kernels per compiled module at most: NVRTC's time grows with the template instances it
+/// emits, so a large family (the q8 MoE kernels: over a minute alone) is split into modules
+/// of the same source, each instantiating a share of it, compiled side by side.
+const KERNELS_PER_MODULE: usize = 12;
+
+/// Every kernel module of the crate, the large ones split (see [`KERNELS_PER_MODULE`]).
 pub fn modules() -> Vec<ModuleSource> {
+    let mut split = Vec::new();
+    for module in module_families() {
+        if module.kernels.len() <= KERNELS_PER_MODULE {
+            split.push(module);
+            continue;
+        }
+        let shards = module.kernels.len().div_ceil(KERNELS_PER_MODULE);
+        // Interleaved, so each shard gets a mix of the family's cheap and costly kernels.
+        for shard in 0..shards {
+            split.push(ModuleSource {
+                name: format!("{}.{shard}", module.name),
+                source: module.source.clone(),
+                kernels: module
+                    .kernels
+                    .iter()
+                    .skip(shard)
+                    .step_by(shards)
+                    .cloned()
+                    .collect(),
+            });
+        }
+    }
+    split
+}
+
+/// The kernel modules by family, one source each.
+fn module_families() -> Vec<ModuleSource> {
     vec![
         ModuleSource {
-            name: "dequantize",
+            name: "dequantize".to_string(),
             source: with_prelude(DEQUANTIZE),
             kernels: WEIGHT_KINDS
                 .iter()
@@ -517,7 +549,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "matvec",
+            name: "matvec".to_string(),
             source: with_prelude(MATVEC),
             kernels: WEIGHT_KINDS
                 .iter()
@@ -525,7 +557,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "elementwise",
+            name: "elementwise".to_string(),
             source: with_q8_dots(ELEMENTWISE),
             kernels: WEIGHT_KINDS
                 .iter()
@@ -543,7 +575,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "matmul",
+            name: "matmul".to_string(),
             source: with_q8_dots(MATMUL),
             kernels: WEIGHT_KINDS
                 .iter()
@@ -571,7 +603,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "gemm",
+            name: "gemm".to_string(),
             source: [COMMON, GEMM].join("\n"),
             kernels: [GgmlType::F32, GgmlType::F16]
                 .into_iter()
@@ -580,7 +612,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "moe",
+            name: "moe".to_string(),
             source: with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n")),
             kernels: WEIGHT_KINDS
                 .iter()
@@ -630,7 +662,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "mma",
+            name: "mma".to_string(),
             source: with_q8_dots(&[MMA_DECODE, MMA].join("\n")),
             kernels: WEIGHT_KINDS
                 .into_iter()
@@ -642,7 +674,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "deltanet",
+            name: "deltanet".to_string(),
             source: with_q8_dots(&[DELTANET, DELTANET_CHUNKED].join("\n")),
             kernels: CONV_KERNELS
                 .iter()
@@ -662,7 +694,7 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "attention",
+            name: "attention".to_string(),
             source: with_reduce(&[ATTENTION, ATTENTION_PREFILL].join("\n")),
             kernels: KV_CUDA_TYPES
                 .iter()
@@ -681,12 +713,12 @@ pub fn modules() -> Vec<ModuleSource> {
                 .collect(),
         },
         ModuleSource {
-            name: "expert_cache",
+            name: "expert_cache".to_string(),
             source: [COMMON, EXPERT_COPY, EXPERT_CACHE].join("\n"),
             kernels: vec![EXPERT_CACHE_LOOKUP.into(), EXPERT_CACHE_FILL.into()],
         },
         ModuleSource {
-            name: "moe_cached",
+            name: "moe_cached".to_string(),
             source: with_q8_dots(&[MOE, EXPERT_COPY, MOE_CACHED].join("\n")),
             kernels: q8_kinds()
                 .flat_map(|k| {
@@ -704,6 +736,26 @@ pub fn modules() -> Vec<ModuleSource> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_modules_keep_every_kernel_once() {
+        let mut families: Vec<String> = module_families()
+            .into_iter()
+            .flat_map(|m| m.kernels)
+            .collect();
+        let mut split: Vec<String> = modules().into_iter().flat_map(|m| m.kernels).collect();
+        for module in modules() {
+            let count = module.kernels.len();
+            assert!(
+                (1..=KERNELS_PER_MODULE).contains(&count),
+                "{}: {count}",
+                module.name
+            );
+        }
+        families.sort();
+        split.sort();
+        assert_eq!(families, split);
+    }
 
     #[test]
     fn kinds_agree_with_gguf_block_geometry() {
