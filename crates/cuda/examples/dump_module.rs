@@ -11,7 +11,12 @@ fn main() -> ExitCode {
         eprintln!("usage: dump_module MODULE OUT_PATH");
         return ExitCode::FAILURE;
     };
-    let Some(module) = redlite_cuda::modules().into_iter().find(|m| m.name == name) else {
+    // A large family is split into modules `NAME.0`, `NAME.1`, ... of the same source.
+    let shard = format!("{name}.");
+    let Some(module) = redlite_cuda::modules()
+        .into_iter()
+        .find(|m| m.name == *name || m.name.starts_with(&shard))
+    else {
         eprintln!("no kernel module named {name}");
         return ExitCode::FAILURE;
     };
