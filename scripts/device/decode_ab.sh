@@ -11,16 +11,19 @@
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
-#   6. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state and
-#      memory sections for one decode launch of each kernel of STALL_KERNELS (why a product
-#      of a few MB takes ~10 µs: the stall reasons, the bytes in flight).
+#   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
+#      replayed decode tokens, by kernel and grid size (which product shapes cost what);
+#   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
+#      memory and source-counter sections for one decode launch of each kernel of
+#      STALL_KERNELS (why a product of a few MB takes ~10 µs: the stall reasons, the bytes
+#      in flight), with the stall samples per SASS instruction as CSV.
 # Carry .cache/device/redlite.xz and the test binaries named in TESTS (scripts/device/prepare.sh).
 #
 #   bash scripts/device/decode_ab.sh
 #
 # Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
-# tests decode mtp small), OUT.
+# tests decode mtp small; also profile stalls), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
@@ -113,19 +116,38 @@ if stage small; then
     note "pp1..4 $v: $(grep -E '^\| pp' "$OUT/small-${v//=/_}.txt" | tr -s ' ' | tr '\n' ' ')"
   done
 fi
+if stage profile && command -v ncu > /dev/null; then
+  stamp "ncu: every kernel of ~2.5 decode tokens, by grid size"
+  # One metric, L2 left as the previous kernel left it (what a decode step sees); the first
+  # 3000 launches (the graph's recording, cold caches) skipped.
+  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node \
+    --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
+    --launch-count 1500 "$R" bench -m "$M" --device cuda -p 0 -n 16 -r 1 \
+    > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err" || tail -3 "$OUT/ncu-decode.err"
+  python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode.csv" embed_kernel --by-grid \
+    > "$OUT/ncu-decode-by-grid.txt" 2>&1
+  head -40 "$OUT/ncu-decode-by-grid.txt" | tee -a "$SUMMARY"
+fi
 if stage stalls && command -v ncu > /dev/null; then
   tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(8)))')"
   for k in ${STALL_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel deltanet_step_kernel}; do
     stamp "ncu sections, $k"
     # Skip the first token's launches (cold caches, the graph being recorded): the 200th
-    # launch of the kernel is in a replayed decode step.
-    timeout 150 ncu --graph-profiling node --kernel-name "regex:$k" --launch-skip 200 \
+    # launch of the kernel is in a replayed decode step. Caches flushed before each pass:
+    # a decode step's weights come from DRAM (1.5 GB a token through a 50 MB L2).
+    # SourceCounters: warp stall samples per SASS instruction (the source page, as CSV).
+    timeout 150 ncu --clock-control none --cache-control all --graph-profiling node \
+      --kernel-name "regex:$k" --launch-skip 200 --import-source no \
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      --section SourceCounters --export "$W/ncu-$k" \
       "$R" logits -m "$M" --device cuda --chunk 1 --tokens "$tokens" \
       > "$OUT/ncu-$k.txt" 2> "$OUT/ncu-$k.err" || tail -3 "$OUT/ncu-$k.err"
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|No Eligible|Stall|Warp Cycles Per Issued" \
-      "$OUT/ncu-$k.txt" | head -14 | tee -a "$SUMMARY"
+    ncu --import "$W/ncu-$k.ncu-rep" --print-details all > "$OUT/ncu-$k-details.txt" 2>&1
+    ncu --import "$W/ncu-$k.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu-$k-sass.csv" 2> "$OUT/ncu-$k-sass.err" || tail -3 "$OUT/ncu-$k-sass.err"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|No Eligible|Stall|Warp Cycles Per Issued|Grid Size|Block Size" \
+      "$OUT/ncu-$k.txt" | head -20 | tee -a "$SUMMARY"
   done
 fi
 stamp "done"

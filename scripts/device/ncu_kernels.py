@@ -3,11 +3,12 @@ token's wall time the kernels themselves take, and how much is the gaps between 
 
     ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
         --launch-skip N --launch-count M redlite bench ... > ncu.csv
-    python3 scripts/device/ncu_kernels.py ncu.csv PER_TOKEN_KERNEL
+    python3 scripts/device/ncu_kernels.py ncu.csv PER_TOKEN_KERNEL [--by-grid]
 
 PER_TOKEN_KERNEL: a kernel name that runs once per decode token (the count of its launches
 is the number of tokens the window covers). Prints the kernels by total time and the sum
-per token.
+per token; with --by-grid each kernel's launches are told apart by grid size (which matrix
+shape a product was, for instance).
 """
 
 import csv
@@ -15,7 +16,7 @@ import sys
 from collections import defaultdict
 
 
-def main(path, per_token):
+def main(path, per_token, by_grid=False):
     rows = []
     with open(path, newline="") as f:
         lines = [line for line in f if line.startswith('"')]
@@ -23,24 +24,30 @@ def main(path, per_token):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         name = row["Kernel Name"].split("(")[0].split("<")[0].removeprefix("void ")
-        rows.append((name, float(row["Metric Value"].replace(",", ""))))
+        ns = float(row["Metric Value"].replace(",", ""))
+        tokens_name = name
+        if by_grid:
+            name = f"{name} {row.get('Grid Size', '?').replace(' ', '')}"
+        rows.append((name, tokens_name, ns))
     if not rows:
         print("no gpu__time_duration rows found")
         return
-    tokens = sum(1 for name, _ in rows if name == per_token)
+    tokens = sum(1 for _, plain, _ in rows if plain == per_token)
     totals = defaultdict(lambda: [0, 0.0])
-    for name, ns in rows:
+    for name, _, ns in rows:
         totals[name][0] += 1
         totals[name][1] += ns
     tokens = max(tokens, 1)
-    total_ns = sum(ns for _, ns in rows)
+    total_ns = sum(ns for _, _, ns in rows)
     print(f"{len(rows)} kernels over {tokens} tokens ({per_token} count)")
-    print(f"{'kernel':<40} {'per token':>9} {'us each':>8} {'us/token':>9}")
+    width = 56 if by_grid else 40
+    print(f"{'kernel':<{width}} {'per token':>9} {'us each':>8} {'us/token':>9}")
     for name, (count, ns) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name:<40} {count / tokens:>9.1f} {ns / count / 1e3:>8.2f} {ns / tokens / 1e3:>9.1f}")
+        print(f"{name:<{width}} {count / tokens:>9.1f} {ns / count / 1e3:>8.2f} "
+              f"{ns / tokens / 1e3:>9.1f}")
     print(f"kernel time per token: {total_ns / tokens / 1e3:.1f} us "
           f"({len(rows) / tokens:.0f} kernels)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], "--by-grid" in sys.argv[3:])
