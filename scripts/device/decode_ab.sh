@@ -130,24 +130,32 @@ if stage profile && command -v ncu > /dev/null; then
 fi
 if stage stalls && command -v ncu > /dev/null; then
   tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(8)))')"
-  for k in ${STALL_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel deltanet_step_kernel}; do
-    stamp "ncu sections, $k"
+  for entry in ${STALL_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel deltanet_step_kernel}; do
+    # An entry is a regex on the demangled name (template arguments included), optionally
+    # @N: skip N launches of it (default 200; a kernel launched once a token needs fewer).
+    k="${entry%@*}"; skip=200; [ "$entry" != "$k" ] && skip="${entry##*@}"
+    n="$(echo "$k" | tr -c 'A-Za-z0-9_\n' '_')"  # a file name for the regex
+    stamp "ncu sections, $k (after $skip launches)"
     # Skip the first token's launches (cold caches, the graph being recorded): the 200th
     # launch of the kernel is in a replayed decode step. Caches flushed before each pass:
     # a decode step's weights come from DRAM (1.5 GB a token through a 50 MB L2).
     # SourceCounters: warp stall samples per SASS instruction (the source page, as CSV).
     timeout 150 ncu --clock-control none --cache-control all --graph-profiling node \
-      --kernel-name "regex:$k" --launch-skip 200 --import-source no \
+      --kernel-name-base demangled --kernel-name "regex:$k" --launch-skip "$skip" \
+      --import-source no \
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-      --section SourceCounters --export "$W/ncu-$k" \
+      --section SourceCounters --export "$W/ncu-$n" \
       "$R" logits -m "$M" --device cuda --chunk 1 --tokens "$tokens" \
-      > "$OUT/ncu-$k.txt" 2> "$OUT/ncu-$k.err" || tail -3 "$OUT/ncu-$k.err"
-    ncu --import "$W/ncu-$k.ncu-rep" --print-details all > "$OUT/ncu-$k-details.txt" 2>&1
-    ncu --import "$W/ncu-$k.ncu-rep" --page source --csv --print-source sass \
-      > "$OUT/ncu-$k-sass.csv" 2> "$OUT/ncu-$k-sass.err" || tail -3 "$OUT/ncu-$k-sass.err"
+      > "$OUT/ncu-$n.txt" 2> "$OUT/ncu-$n.err" || tail -3 "$OUT/ncu-$n.err"
+    ncu --import "$W/ncu-$n.ncu-rep" --print-details all > "$OUT/ncu-$n-details.txt" 2>&1
+    ncu --import "$W/ncu-$n.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu-$n-sass.csv" 2> "$OUT/ncu-$n-sass.err" || tail -3 "$OUT/ncu-$n-sass.err"
     grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|No Eligible|Stall|Warp Cycles Per Issued|Grid Size|Block Size" \
-      "$OUT/ncu-$k.txt" | head -20 | tee -a "$SUMMARY"
+      "$OUT/ncu-$n-details.txt" | head -24 | tee -a "$SUMMARY"
   done
 fi
 stamp "done"
+# A call brings back only a few files: everything but the summary goes back as one archive.
+tar czf "$W/results.tgz" -C "$OUT" --exclude=summary.txt . && \
+  find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv "$W/results.tgz" "$OUT/"

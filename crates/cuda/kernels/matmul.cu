@@ -80,7 +80,7 @@ matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
 // version 2 stays for `Precision::Exact` and the other types): version 2's layout, with x[t]
 // quantized to Q8_K into shared memory by each CTA (or read quantized from `gd`, `gq`:
 // `q8_input`) and integer block dots; the first token's CTAs ask L2 for their rows before
-// quantizing. Dynamic shared memory: q8_scales_bytes(cols) + cols bytes (none with `gq`).
+// quantizing (`prefetch_before_input`). Dynamic shared memory: q8_scales_bytes(cols) + cols bytes (none with `gq`).
 template <class B, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
@@ -96,7 +96,9 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + i64(row0) * row_bytes;
     // The warp's rows are contiguous: ask L2 for them while x is quantized.
-    if (row0 < rows && blockIdx.y == 0) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
+    if (row0 < rows && blockIdx.y == 0 && prefetch_before_input(gq)) {
+        prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
+    }
     q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;
@@ -155,7 +157,9 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     const int row = blockIdx.x;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + row * row_bytes;
-    if (blockIdx.y == 0) prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+    if (blockIdx.y == 0 && prefetch_before_input(gq)) {
+        prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+    }
     q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
     const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);

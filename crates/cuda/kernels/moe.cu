@@ -324,7 +324,7 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
         out = act + (i64(t) * used + k) * ff + row0;
     }
     const int rows_here = min(ROWS, n_rows - row0);
-    if (valid && rows_here > 0) {
+    if (valid && rows_here > 0 && prefetch_before_input(gq)) {
         prefetch_l2(g_rows, rows_here * row_bytes, member, LANES);
         prefetch_l2(u_rows, rows_here * row_bytes, member, LANES);
     }

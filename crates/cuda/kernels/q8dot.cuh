@@ -161,6 +161,18 @@ static __device__ __forceinline__ void q8_input(const float* __restrict__ x,
 
 // Asks L2 for `bytes` bytes from `p` (one 128-byte line per lane and step), so the weight
 // loads after the quantization prologue hit L2 instead of waiting on DRAM.
+//
+// A kernel that reads its input already quantized (`gq`: no prologue) skips it: its weight
+// loads follow at once and already cover whole lines, so the prefetch was only instructions
+// (some 40 a warp, in 64-bit arithmetic, before the first load). REDLITE_PREFETCH_READY_CODES=1
+// (a compile option) prefetches there too, for A/B.
+#ifndef REDLITE_PREFETCH_READY_CODES
+#define REDLITE_PREFETCH_READY_CODES 0
+#endif
+static __device__ __forceinline__ bool prefetch_before_input(const i8* gq) {
+    return REDLITE_PREFETCH_READY_CODES || gq == nullptr;
+}
+
 static __device__ __forceinline__ void prefetch_l2(const u8* p, i64 bytes, int lane, int lanes) {
     for (i64 at = i64(lane) * 128; at < bytes; at += i64(lanes) * 128) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + at));
@@ -195,6 +207,25 @@ static __device__ __forceinline__ int iq2_group_dot(u64 grid, u32 signs, int x_l
     acc = __dp4a(int(g_lo), x_lo, acc);
     return __dp4a(int(g_hi), x_hi, acc);
 }
+
+// The same sum split in two (the default; REDLITE_IQ2_SIGN_MASKS=0, a compile option, keeps
+// iq2_group_dot): pos += Σ grid[j]·x[j], neg += Σ of those terms where value j is negative
+// (`masks`: byte j 0xff there, from ksigns_masks_iq2xs), so the group's sum is pos − 2·neg.
+// Exact in integers as iq2_group_dot is (the grid bytes are below 128, so an AND selects
+// them as signed bytes), hence the same item sums; four dp4a and two ANDs instead of the
+// bit spreading and the emulated byte subtractions (sm_80/sm_90 have no vsub4 instruction).
+static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u64 masks, int x_lo,
+                                                            int x_hi, int& pos, int& neg) {
+    const u64 negative = grid & masks;
+    pos = __dp4a(int(u32(grid)), x_lo, pos);
+    pos = __dp4a(int(u32(grid >> 32)), x_hi, pos);
+    neg = __dp4a(int(u32(negative)), x_lo, neg);
+    neg = __dp4a(int(u32(negative >> 32)), x_hi, neg);
+}
+
+#ifndef REDLITE_IQ2_SIGN_MASKS
+#define REDLITE_IQ2_SIGN_MASKS 1
+#endif
 
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
 // B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
@@ -242,12 +273,23 @@ struct Q8Dot<IQ2XXS> {
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int sumi = 0;
+#if REDLITE_IQ2_SIGN_MASKS
+        int neg = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            iq2_group_dot_masked(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+                                 ksigns_masks_iq2xs[(s >> (7 * l)) & 127], xs[2 * l],
+                                 xs[2 * l + 1], sumi, neg);
+        }
+        sumi -= 2 * neg;
+#else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
                                  Q8_KSIGNS[(s >> (7 * l)) & 127],
                                  xs[2 * l], xs[2 * l + 1], sumi);
         }
+#endif
         return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
     }
     Q8_DOT_FROM_RAW
@@ -270,10 +312,24 @@ struct Q8Dot<IQ2XS> {
         const u32 w01 = r.w01.value(), w23 = r.w23.value();
         const u32 sc = r.sc;
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+#if REDLITE_IQ2_SIGN_MASKS
+        int low = 0, low_neg = 0, high = 0, high_neg = 0;
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[w01 & 511], ksigns_masks_iq2xs[(w01 >> 9) & 127],
+                             x0.x, x0.y, low, low_neg);
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w01 >> 16) & 511], ksigns_masks_iq2xs[w01 >> 25],
+                             x0.z, x0.w, low, low_neg);
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[w23 & 511], ksigns_masks_iq2xs[(w23 >> 9) & 127],
+                             x1.x, x1.y, high, high_neg);
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w23 >> 16) & 511], ksigns_masks_iq2xs[w23 >> 25],
+                             x1.z, x1.w, high, high_neg);
+        low -= 2 * low_neg;
+        high -= 2 * high_neg;
+#else
         int low = iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
         low = iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low);
         int high = iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, 0);
         high = iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high);
+#endif
         const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
         return 0.125f * d * d8 * float(sumi);
     }

@@ -21,7 +21,23 @@ pub(crate) fn tables_header() -> String {
         let _ = write!(out, "{sep}{value:#04x},");
     }
     out.push_str("\n};\n");
+    u64_table(&mut out, "ksigns_masks_iq2xs", &sign_masks());
     out
+}
+
+/// `KSIGNS_IQ2XS` as byte masks: byte j of entry i is 0xff where bit j of the sign byte i
+/// stands for is set (value j negative), else 0. The q8 dots select the negative grid
+/// values with one AND instead of spreading the bits with multiplies.
+fn sign_masks() -> Vec<u64> {
+    KSIGNS_IQ2XS
+        .iter()
+        .map(|&signs| {
+            (0..8)
+                .filter(|j| signs >> j & 1 == 1)
+                .map(|j| 0xffu64 << (8 * j))
+                .sum()
+        })
+        .collect()
 }
 
 fn u64_table(out: &mut String, name: &str, values: &[u64]) {
@@ -46,6 +62,21 @@ mod tests {
         let header = tables_header();
         assert!(header.contains("iq1s_grid[2048]"));
         assert!(header.contains(&format!("{:#018x}ull", IQ1S_GRID[2047])));
-        assert_eq!(header.matches("ull,").count(), 256 + 512 + 2048);
+        assert_eq!(header.matches("ull,").count(), 256 + 512 + 2048 + 128);
+    }
+
+    #[test]
+    fn sign_masks_spread_each_bit_to_its_byte() {
+        let masks = sign_masks();
+        assert_eq!(masks.len(), 128);
+        for (i, (&signs, &mask)) in KSIGNS_IQ2XS.iter().zip(&masks).enumerate() {
+            for j in 0..8 {
+                let byte = (mask >> (8 * j)) & 0xff;
+                assert_eq!(byte == 0xff, signs >> j & 1 == 1, "entry {i} byte {j}");
+                assert!(byte == 0 || byte == 0xff);
+            }
+        }
+        // The sign byte of index 0 is 0 (no negative value), of index 127 it is 0xff.
+        assert_eq!((masks[0], masks[127]), (0, u64::MAX));
     }
 }
