@@ -21,7 +21,7 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: BITS_AB, DECODE_AB, SMALL_AB (space-separated settings, each VAR=value or several
+# Env: BITS_AB, DECODE_AB, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
 # tests decode mtp small; also profile stalls), OUT.
 set -u
@@ -117,16 +117,22 @@ if stage small; then
   done
 fi
 if stage profile && command -v ncu > /dev/null; then
-  stamp "ncu: every kernel of ~2.5 decode tokens, by grid size"
   # One metric, L2 left as the previous kernel left it (what a decode step sees); the first
-  # 3000 launches (the graph's recording, cold caches) skipped.
-  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node \
-    --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 3000 \
-    --launch-count 1500 "$R" bench -m "$M" --device cuda -p 0 -n 16 -r 1 \
-    > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err" || tail -3 "$OUT/ncu-decode.err"
-  python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode.csv" embed_kernel --by-grid \
-    > "$OUT/ncu-decode-by-grid.txt" 2>&1
-  head -40 "$OUT/ncu-decode-by-grid.txt" | tee -a "$SUMMARY"
+  # 3000 launches (the graph's recording, cold caches) skipped. PROFILE_AB: settings
+  # profiled after the defaults.
+  for v in REDLITE_UNUSED=0 ${PROFILE_AB:-}; do
+    stamp "ncu: every kernel of ~2.5 decode tokens by grid size, $v"
+    name="${v//[=+]/_}"
+    # shellcheck disable=SC2086
+    env ${v//+/ } timeout 300 ncu --clock-control none --cache-control none \
+      --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
+      --launch-skip 3000 --launch-count 1500 "$R" bench -m "$M" --device cuda -p 0 -n 16 -r 1 \
+      > "$OUT/ncu-decode-$name.csv" 2> "$OUT/ncu-decode-$name.err" \
+      || tail -3 "$OUT/ncu-decode-$name.err"
+    python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$name.csv" embed_kernel \
+      --by-grid > "$OUT/ncu-decode-by-grid-$name.txt" 2>&1
+    head -16 "$OUT/ncu-decode-by-grid-$name.txt" | tee -a "$SUMMARY"
+  done
 fi
 if stage stalls && command -v ncu > /dev/null; then
   tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(8)))')"

@@ -210,17 +210,42 @@ static __device__ __forceinline__ int iq2_group_dot(u64 grid, u32 signs, int x_l
 
 // The same sum split in two (the default; REDLITE_IQ2_SIGN_MASKS=0, a compile option, keeps
 // iq2_group_dot): pos += Σ grid[j]·x[j], neg += Σ of those terms where value j is negative
-// (`masks`: byte j 0xff there, from ksigns_masks_iq2xs), so the group's sum is pos − 2·neg.
-// Exact in integers as iq2_group_dot is (the grid bytes are below 128, so an AND selects
-// them as signed bytes), hence the same item sums; four dp4a and two ANDs instead of the
-// bit spreading and the emulated byte subtractions (sm_80/sm_90 have no vsub4 instruction).
-static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u64 masks, int x_lo,
+// (the grid bytes there selected by an AND with the byte masks), so the group's sum is
+// pos − 2·neg. Exact in integers as iq2_group_dot is (the grid bytes are below 128, so the
+// AND leaves valid signed bytes), hence the same item sums, with fewer instructions: no
+// emulated byte subtractions (sm_80/sm_90 have no vsub4 instruction).
+static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u32 signs, int x_lo,
                                                             int x_hi, int& pos, int& neg) {
-    const u64 negative = grid & masks;
+    const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
     pos = __dp4a(int(u32(grid)), x_lo, pos);
     pos = __dp4a(int(u32(grid >> 32)), x_hi, pos);
-    neg = __dp4a(int(u32(negative)), x_lo, neg);
-    neg = __dp4a(int(u32(negative >> 32)), x_hi, neg);
+    neg = __dp4a(int(u32(grid) & m_lo), x_lo, neg);
+    neg = __dp4a(int(u32(grid >> 32) & m_hi), x_hi, neg);
+}
+
+// Grid entry `index` of IQ2_XXS for the q8 dots: from the 2 KiB table of u64 (the default),
+// or with REDLITE_IQ2XXS_GRID_CODES=1 (a compile option) from its 2-bit codes
+// (iq2xxs_grid_codes, 512 bytes: a warp's 32 data-dependent lookups touch at most 4 L1 lines
+// instead of up to 16, and the L1 data pipe is what the IQ2 products wait on), expanded by
+// byte permutes: the same 8 bytes.
+#ifndef REDLITE_IQ2XXS_GRID_CODES
+#define REDLITE_IQ2XXS_GRID_CODES 0
+#endif
+static __device__ __forceinline__ u64 iq2xxs_grid_q8(u32 index) {
+#if REDLITE_IQ2XXS_GRID_CODES
+    const u32 codes = iq2xxs_grid_codes[index];
+    // Bytes 0 and 2 of y: the codes of values 0-3 and 4-7; then each 2-bit code into the
+    // low bits of its own nibble (nibble j = code of value j).
+    const u32 y = __byte_perm(codes, 0, 0x4140);
+    const u32 a = (y | (y << 4)) & 0x0f0f0f0fu;
+    const u32 nibbles = (a | (a << 2)) & 0x33333333u;
+    // Selector nibble c picks byte c of 0x002b1908: 0x08, 0x19 or 0x2b.
+    const u32 lo = __byte_perm(0x002b1908u, 0, nibbles & 0xffff);
+    const u32 hi = __byte_perm(0x002b1908u, 0, nibbles >> 16);
+    return u64(lo) | (u64(hi) << 32);
+#else
+    return Q8_IQ2XXS_GRID[index];
+#endif
 }
 
 #ifndef REDLITE_IQ2_SIGN_MASKS
@@ -277,15 +302,15 @@ struct Q8Dot<IQ2XXS> {
         int neg = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            iq2_group_dot_masked(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
-                                 ksigns_masks_iq2xs[(s >> (7 * l)) & 127], xs[2 * l],
-                                 xs[2 * l + 1], sumi, neg);
+            iq2_group_dot_masked(iq2xxs_grid_q8((a >> (8 * l)) & 0xff),
+                                 Q8_KSIGNS[(s >> (7 * l)) & 127], xs[2 * l], xs[2 * l + 1],
+                                 sumi, neg);
         }
         sumi -= 2 * neg;
 #else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+            sumi = iq2_group_dot(iq2xxs_grid_q8((a >> (8 * l)) & 0xff),
                                  Q8_KSIGNS[(s >> (7 * l)) & 127],
                                  xs[2 * l], xs[2 * l + 1], sumi);
         }
@@ -314,13 +339,13 @@ struct Q8Dot<IQ2XS> {
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
 #if REDLITE_IQ2_SIGN_MASKS
         int low = 0, low_neg = 0, high = 0, high_neg = 0;
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[w01 & 511], ksigns_masks_iq2xs[(w01 >> 9) & 127],
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127],
                              x0.x, x0.y, low, low_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w01 >> 16) & 511], ksigns_masks_iq2xs[w01 >> 25],
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25],
                              x0.z, x0.w, low, low_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[w23 & 511], ksigns_masks_iq2xs[(w23 >> 9) & 127],
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127],
                              x1.x, x1.y, high, high_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w23 >> 16) & 511], ksigns_masks_iq2xs[w23 >> 25],
+        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25],
                              x1.z, x1.w, high, high_neg);
         low -= 2 * low_neg;
         high -= 2 * high_neg;
