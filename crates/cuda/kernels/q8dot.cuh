@@ -223,31 +223,6 @@ static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u32 signs,
     neg = __dp4a(int(u32(grid >> 32) & m_hi), x_hi, neg);
 }
 
-// Grid entry `index` of IQ2_XXS for the q8 dots: from the 2 KiB table of u64 (the default),
-// or with REDLITE_IQ2XXS_GRID_CODES=1 (a compile option) from its 2-bit codes
-// (iq2xxs_grid_codes, 512 bytes: a warp's 32 data-dependent lookups touch at most 4 L1 lines
-// instead of up to 16, and the L1 data pipe is what the IQ2 products wait on), expanded by
-// byte permutes: the same 8 bytes.
-#ifndef REDLITE_IQ2XXS_GRID_CODES
-#define REDLITE_IQ2XXS_GRID_CODES 0
-#endif
-static __device__ __forceinline__ u64 iq2xxs_grid_q8(u32 index) {
-#if REDLITE_IQ2XXS_GRID_CODES
-    const u32 codes = iq2xxs_grid_codes[index];
-    // Bytes 0 and 2 of y: the codes of values 0-3 and 4-7; then each 2-bit code into the
-    // low bits of its own nibble (nibble j = code of value j).
-    const u32 y = __byte_perm(codes, 0, 0x4140);
-    const u32 a = (y | (y << 4)) & 0x0f0f0f0fu;
-    const u32 nibbles = (a | (a << 2)) & 0x33333333u;
-    // Selector nibble c picks byte c of 0x002b1908: 0x08, 0x19 or 0x2b.
-    const u32 lo = __byte_perm(0x002b1908u, 0, nibbles & 0xffff);
-    const u32 hi = __byte_perm(0x002b1908u, 0, nibbles >> 16);
-    return u64(lo) | (u64(hi) << 32);
-#else
-    return Q8_IQ2XXS_GRID[index];
-#endif
-}
-
 #ifndef REDLITE_IQ2_SIGN_MASKS
 #define REDLITE_IQ2_SIGN_MASKS 1
 #endif
@@ -302,7 +277,7 @@ struct Q8Dot<IQ2XXS> {
         int neg = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            iq2_group_dot_masked(iq2xxs_grid_q8((a >> (8 * l)) & 0xff),
+            iq2_group_dot_masked(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
                                  Q8_KSIGNS[(s >> (7 * l)) & 127], xs[2 * l], xs[2 * l + 1],
                                  sumi, neg);
         }
@@ -310,7 +285,7 @@ struct Q8Dot<IQ2XXS> {
 #else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            sumi = iq2_group_dot(iq2xxs_grid_q8((a >> (8 * l)) & 0xff),
+            sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
                                  Q8_KSIGNS[(s >> (7 * l)) & 127],
                                  xs[2 * l], xs[2 * l + 1], sumi);
         }

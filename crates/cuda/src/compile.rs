@@ -29,9 +29,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// byte by byte (the same integer sums, more instructions: `q8dot.cuh`),
 /// `REDLITE_PREFETCH_READY_CODES=1` the q8 products prefetching their rows even where their
 /// input comes quantized (`prefetch_before_input`), `REDLITE_DELTANET_EARLY_LOADS=0` the fused
-/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`),
-/// `REDLITE_IQ2XXS_GRID_CODES=1` the IQ2_XXS q8 dots expanding their grid entries from 2-bit
-/// codes (`q8dot.cuh`); the options are part of the cache key.
+/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`); the options are
+/// part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
@@ -40,7 +39,6 @@ fn options(arch: &str) -> Vec<String> {
     let sign_masks = std::env::var("REDLITE_IQ2_SIGN_MASKS").as_deref() != Ok("0");
     let prefetch_ready = std::env::var("REDLITE_PREFETCH_READY_CODES").as_deref() == Ok("1");
     let early_loads = std::env::var("REDLITE_DELTANET_EARLY_LOADS").as_deref() != Ok("0");
-    let grid_codes = std::env::var("REDLITE_IQ2XXS_GRID_CODES").as_deref() == Ok("1");
     vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -55,7 +53,6 @@ fn options(arch: &str) -> Vec<String> {
             u8::from(prefetch_ready)
         ),
         format!("-DREDLITE_DELTANET_EARLY_LOADS={}", u8::from(early_loads)),
-        format!("-DREDLITE_IQ2XXS_GRID_CODES={}", u8::from(grid_codes)),
     ]
 }
 
