@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel with NVRTC for sm_80 and sm_90, on a machine with no GPU and
-# no CUDA toolkit: NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (CUDA 13.0, the version
+# no CUDA toolkit, and refuses q8 product kernels that use local memory (compile_kernels.rs): NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (CUDA 13.0, the version
 # of the driver on the GPU machines), installed into a venv under .cache/ci-nvrtc/, and
 # cudarc finds libnvrtc.so.13 through LD_LIBRARY_PATH.
 #
@@ -37,4 +37,5 @@ export LD_LIBRARY_PATH="$PWD/$lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [[ $# -eq 0 ]]; then
     set -- sm_80 sm_90
 fi
-cargo run --release --locked -q -p redlite-cuda --example compile_kernels -- "$@"
+# Verbose: ptxas reports local memory, and a q8 product kernel using it fails the check.
+REDLITE_NVRTC_VERBOSE=1 cargo run --release --locked -q -p redlite-cuda --example compile_kernels -- "$@"

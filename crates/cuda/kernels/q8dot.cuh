@@ -416,10 +416,17 @@ static __device__ __forceinline__ void scale_min_k4_int(int j, const u8* packed,
     }
 }
 
-// The same from the 12 packed bytes held as three little-endian words (a loaded Raw).
+// The same from the 12 packed bytes held as three little-endian words (a loaded Raw). The
+// word of byte i is chosen by comparisons, not by indexing: with j known only at run time,
+// `packed[i / 4]` is a run-time index into a register array, which puts the whole Raw in
+// local memory (a store and reload after every item's loads: the items of a lane were
+// loaded one after the other, each waiting on DRAM). The same bytes either way.
 static __device__ __forceinline__ void scale_min_k4_words(int j, const u32 packed[3], int& sc,
                                                           int& m) {
-    const auto byte = [&](int i) { return int((packed[i / 4] >> (8 * (i % 4))) & 0xff); };
+    const auto byte = [&](int i) {
+        const u32 word = i < 4 ? packed[0] : (i < 8 ? packed[1] : packed[2]);
+        return int((word >> (8 * (i % 4))) & 0xff);
+    };
     if (j < 4) {
         sc = byte(j) & 63;
         m = byte(j + 4) & 63;

@@ -65,7 +65,11 @@ pub(crate) fn load(dir: &Path, key: &str, kernels: &[String]) -> Option<Compiled
         .collect();
     let complete = lowered.len() == kernels.len()
         && lowered.iter().zip(kernels).all(|((expr, _), k)| expr == k);
-    (complete && !image.is_empty()).then_some(Compiled { image, lowered })
+    (complete && !image.is_empty()).then_some(Compiled {
+        image,
+        lowered,
+        log: String::new(),
+    })
 }
 
 /// Writes an entry: each file goes to a temporary name first and is renamed into place,
@@ -104,6 +108,7 @@ mod tests {
         let compiled = Compiled {
             image: vec![1, 2, 3],
             lowered: vec![(kernels[0].clone(), "_Z1kI1ALi4ELb1EEvv".to_string())],
+            log: String::new(),
         };
         let key = cache_key("src", "sm_90", &[], &kernels, (13, 0));
         assert_ne!(key, cache_key("src", "sm_80", &[], &kernels, (13, 0)));

@@ -29,8 +29,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// byte by byte (the same integer sums, more instructions: `q8dot.cuh`),
 /// `REDLITE_PREFETCH_READY_CODES=1` the q8 products prefetching their rows even where their
 /// input comes quantized (`prefetch_before_input`), `REDLITE_DELTANET_EARLY_LOADS=0` the fused
-/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`); the options are
-/// part of the cache key.
+/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`);
+/// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
+/// ([`ModuleCompiled::kernels`]); the options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
@@ -39,7 +40,8 @@ fn options(arch: &str) -> Vec<String> {
     let sign_masks = std::env::var("REDLITE_IQ2_SIGN_MASKS").as_deref() != Ok("0");
     let prefetch_ready = std::env::var("REDLITE_PREFETCH_READY_CODES").as_deref() == Ok("1");
     let early_loads = std::env::var("REDLITE_DELTANET_EARLY_LOADS").as_deref() != Ok("0");
-    vec![
+    let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--extra-device-vectorization".to_string(),
@@ -53,7 +55,11 @@ fn options(arch: &str) -> Vec<String> {
             u8::from(prefetch_ready)
         ),
         format!("-DREDLITE_DELTANET_EARLY_LOADS={}", u8::from(early_loads)),
-    ]
+    ];
+    if verbose {
+        options.push("--ptxas-options=-v".to_string());
+    }
+    options
 }
 
 /// The loaded NVRTC's version, or [`CudaError::NoNvrtc`].
@@ -149,6 +155,68 @@ pub struct ModuleCompiled {
     pub result: Result<(), String>,
     /// Wall time of this module's compile.
     pub seconds: f64,
+    /// What ptxas reported for each kernel (empty unless `REDLITE_NVRTC_VERBOSE=1`).
+    pub kernels: Vec<KernelResources>,
+}
+
+/// One kernel's resources as ptxas reports them (`--ptxas-options=-v`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    /// The name expression (`matmul_q8_kernel<Q4K, 8, 2>`).
+    pub kernel: String,
+    pub registers: u32,
+    /// Bytes of local memory per thread: a stack frame, spills.
+    pub stack_frame: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+impl KernelResources {
+    /// Whether the kernel touches local memory at all (a stack frame or spills): in the
+    /// decode kernels that means a store and reload on the path of every weight load.
+    pub fn uses_local_memory(&self) -> bool {
+        self.stack_frame > 0 || self.spill_stores > 0 || self.spill_loads > 0
+    }
+}
+
+/// The per-kernel lines of a ptxas `-v` log, named by their expressions (`lowered`: the
+/// (expression, mangled name) pairs of the module). Lines of other functions are skipped.
+fn kernel_resources(log: &str, lowered: &[(String, String)]) -> Vec<KernelResources> {
+    let expression = |mangled: &str| {
+        lowered
+            .iter()
+            .find(|(_, name)| name == mangled)
+            .map(|(e, _)| e.clone())
+    };
+    let numbers = |line: &str| -> Vec<u32> {
+        line.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    let mut found = Vec::new();
+    let mut current: Option<KernelResources> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            if let Some(done) = current.take() {
+                found.push(done);
+            }
+            current = expression(rest.trim()).map(|kernel| KernelResources {
+                kernel,
+                ..KernelResources::default()
+            });
+        } else if let Some(kernel) = current.as_mut() {
+            if line.contains("bytes stack frame") {
+                if let [stack, stores, loads, ..] = numbers(line)[..] {
+                    (kernel.stack_frame, kernel.spill_stores, kernel.spill_loads) =
+                        (stack, stores, loads);
+                }
+            } else if let Some(rest) = line.split("Used ").nth(1) {
+                kernel.registers = numbers(rest).first().copied().unwrap_or(0);
+            }
+        }
+    }
+    found.extend(current);
+    found
 }
 
 /// Compiles every kernel module for `arch` without the cache (and without a GPU), the
@@ -159,13 +227,16 @@ pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
     let modules = modules();
     Ok(parallel_map(modules.len(), |i| {
         let started = std::time::Instant::now();
-        let result = compile_uncached(&modules[i], arch)
-            .map(|_| ())
-            .map_err(|e| e.to_string());
+        let compiled = compile_uncached(&modules[i], arch);
+        let kernels = compiled
+            .as_ref()
+            .map(|c| kernel_resources(&c.log, &c.lowered))
+            .unwrap_or_default();
         ModuleCompiled {
             name: modules[i].name.clone(),
-            result,
+            result: compiled.map(|_| ()).map_err(|e| e.to_string()),
             seconds: started.elapsed().as_secs_f64(),
+            kernels,
         }
     }))
 }
@@ -173,6 +244,39 @@ pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptxas_lines_become_kernel_resources() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+            ptxas info    : Compiling entry function '_Z1kILi1EEvv' for 'sm_90'\n\
+            ptxas info    : Function properties for _Z1kILi1EEvv\n\
+            \x20   48 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+            ptxas info    : Used 255 registers, used 0 barriers, 2192 bytes smem\n\
+            ptxas info    : Function properties for _Z5otherv\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Function properties for _Z1kILi2EEvv\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Used 64 registers\n";
+        let lowered = [
+            ("k<1>".to_string(), "_Z1kILi1EEvv".to_string()),
+            ("k<2>".to_string(), "_Z1kILi2EEvv".to_string()),
+        ];
+        let found = kernel_resources(log, &lowered);
+        let first = KernelResources {
+            kernel: "k<1>".into(),
+            registers: 255,
+            stack_frame: 48,
+            spill_stores: 8,
+            spill_loads: 12,
+        };
+        let second = KernelResources {
+            kernel: "k<2>".into(),
+            registers: 64,
+            ..KernelResources::default()
+        };
+        assert_eq!(found, [first.clone(), second.clone()]);
+        assert!(first.uses_local_memory() && !second.uses_local_memory());
+    }
 
     #[test]
     fn parallel_map_keeps_the_order() {

@@ -58,7 +58,7 @@ pub use attention_ops::{
 };
 pub use attention_prefill::FLASH_PREFILL_MIN_TOKENS;
 pub use cache::cache_dir;
-pub use compile::{check_arch, compile_all, nvrtc_version, ModuleCompiled};
+pub use compile::{check_arch, compile_all, nvrtc_version, KernelResources, ModuleCompiled};
 pub use cublas::{cublas_min_tokens, cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;

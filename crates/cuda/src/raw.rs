@@ -70,6 +70,9 @@ pub(crate) struct Compiled {
     pub image: Vec<u8>,
     /// (name expression, lowered name), in the order they were asked for.
     pub lowered: Vec<(String, String)>,
+    /// The compiler's log of a fresh compile (with `--ptxas-options=-v`: registers, stack
+    /// frames and spills per kernel); empty when taken from the disk cache.
+    pub log: String,
 }
 
 /// Owns an nvrtcProgram and destroys it on every exit path.
@@ -187,7 +190,12 @@ pub(crate) fn nvrtc_compile(
             .into_owned();
         lowered.push((kernel.clone(), name));
     }
-    Ok(Compiled { image, lowered })
+    let log = program_log(&program).unwrap_or_default();
+    Ok(Compiled {
+        image,
+        lowered,
+        log,
+    })
 }
 
 fn program_log(program: &Program) -> Result<String, CudaError> {
