@@ -11,6 +11,8 @@
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
+#   5b. (stage base, not by default) this build against a carried earlier one,
+#      .cache/device/redlite-base.xz: logits cmp and tg128 alternating;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
@@ -23,7 +25,7 @@
 #
 # Env: BITS_AB, DECODE_AB, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
-# tests decode mtp small; also profile stalls), OUT.
+# tests decode mtp small; also base profile stalls), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
@@ -101,6 +103,29 @@ if stage decode; then
   note "defaults again: $(dec 0 REDLITE_UNUSED=0)"
 fi
 
+if stage base && [ -f "$D/redlite-base.xz" ]; then
+  # The carried redlite-base.xz (an earlier build) against this one: the same logits (24
+  # tokens fed one and four at a time), then tg128 alternating, one process each.
+  stamp "this build against redlite-base"
+  B="$W/redlite-base"
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$D/redlite-base.xz" "$B" && chmod +x "$B"
+  tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(24)))')"
+  for chunk in 1 4; do
+    for bin in "$R" "$B"; do
+      "$bin" logits -m "$M" --device cuda --chunk "$chunk" --tokens "$tokens" \
+        --out "$W/$(basename "$bin")-$chunk.f32" > /dev/null 2>&1
+    done
+    cmp -s "$W/redlite-$chunk.f32" "$W/redlite-base-$chunk.f32" && r="same bits" || r=DIFFERENT
+    note "logits, this build vs base, chunk $chunk: $r"
+  done
+  for round in 1 2; do
+    for bin in "$R" "$B"; do
+      note "round $round, $(basename "$bin"): $("$bin" bench -m "$M" --device cuda -p 0 -n 128 \
+        -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
+    done
+  done
+fi
 if stage mtp; then
   stamp "MTP bench"
   for k in 1 3; do

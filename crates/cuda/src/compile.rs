@@ -220,7 +220,8 @@ fn kernel_resources(log: &str, lowered: &[(String, String)]) -> Vec<KernelResour
 }
 
 /// Compiles every kernel module for `arch` without the cache (and without a GPU), the
-/// modules side by side. The outer error is a bad `arch` or no NVRTC.
+/// modules side by side; with `REDLITE_CUBIN_DIR` set, each module's CUBIN is written there
+/// as `ARCH-MODULE.cubin`. The outer error is a bad `arch` or no NVRTC.
 pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
     check_arch(arch)?;
     nvrtc_version()?;
@@ -232,6 +233,11 @@ pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
             .as_ref()
             .map(|c| kernel_resources(&c.log, &c.lowered))
             .unwrap_or_default();
+        // REDLITE_CUBIN_DIR: each module's CUBIN written there (for cuobjdump -sass).
+        if let (Ok(c), Some(dir)) = (&compiled, std::env::var_os("REDLITE_CUBIN_DIR")) {
+            let path = std::path::Path::new(&dir).join(format!("{arch}-{}.cubin", modules[i].name));
+            let _ = std::fs::write(path, &c.image);
+        }
         ModuleCompiled {
             name: modules[i].name.clone(),
             result: compiled.map(|_| ()).map_err(|e| e.to_string()),
