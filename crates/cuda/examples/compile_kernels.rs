@@ -4,8 +4,8 @@
 //! `cargo run -p redlite-cuda --example compile_kernels -- sm_80 sm_90`
 //!
 //! With `REDLITE_NVRTC_VERBOSE=1` ptxas reports each kernel's registers and local memory; the
-//! kernels that use local memory are listed, and a q8 product kernel (`_q8_` in its name)
-//! among them fails the run unless it is a known one: a run-time index into a register array
+//! kernels that use local memory are listed, and a q8 product kernel (`_q8_` in its name) or
+//! the fused DeltaNet step among them fails the run unless it is a known one: a run-time index into a register array
 //! once put every Q4_K / Q5_K item through a local store and reload, which serialized each
 //! lane's weight loads (12 us instead of ~6 for a 8192 x 2048 product).
 
@@ -13,14 +13,21 @@ use redlite_cuda::{compile_all, nvrtc_version, KernelResources};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// q8 kernels known to keep a few bytes in local memory: the one-row expert gate/up, which is
-/// not a default (two rows per lane group are).
-const KNOWN_LOCAL: [&str; 1] = ["moe_gate_up_q8_kernel<"];
+/// q8 kernels known to keep a few bytes in local memory, (prefix, suffix) of their names:
+/// variants that are not defaults (one row per lane group for the expert gate/up, four for
+/// the plain expert down).
+const KNOWN_LOCAL: [(&str, &str); 2] = [
+    ("moe_gate_up_q8_kernel<", ", 1>"),
+    ("moe_down_q8_kernel<", ", 4>"),
+];
 
 fn local_memory_refused(kernel: &KernelResources) -> bool {
-    let known =
-        KNOWN_LOCAL.iter().any(|p| kernel.kernel.starts_with(p)) && kernel.kernel.ends_with(", 1>");
-    kernel.uses_local_memory() && kernel.kernel.contains("_q8_") && !known
+    let name = &kernel.kernel;
+    let known = KNOWN_LOCAL
+        .iter()
+        .any(|(prefix, suffix)| name.starts_with(prefix) && name.ends_with(suffix));
+    let decode = name.contains("_q8_") || name.starts_with("deltanet_step_kernel<");
+    kernel.uses_local_memory() && decode && !known
 }
 
 fn main() -> ExitCode {

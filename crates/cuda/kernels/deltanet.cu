@@ -215,6 +215,20 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
 // Dynamic shared memory: none. At most 256 threads,
 // so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
 // and spills it).
+// Four consecutive floats of shared memory (16-byte aligned), read where the call stands: an
+// asm volatile load the compiler neither hoists nor merges with another read of the same
+// address. Plain reads of the step's 2 x 128 key and query values were kept in registers
+// from the first loop to the second beside the 128-float state column, and spilled it to
+// local memory (ptxas: 404 bytes spilled a thread).
+static __device__ __forceinline__ float4 shared_load4(const float* p) {
+    float4 v;
+    const u32 address = u32(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(address));
+    return v;
+}
+
 template <int DK, int KERNEL>
 __global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
@@ -225,7 +239,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      float* __restrict__ conv_rec, float* __restrict__ state_rec,
                      float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
                      int v_heads, float eps, float q_scale) {
-    __shared__ float qs[DK], ks[DK];
+    __shared__ __align__(16) float qs[DK], ks[DK];
     __shared__ float4 o_stage[64];
     __shared__ float scale_qk[2];
     __shared__ float head_ss[32];
@@ -305,18 +319,30 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                            DELTANET_INPUT(dt_bias[h], dt_h);
         const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
         const float beta = sigmoidf(b_in), alpha = expf(DELTANET_INPUT(a[h], a_h) * softplus);
+        // ks and qs four at a time through shared_load4, where they are used: the same
+        // operations in the same order as element by element.
         float delta = value;
 #pragma unroll
-        for (int i = 0; i < DK; ++i) {
-            col[i] *= alpha;
-            delta -= col[i] * ks[i];
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4(ks + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                col[i + u] *= alpha;
+                delta -= col[i + u] * kv[u];
+            }
         }
         delta *= beta;
         float o = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DK; ++i) {
-            col[i] += ks[i] * delta;
-            o += col[i] * qs[i];
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4(ks + i), q4 = shared_load4(qs + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                col[i + u] += kv[u] * delta;
+                o += col[i + u] * qv[u];
+            }
         }
         if (state_rec != nullptr && t + 1 < tokens) {
             float* rec = state_rec + i64(t) * v_heads * DK * DK + i64(h) * DK * DK + j;
