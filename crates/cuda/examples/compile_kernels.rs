@@ -55,6 +55,19 @@ fn main() -> ExitCode {
         for module in results {
             let (name, seconds) = (&module.name, module.seconds);
             // With REDLITE_NVRTC_VERBOSE=1: the kernels that touch local memory.
+            // REDLITE_NVRTC_LIST=PREFIX: the resources of every kernel whose name starts so.
+            if let Ok(prefix) = std::env::var("REDLITE_NVRTC_LIST") {
+                for kernel in module
+                    .kernels
+                    .iter()
+                    .filter(|k| k.kernel.starts_with(&prefix))
+                {
+                    println!(
+                        "kernel {arch} {}: {} registers, {} bytes stack",
+                        kernel.kernel, kernel.registers, kernel.stack_frame
+                    );
+                }
+            }
             for kernel in module.kernels.iter().filter(|k| k.uses_local_memory()) {
                 let refused = local_memory_refused(kernel);
                 failed += usize::from(refused);

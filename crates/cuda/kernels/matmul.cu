@@ -105,8 +105,45 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    int first = lane;
+#if REDLITE_Q8_LOADS_AHEAD
+    // The lane's first items of each row loaded before any of them is used: one wait on
+    // DRAM for all of them instead of one per item (the compiler issued the second item's
+    // loads after the first item's lookups). Summed in the loop's order.
+    {
+        constexpr int AHEAD = Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, ROWS);
+        if constexpr (AHEAD > 0) {
+            typename Q8Dot<B>::Raw raw[AHEAD][ROWS];
+#pragma unroll
+            for (int p = 0; p < AHEAD; ++p) {
+                const int i = lane + p * WARP_SIZE;
+                const u8* wb = w + i64(i / B::ITEMS) * B::BYTES;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    if (i < items && r < valid) {
+                        raw[p][r] = Q8Dot<B>::load(wb + r * row_bytes, i % B::ITEMS);
+                    }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < AHEAD; ++p) {
+                const int i = lane + p * WARP_SIZE;
+                if (i < items) {
+                    const int block = i / B::ITEMS, item = i % B::ITEMS;
+                    const i8* qb = xq + block * B::VALUES;
+                    const float db = xd[block];
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) {
+                        if (r < valid) acc[r] += Q8Dot<B>::dot(raw[p][r], item, qb, db);
+                    }
+                }
+            }
+            first = lane + AHEAD * WARP_SIZE;
+        }
+    }
+#endif
 #pragma unroll 2
-    for (int i = lane; i < items; i += WARP_SIZE) {
+    for (int i = first; i < items; i += WARP_SIZE) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const i8* qb = xq + block * B::VALUES;
         const float db = xd[block];

@@ -288,7 +288,10 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 
 // The work of CTA `cta` (its blockIdx in moe_gate_up_q8_kernel's grid); moe_cached.cu runs
 // the same body from a ticket, so both give the same bits.
-template <class B, int WARPS, int LANES, int ROWS>
+// AHEAD_LOADS: the loads-ahead items of q8dot.cuh where REDLITE_Q8_LOADS_AHEAD is on (the
+// cache's kernel passes false: with its copy CTAs' code beside, the extra registers spilled
+// on sm_80); the same sums either way.
+template <class B, int WARPS, int LANES, int ROWS, bool AHEAD_LOADS = true>
 static __device__ __forceinline__ void moe_gate_up_q8_body(
     uint3 cta, const u8* __restrict__ gate, const u8* __restrict__ up,
     const int* __restrict__ ids, const float* __restrict__ x, const float* __restrict__ gd,
@@ -340,7 +343,48 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
     float g[ROWS], u[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) g[r] = u[r] = 0.0f;
-    for (int i = member; i < items; i += LANES) {
+    int first = member;
+#if REDLITE_Q8_LOADS_AHEAD
+    // As matmul_q8_kernel: the lane's first items of every row of both matrices loaded
+    // before any is used, then summed in the loop's order.
+    {
+        constexpr int AHEAD =
+            AHEAD_LOADS ? Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, 2 * ROWS) : 0;
+        if constexpr (AHEAD > 0) {
+            typename Q8Dot<B>::Raw graw[AHEAD][ROWS], uraw[AHEAD][ROWS];
+#pragma unroll
+            for (int p = 0; p < AHEAD; ++p) {
+                const int i = member + p * LANES;
+                const i64 offset = i64(i / B::ITEMS) * B::BYTES;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    if (i < items && r < rows_here) {
+                        graw[p][r] = Q8Dot<B>::load(g_rows + r * row_bytes + offset, i % B::ITEMS);
+                        uraw[p][r] = Q8Dot<B>::load(u_rows + r * row_bytes + offset, i % B::ITEMS);
+                    }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < AHEAD; ++p) {
+                const int i = member + p * LANES;
+                if (i < items) {
+                    const int block = i / B::ITEMS, item = i % B::ITEMS;
+                    const i8* qb = xq + block * B::VALUES;
+                    const float db = xd[block];
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) {
+                        if (r < rows_here) {
+                            g[r] += Q8Dot<B>::dot(graw[p][r], item, qb, db);
+                            u[r] += Q8Dot<B>::dot(uraw[p][r], item, qb, db);
+                        }
+                    }
+                }
+            }
+            first = member + AHEAD * LANES;
+        }
+    }
+#endif
+    for (int i = first; i < items; i += LANES) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const i8* qb = xq + block * B::VALUES;
         const float db = xd[block];

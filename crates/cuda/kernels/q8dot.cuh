@@ -227,6 +227,18 @@ static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u32 signs,
 #define REDLITE_IQ2_SIGN_MASKS 1
 #endif
 
+// The one-token q8 products (matmul_q8_kernel, the expert gate/up) load a lane's first
+// items of all its rows (and matrices) before computing any, so their DRAM waits overlap;
+// REDLITE_Q8_LOADS_AHEAD=0 (a compile option) keeps the plain loop. The sums run in the same
+// order either way. Items ahead per row: 2 (every item of a 2,048-value row for most types),
+// fewer where `rows` rows' Raws would pass the type's PRELOAD budget (registers).
+#ifndef REDLITE_Q8_LOADS_AHEAD
+#define REDLITE_Q8_LOADS_AHEAD 1
+#endif
+static __host__ __device__ constexpr int q8_items_ahead(int preload, int rows) {
+    return preload / rows >= 2 ? 2 : 1;
+}
+
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
 // B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
 //
@@ -339,6 +351,19 @@ struct Q8Dot<IQ2XS> {
 // A type without a Raw of its own: the block pointer stands for it.
 struct BlockPointer {
     const u8* b;
+};
+
+// Items ahead for the loads-ahead products (q8_items_ahead), 0 for the types whose Raw is the
+// block pointer: they load inside `dot`, so there is nothing to issue ahead.
+template <class Raw>
+struct Q8Ahead {
+    static __host__ __device__ constexpr int of(int preload, int rows) {
+        return q8_items_ahead(preload, rows);
+    }
+};
+template <>
+struct Q8Ahead<BlockPointer> {
+    static __host__ __device__ constexpr int of(int, int) { return 0; }
 };
 
 template <>

@@ -29,7 +29,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// byte by byte (the same integer sums, more instructions: `q8dot.cuh`),
 /// `REDLITE_PREFETCH_READY_CODES=1` the q8 products prefetching their rows even where their
 /// input comes quantized (`prefetch_before_input`), `REDLITE_DELTANET_EARLY_LOADS=0` the fused
-/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`);
+/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`),
+/// `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item where they use it
+/// (`q8dot.cuh`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
 /// ([`ModuleCompiled::kernels`]); the options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
@@ -41,6 +43,7 @@ fn options(arch: &str) -> Vec<String> {
     let prefetch_ready = std::env::var("REDLITE_PREFETCH_READY_CODES").as_deref() == Ok("1");
     let early_loads = std::env::var("REDLITE_DELTANET_EARLY_LOADS").as_deref() != Ok("0");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
+    let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -55,6 +58,7 @@ fn options(arch: &str) -> Vec<String> {
             u8::from(prefetch_ready)
         ),
         format!("-DREDLITE_DELTANET_EARLY_LOADS={}", u8::from(early_loads)),
+        format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
     ];
     if verbose {
         options.push("--ptxas-options=-v".to_string());
