@@ -198,6 +198,20 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
     for (int i = lane; i < dv; i += WARP_SIZE) x[i] = x[i] * scale * w[i] * siluf(zr[i]);
 }
 
+// Four consecutive floats of shared memory (16-byte aligned), read where the call stands: an
+// asm volatile load the compiler neither hoists nor merges with another read of the same
+// address. Plain reads of the step's 2 x 128 key and query values were kept in registers
+// from the first loop to the second beside the 128-float state column, and spilled it to
+// local memory (ptxas: 404 bytes spilled a thread).
+static __device__ __forceinline__ float4 shared_load4(const float* p) {
+    float4 v;
+    const u32 address = u32(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(address));
+    return v;
+}
+
 // The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
 // one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
 // as the kernels above compute it, one row after the other. One CTA per key head, r * DK
@@ -215,20 +229,6 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
 // Dynamic shared memory: none. At most 256 threads,
 // so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
 // and spills it).
-// Four consecutive floats of shared memory (16-byte aligned), read where the call stands: an
-// asm volatile load the compiler neither hoists nor merges with another read of the same
-// address. Plain reads of the step's 2 x 128 key and query values were kept in registers
-// from the first loop to the second beside the 128-float state column, and spilled it to
-// local memory (ptxas: 404 bytes spilled a thread).
-static __device__ __forceinline__ float4 shared_load4(const float* p) {
-    float4 v;
-    const u32 address = u32(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(address));
-    return v;
-}
-
 template <int DK, int KERNEL>
 __global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,

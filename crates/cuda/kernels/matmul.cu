@@ -80,7 +80,8 @@ matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
 // version 2 stays for `Precision::Exact` and the other types): version 2's layout, with x[t]
 // quantized to Q8_K into shared memory by each CTA (or read quantized from `gd`, `gq`:
 // `q8_input`) and integer block dots; the first token's CTAs ask L2 for their rows before
-// quantizing (`prefetch_before_input`). Dynamic shared memory: q8_scales_bytes(cols) + cols bytes (none with `gq`).
+// quantizing (`prefetch_before_input`). Dynamic shared memory: q8_scales_bytes(cols) + cols
+// bytes (none with `gq`).
 template <class B, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,

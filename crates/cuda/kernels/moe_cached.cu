@@ -107,7 +107,7 @@ moe_gate_up_q8_cached_kernel(u8* gate, u8* up, const int* __restrict__ ids,
         }
         __syncthreads();
     }
-    moe_gate_up_q8_body<B, WARPS, LANES, ROWS, false>(cta, gate, up, ids, x, gd, gq, act, ff, cols, used,
-                                               n_expert, shared_gate, shared_up, act_shared,
-                                               shared_ff);
+    moe_gate_up_q8_body<B, WARPS, LANES, ROWS, false>(cta, gate, up, ids, x, gd, gq, act, ff,
+                                                      cols, used, n_expert, shared_gate,
+                                                      shared_up, act_shared, shared_ff);
 }
