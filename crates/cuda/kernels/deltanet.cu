@@ -253,25 +253,15 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     float col[DK];
 #pragma unroll
     for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
-    // This thread's gate inputs and norm weight, loaded before the conv so that their
-    // latency overlaps it instead of following the barriers (the same values, the same
-    // expressions below); REDLITE_DELTANET_EARLY_LOADS=0 (a compile option) loads them
-    // where they are used, as before.
-    // DELTANET_INPUT(load where used, value loaded early): the input under either option.
-#if REDLITE_DELTANET_EARLY_LOADS
+    // This thread's gate inputs, z and norm weight are loaded before the conv, so that their
+    // latency overlaps it instead of following the barriers.
     const float a_h = a[h], dt_h = dt_bias[h], norm_wj = norm_w[j];
-#define DELTANET_INPUT(expression, early) early
-#else
-#define DELTANET_INPUT(expression, early) expression
-#endif
     for (int t = 0; t < tokens; ++t) {
         const float* x = qkv + i64(t) * channels;
         const bool keep = conv_rec != nullptr && t + 1 < tokens;
         const float* bar = ba + i64(t) * 2 * v_heads;
-#if REDLITE_DELTANET_EARLY_LOADS
-        const float b_raw = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
+        const float b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
         const float zr = z[i64(t) * inner + h * DK + j];
-#endif
         auto conv = [&](int ch) {
             float window[KERNEL];
 #pragma unroll
@@ -314,11 +304,9 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             }
         }
         __syncthreads();
-        const float b_in = DELTANET_INPUT(bar[2 * r * kh + v], b_raw);
-        const float a_in = DELTANET_INPUT(bar[2 * r * kh + r + v], a_raw) +
-                           DELTANET_INPUT(dt_bias[h], dt_h);
+        const float a_in = a_raw + dt_h;
         const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-        const float beta = sigmoidf(b_in), alpha = expf(DELTANET_INPUT(a[h], a_h) * softplus);
+        const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
         // ks and qs four at a time through shared_load4, where they are used: the same
         // operations in the same order as element by element.
         float delta = value;
@@ -358,10 +346,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             total += head_ss[w];
         }
         const float norm = 1.0f / sqrtf(total / float(DK) + eps);
-#if !REDLITE_DELTANET_EARLY_LOADS
-        const float zr = z[i64(t) * inner + h * DK + j];
-#endif
-        const float result = o * norm * DELTANET_INPUT(norm_w[j], norm_wj) * siluf(zr);
+        const float result = o * norm * norm_wj * siluf(zr);
         out[i64(t) * inner + h * DK + j] = result;
         if (oq != nullptr) {
             // The CTA's r x DK = 256 outputs are Q8_K block kh of the row: quantized here for
@@ -377,5 +362,4 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     }
 #pragma unroll
     for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
-#undef DELTANET_INPUT
 }

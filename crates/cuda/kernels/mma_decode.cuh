@@ -13,7 +13,7 @@
 template <class B>
 struct MmaDecode;
 
-// Grid values times signs: the sign flip of iq2_group_dot, kept as bytes.
+// Grid values times signs, kept as bytes: each byte negated where its sign bit is set.
 static __device__ __forceinline__ void mma_iq2_group(u64 grid, u32 signs, u32* codes) {
     const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
     codes[0] = __vsub4(u32(grid) ^ m_lo, m_lo);

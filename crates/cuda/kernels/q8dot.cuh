@@ -164,13 +164,10 @@ static __device__ __forceinline__ void q8_input(const float* __restrict__ x,
 //
 // A kernel that reads its input already quantized (`gq`: no prologue) skips it: its weight
 // loads follow at once and already cover whole lines, so the prefetch was only instructions
-// (some 40 a warp, in 64-bit arithmetic, before the first load). REDLITE_PREFETCH_READY_CODES=1
-// (a compile option) prefetches there too, for A/B.
-#ifndef REDLITE_PREFETCH_READY_CODES
-#define REDLITE_PREFETCH_READY_CODES 0
-#endif
+// (some 40 a warp, in 64-bit arithmetic, before the first load; +1.2 % decode without it,
+// twelfth session).
 static __device__ __forceinline__ bool prefetch_before_input(const i8* gq) {
-    return REDLITE_PREFETCH_READY_CODES || gq == nullptr;
+    return gq == nullptr;
 }
 
 static __device__ __forceinline__ void prefetch_l2(const u8* p, i64 bytes, int lane, int lanes) {
@@ -198,23 +195,13 @@ static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
     return ((bits4 * 0x00204081u) & 0x01010101u) * 0xffu;
 }
 
-// acc + Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (signs: bit j negative).
-static __device__ __forceinline__ int iq2_group_dot(u64 grid, u32 signs, int x_lo, int x_hi,
-                                                    int acc) {
-    const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
-    const u32 g_lo = __vsub4(u32(grid) ^ m_lo, m_lo);
-    const u32 g_hi = __vsub4(u32(grid >> 32) ^ m_hi, m_hi);
-    acc = __dp4a(int(g_lo), x_lo, acc);
-    return __dp4a(int(g_hi), x_hi, acc);
-}
-
-// The same sum split in two (the default; REDLITE_IQ2_SIGN_MASKS=0, a compile option, keeps
-// iq2_group_dot): pos += Σ grid[j]·x[j], neg += Σ of those terms where value j is negative
-// (the grid bytes there selected by an AND with the byte masks), so the group's sum is
-// pos − 2·neg. Exact in integers as iq2_group_dot is (the grid bytes are below 128, so the
-// AND leaves valid signed bytes), hence the same item sums, with fewer instructions: no
-// emulated byte subtractions (sm_80/sm_90 have no vsub4 instruction).
-static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u32 signs, int x_lo,
+// Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (signs: bit j negative), as two
+// sums: pos += Σ grid[j]·x[j], neg += Σ of those terms where value j is negative (the grid
+// bytes there selected by an AND with the byte masks), so the group's sum is pos − 2·neg.
+// Exact in integers (the grid bytes are below 128, so the AND leaves valid signed bytes):
+// the same sums as flipping the grid bytes' signs, with a third fewer instructions (sm_80 and
+// sm_90 have no byte-wise subtraction; twelfth session: the same bits and speed).
+static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_lo,
                                                             int x_hi, int& pos, int& neg) {
     const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
     pos = __dp4a(int(u32(grid)), x_lo, pos);
@@ -222,10 +209,6 @@ static __device__ __forceinline__ void iq2_group_dot_masked(u64 grid, u32 signs,
     neg = __dp4a(int(u32(grid) & m_lo), x_lo, neg);
     neg = __dp4a(int(u32(grid >> 32) & m_hi), x_hi, neg);
 }
-
-#ifndef REDLITE_IQ2_SIGN_MASKS
-#define REDLITE_IQ2_SIGN_MASKS 1
-#endif
 
 // The one-token q8 products (matmul_q8_kernel, the expert gate/up) load a lane's first
 // items of all its rows (and matrices) before computing any, so their DRAM waits overlap;
@@ -285,23 +268,14 @@ struct Q8Dot<IQ2XXS> {
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int sumi = 0;
-#if REDLITE_IQ2_SIGN_MASKS
         int neg = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            iq2_group_dot_masked(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
+            iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
                                  Q8_KSIGNS[(s >> (7 * l)) & 127], xs[2 * l], xs[2 * l + 1],
                                  sumi, neg);
         }
         sumi -= 2 * neg;
-#else
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            sumi = iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
-                                 Q8_KSIGNS[(s >> (7 * l)) & 127],
-                                 xs[2 * l], xs[2 * l + 1], sumi);
-        }
-#endif
         return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
     }
     Q8_DOT_FROM_RAW
@@ -324,24 +298,17 @@ struct Q8Dot<IQ2XS> {
         const u32 w01 = r.w01.value(), w23 = r.w23.value();
         const u32 sc = r.sc;
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
-#if REDLITE_IQ2_SIGN_MASKS
         int low = 0, low_neg = 0, high = 0, high_neg = 0;
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127],
+        iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127],
                              x0.x, x0.y, low, low_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25],
+        iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25],
                              x0.z, x0.w, low, low_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127],
+        iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127],
                              x1.x, x1.y, high, high_neg);
-        iq2_group_dot_masked(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25],
+        iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25],
                              x1.z, x1.w, high, high_neg);
         low -= 2 * low_neg;
         high -= 2 * high_neg;
-#else
-        int low = iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, 0);
-        low = iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low);
-        int high = iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, 0);
-        high = iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high);
-#endif
         const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
         return 0.125f * d * d8 * float(sumi);
     }

@@ -25,23 +25,15 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// kernels spreading each token's experts uniformly (a benchmark of the expert cache's worst
 /// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
 /// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
-/// see `q8dot.cuh`), `REDLITE_IQ2_SIGN_MASKS=0` the IQ2 q8 dots flipping their grid signs
-/// byte by byte (the same integer sums, more instructions: `q8dot.cuh`),
-/// `REDLITE_PREFETCH_READY_CODES=1` the q8 products prefetching their rows even where their
-/// input comes quantized (`prefetch_before_input`), `REDLITE_DELTANET_EARLY_LOADS=0` the fused
-/// DeltaNet step loading its gate inputs where it uses them (`deltanet.cu`),
-/// `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item where they use it
-/// (`q8dot.cuh`);
-/// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
-/// ([`ModuleCompiled::kernels`]); the options are part of the cache key.
+/// see `q8dot.cuh`), `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item
+/// where they use it (`q8dot.cuh`); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
+/// key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
     let route_spread = std::env::var("REDLITE_BENCH_ROUTE_SPREAD").as_deref() == Ok("1");
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
-    let sign_masks = std::env::var("REDLITE_IQ2_SIGN_MASKS").as_deref() != Ok("0");
-    let prefetch_ready = std::env::var("REDLITE_PREFETCH_READY_CODES").as_deref() == Ok("1");
-    let early_loads = std::env::var("REDLITE_DELTANET_EARLY_LOADS").as_deref() != Ok("0");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let mut options = vec![
@@ -52,12 +44,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_Q8_SHARED_TABLES={}", u8::from(q8_shared_tables)),
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
-        format!("-DREDLITE_IQ2_SIGN_MASKS={}", u8::from(sign_masks)),
-        format!(
-            "-DREDLITE_PREFETCH_READY_CODES={}",
-            u8::from(prefetch_ready)
-        ),
-        format!("-DREDLITE_DELTANET_EARLY_LOADS={}", u8::from(early_loads)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
     ];
     if verbose {
