@@ -5,6 +5,7 @@ use crate::cache::{cache_dir, cache_key, load, store};
 use crate::error::CudaError;
 use crate::raw::{self, Compiled};
 use crate::source::{modules, ModuleSource};
+use rayon::prelude::*;
 
 /// Checks `arch` is `sm_` followed by two or three digits and an optional `a` (sm_90a).
 pub fn check_arch(arch: &str) -> Result<(), CudaError> {
@@ -93,48 +94,16 @@ pub(crate) fn compile_cached(module: &ModuleSource, arch: &str) -> Result<Compil
     Ok(compiled)
 }
 
-/// `work(i)` for i in 0..count on up to as many threads as the machine has cores, results
-/// in index order. NVRTC compiles are independent and single-threaded: the modules of a
-/// fresh machine's first run compile side by side instead of one after another.
-fn parallel_map<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, count.max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut results: Vec<(usize, T)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= count {
-                            return done;
-                        }
-                        done.push((i, work(i)));
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|worker| match worker.join() {
-                Ok(done) => done,
-                Err(panic) => std::panic::resume_unwind(panic),
-            })
-            .collect()
-    });
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, result)| result).collect()
-}
-
-/// Every kernel module compiled for `arch` (through the disk cache), in `modules()` order.
+/// Every kernel module compiled for `arch` (through the disk cache), in `modules()` order,
+/// side by side on rayon's pool: NVRTC compiles are independent and single-threaded, so a
+/// fresh machine's first run compiles its modules at once instead of one after another.
 pub(crate) fn compile_modules_cached(
     modules: &[ModuleSource],
     arch: &str,
 ) -> Result<Vec<Compiled>, CudaError> {
-    parallel_map(modules.len(), |i| compile_cached(&modules[i], arch))
-        .into_iter()
+    modules
+        .par_iter()
+        .map(|module| compile_cached(module, arch))
         .collect()
 }
 
@@ -216,25 +185,28 @@ pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
     check_arch(arch)?;
     nvrtc_version()?;
     let modules = modules();
-    Ok(parallel_map(modules.len(), |i| {
-        let started = std::time::Instant::now();
-        let compiled = compile_uncached(&modules[i], arch);
-        let kernels = compiled
-            .as_ref()
-            .map(|c| kernel_resources(&c.log, &c.lowered))
-            .unwrap_or_default();
-        // REDLITE_CUBIN_DIR: each module's CUBIN written there (for cuobjdump -sass).
-        if let (Ok(c), Some(dir)) = (&compiled, std::env::var_os("REDLITE_CUBIN_DIR")) {
-            let path = std::path::Path::new(&dir).join(format!("{arch}-{}.cubin", modules[i].name));
-            let _ = std::fs::write(path, &c.image);
-        }
-        ModuleCompiled {
-            name: modules[i].name.clone(),
-            result: compiled.map(|_| ()).map_err(|e| e.to_string()),
-            seconds: started.elapsed().as_secs_f64(),
-            kernels,
-        }
-    }))
+    Ok(modules
+        .par_iter()
+        .map(|module| {
+            let started = std::time::Instant::now();
+            let compiled = compile_uncached(module, arch);
+            let kernels = compiled
+                .as_ref()
+                .map(|c| kernel_resources(&c.log, &c.lowered))
+                .unwrap_or_default();
+            // REDLITE_CUBIN_DIR: each module's CUBIN written there (for cuobjdump -sass).
+            if let (Ok(c), Some(dir)) = (&compiled, std::env::var_os("REDLITE_CUBIN_DIR")) {
+                let path = std::path::Path::new(&dir).join(format!("{arch}-{}.cubin", module.name));
+                let _ = std::fs::write(path, &c.image);
+            }
+            ModuleCompiled {
+                name: module.name.clone(),
+                result: compiled.map(|_| ()).map_err(|e| e.to_string()),
+                seconds: started.elapsed().as_secs_f64(),
+                kernels,
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -272,13 +244,6 @@ mod tests {
         };
         assert_eq!(found, [first.clone(), second.clone()]);
         assert!(first.uses_local_memory() && !second.uses_local_memory());
-    }
-
-    #[test]
-    fn parallel_map_keeps_the_order() {
-        let squares = parallel_map(37, |i| i * i);
-        assert_eq!(squares, (0..37).map(|i| i * i).collect::<Vec<_>>());
-        assert!(parallel_map(0, |i| i).is_empty());
     }
 
     #[test]
