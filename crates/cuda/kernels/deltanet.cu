@@ -363,3 +363,230 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
 #pragma unroll
     for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
 }
+
+// Thread block clusters (sm_90 and later): CTAs of one cluster run at the same time and can
+// store into each other's shared memory. Elsewhere the cluster kernel below is a trap that
+// the launcher never picks (`deltanet_step_layout`).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define REDLITE_CLUSTERS 1
+#define REDLITE_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define REDLITE_CLUSTERS 0
+#define REDLITE_CLUSTER_DIMS(n)
+#endif
+
+#if REDLITE_CLUSTERS
+// Every thread of every CTA of the cluster arrives, then waits for all: the shared-memory
+// stores before it (to any CTA of the cluster) are seen after it.
+static __device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Only that every CTA of the cluster has started (its shared memory may then be written):
+// no ordering of memory, so loads already issued stay in flight.
+static __device__ __forceinline__ void cluster_started() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\t"
+                 "barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// `value` into CTA `rank`'s copy of the shared variable at `p` (an address of this CTA's).
+static __device__ __forceinline__ void cluster_store(const void* p, u32 rank, u32 value) {
+    const u32 local = u32(__cvta_generic_to_shared(p));
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(value) : "memory");
+}
+#endif
+
+// deltanet_step_kernel spread over a cluster of R x DK / COLS CTAs per key head (R = v_heads
+// / k_heads), COLS threads each: CTA `rank` of key head kh owns columns (rank % PARTS) · COLS
+// ... + COLS - 1 of v-head kh · R + rank / PARTS, so the state (64 KiB a v-head) is read and
+// written by R x DK / COLS SMs instead of one. Each thread does exactly what thread (v, j) of
+// deltanet_step_kernel does, in the same order: the same bits, outputs, states and records.
+// The head's q and k channels are convolved one per thread across the cluster and stored
+// into every CTA's shared memory; the gated norm's per-warp sums and the Q8_K block's
+// largest value go through shared memory the same way (each warp's sum in the slot of the
+// one-CTA kernel's warp, summed in that order; the largest |value|, ties to the lower index,
+// does not depend on the order of comparisons). Grid k_heads x CL CTAs, 1-D clusters of CL.
+template <int DK, int KERNEL, int COLS, int R>
+__global__ void __launch_bounds__(COLS) REDLITE_CLUSTER_DIMS(R * DK / COLS)
+deltanet_step_cluster_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
+                             const float* __restrict__ ba, const float* __restrict__ conv_w,
+                             float* __restrict__ conv_state, const float* __restrict__ a,
+                             const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+                             float* __restrict__ state, float* __restrict__ out,
+                             float* __restrict__ conv_rec, float* __restrict__ state_rec,
+                             float* __restrict__ od, i8* __restrict__ oq, int tokens,
+                             int k_heads, int v_heads, float eps, float q_scale) {
+#if REDLITE_CLUSTERS
+    constexpr int PARTS = DK / COLS, CL = R * PARTS, WARPS = COLS / WARP_SIZE;
+    constexpr int HEAD_WARPS = R * DK / WARP_SIZE;
+    __shared__ __align__(16) float qs[DK], ks[DK];
+    __shared__ float scale_qk[2];
+    __shared__ float head_ss[HEAD_WARPS];
+    __shared__ float warp_amax[HEAD_WARPS], warp_max[HEAD_WARPS];
+    __shared__ int warp_at[HEAD_WARPS];
+    const int rank = blockIdx.x % CL, kh = blockIdx.x / CL, tid = threadIdx.x;
+    const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * DK;
+    const int inner = v_heads * DK;
+    const int v = rank / PARTS, j = (rank % PARTS) * COLS + tid, h = kh * R + v;
+    // Thread (v, j) of the one-CTA kernel, and its warp there.
+    const int one_cta_tid = v * DK + j, one_cta_warp = one_cta_tid / WARP_SIZE;
+    float* s = state + i64(h) * DK * DK + j;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = s[i * DK];
+    const float a_h = a[h], dt_h = dt_bias[h], norm_wj = norm_w[j];
+    cluster_started();
+    for (int t = 0; t < tokens; ++t) {
+        const float* x = qkv + i64(t) * channels;
+        const bool keep = conv_rec != nullptr && t + 1 < tokens;
+        const float* bar = ba + i64(t) * 2 * v_heads;
+        const float b_in = bar[2 * R * kh + v], a_raw = bar[2 * R * kh + R + v];
+        const float zr = z[i64(t) * inner + h * DK + j];
+        auto conv = [&](int ch) {
+            float window[KERNEL];
+#pragma unroll
+            for (int q = 0; q < KERNEL - 1; ++q) window[q] = conv_state[q * channels + ch];
+            window[KERNEL - 1] = x[ch];
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < KERNEL; ++q) acc += conv_w[ch * KERNEL + q] * window[q];
+#pragma unroll
+            for (int q = 0; q < KERNEL - 1; ++q) conv_state[q * channels + ch] = window[q + 1];
+            if (keep) {
+                float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
+#pragma unroll
+                for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + ch] = window[q + 1];
+            }
+            return siluf(acc);
+        };
+        for (int c = rank * COLS + tid; c < 2 * DK; c += CL * COLS) {
+            const float y = c < DK ? conv(kh * DK + c) : conv(key_dim + kh * DK + c - DK);
+            const float* at = c < DK ? qs + c : ks + c - DK;
+#pragma unroll
+            for (int to = 0; to < CL; ++to) cluster_store(at, to, __float_as_uint(y));
+        }
+        const float value = conv(2 * key_dim + h * DK + j);
+        cluster_barrier();
+        for (int which = warp; which < 2; which += WARPS) {
+            const float* y = which == 0 ? qs : ks;
+            float ss = 0.0f;
+            for (int i = lane; i < DK; i += WARP_SIZE) ss += y[i] * y[i];
+            ss = warp_reduce_sum(ss);
+            if (lane == 0) scale_qk[which] = 1.0f / sqrtf(ss + eps);
+        }
+        __syncthreads();
+        for (int c = tid; c < 2 * DK; c += COLS) {
+            if (c < DK) {
+                qs[c] = qs[c] * scale_qk[0] * q_scale;
+            } else {
+                ks[c - DK] = ks[c - DK] * scale_qk[1];
+            }
+        }
+        __syncthreads();
+        const float a_in = a_raw + dt_h;
+        const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+        const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
+        float delta = value;
+#pragma unroll
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4(ks + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                col[i + u] *= alpha;
+                delta -= col[i + u] * kv[u];
+            }
+        }
+        delta *= beta;
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4(ks + i), q4 = shared_load4(qs + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                col[i + u] += kv[u] * delta;
+                o += col[i + u] * qv[u];
+            }
+        }
+        if (state_rec != nullptr && t + 1 < tokens) {
+            float* rec = state_rec + i64(t) * v_heads * DK * DK + i64(h) * DK * DK + j;
+#pragma unroll
+            for (int i = 0; i < DK; ++i) rec[i * DK] = col[i];
+        }
+        // Gated RMSNorm over the DK columns of head h: every warp's sum to the head's CTAs.
+        const float ss = warp_reduce_sum(o * o);
+        if (lane == 0) {
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p) {
+                cluster_store(head_ss + one_cta_warp, v * PARTS + p, __float_as_uint(ss));
+            }
+        }
+        cluster_barrier();
+        float total = 0.0f;
+        for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) {
+            total += head_ss[w];
+        }
+        const float norm = 1.0f / sqrtf(total / float(DK) + eps);
+        const float result = o * norm * norm_wj * siluf(zr);
+        out[i64(t) * inner + h * DK + j] = result;
+        if (oq != nullptr) {
+            // The key head's R x DK = 256 outputs are Q8_K block kh of the row, quantized as
+            // quantize_q8k_blocks does: the largest |value| (ties to the lower index) sets
+            // the scale.
+            float amax = fabsf(result) > 0.0f ? fabsf(result) : 0.0f;
+            float signed_max = amax > 0.0f ? result : 0.0f;
+            int at = amax > 0.0f ? one_cta_tid : Q8K_VALUES;
+#pragma unroll
+            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+                const float other_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+                const float other_max = __shfl_xor_sync(0xffffffffu, signed_max, offset);
+                const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
+                if (other_amax > amax || (other_amax == amax && other_at < at)) {
+                    amax = other_amax;
+                    signed_max = other_max;
+                    at = other_at;
+                }
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int to = 0; to < CL; ++to) {
+                    cluster_store(warp_amax + one_cta_warp, to, __float_as_uint(amax));
+                    cluster_store(warp_max + one_cta_warp, to, __float_as_uint(signed_max));
+                    cluster_store(warp_at + one_cta_warp, to, u32(at));
+                }
+            }
+            cluster_barrier();
+            amax = 0.0f, signed_max = 0.0f, at = Q8K_VALUES;
+#pragma unroll
+            for (int w = 0; w < HEAD_WARPS; ++w) {
+                if (warp_amax[w] > amax || (warp_amax[w] == amax && warp_at[w] < at)) {
+                    amax = warp_amax[w];
+                    signed_max = warp_max[w];
+                    at = warp_at[w];
+                }
+            }
+            i8 code = 0;
+            float scale = 0.0f;
+            if (amax != 0.0f) {
+                const float iscale = -127.0f / signed_max;
+                code = i8(min(127, __float2int_rn(iscale * result)));
+                scale = 1.0f / iscale;
+            }
+            oq[i64(t) * inner + kh * Q8K_VALUES + one_cta_tid] = code;
+            if (rank == 0 && tid == 0) od[i64(t) * k_heads + kh] = scale;
+        }
+        // qs, ks, head_ss and the block's maxima are stored into again by the next row; no
+        // CTA leaves while another may still store into its shared memory.
+        cluster_barrier();
+    }
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
+#else
+    __trap();
+#endif
+}
