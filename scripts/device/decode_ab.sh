@@ -23,7 +23,8 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: BITS_AB, DECODE_AB, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
+# Env: BITS_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
+# SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
 # tests decode mtp small; also base profile stalls), OUT.
 set -u
@@ -97,7 +98,7 @@ if stage decode; then
   note "defaults: $(dec 0,4096 REDLITE_UNUSED=0)"
   first=1
   for v in $DECODE_AB; do
-    depths=0; [ "$first" = 1 ] && depths=0,4096; first=0
+    depths="${AB_DEPTHS:-0}"; [ "$first" = 1 ] && depths=0,4096; first=0
     note "$v: $(dec "$depths" ${v//+/ })"
   done
   note "defaults again: $(dec 0 REDLITE_UNUSED=0)"

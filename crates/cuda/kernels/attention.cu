@@ -136,6 +136,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                        const KV* __restrict__ v_cache, float* __restrict__ partials,
                        const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
                        int chunk, int min_chunk, float scale) {
+    PROBE_RETURN(PROBE_ATTENTION);
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
@@ -226,6 +227,131 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
         for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
         out[HD] = m_all;
         out[HD + 1] = l_all;
+    }
+}
+
+// attention_split_kernel for HPC query heads of one KV head in each CTA: grid (tokens,
+// heads / HPC, splits). The split's K and V rows are loaded once for its HPC heads instead
+// of once per head (a KV head serves heads / kv_heads query heads: 8 in Qwen3-Next, whose
+// one-head CTAs read every row 8 times over). Per head the same positions per warp, the
+// same online softmax and the same merge in the same order as attention_split_kernel: the
+// same partials, bit for bit.
+template <class KV, int VPL, int WARPS, int HPC>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                             const KV* __restrict__ v_cache, float* __restrict__ partials,
+                             const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
+                             int chunk, int min_chunk, float scale) {
+    PROBE_RETURN(PROBE_ATTENTION);
+    constexpr int HD = VPL * WARP_SIZE, G = 4;
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
+    const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
+    if (chunk <= 0) {
+        const int len = pos0 + t + 1;
+        const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
+        chunk = (len + splits - 1) / splits;
+    }
+    __shared__ float m_part[WARPS], l_part[WARPS];
+    __shared__ float acc_part[WARPS][HD];
+    __shared__ float qs[HPC][HD];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int kvh = h0 / (heads / kv_heads);
+    const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
+    const float* qr = q + (i64(t) * heads + h0) * HD;
+    for (int i = threadIdx.x; i < HPC * HD; i += WARPS * WARP_SIZE) qs[i / HD][i % HD] = qr[i];
+    __syncthreads();
+    float acc[HPC][VPL], m[HPC], l[HPC];
+#pragma unroll
+    for (int r = 0; r < HPC; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) acc[r][e] = 0.0f;
+    }
+    for (int base = begin + warp * G; base < end; base += WARPS * G) {
+        float kr[G][VPL], vr[G][VPL];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const i64 at = (i64(min(base + j, end - 1)) * kv_heads + kvh) * HD;
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) {
+                kr[j][e] = kv_load(k_cache + at + lane + WARP_SIZE * e);
+                vr[j][e] = kv_load(v_cache + at + lane + WARP_SIZE * e);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < HPC; ++r) {
+            float qv[VPL];
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) qv[e] = qs[r][lane + WARP_SIZE * e];
+            float score[G];
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < VPL; ++e) d += qv[e] * kr[j][e];
+                score[j] = d;
+            }
+#pragma unroll
+            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+                for (int j = 0; j < G; ++j) {
+                    score[j] += __shfl_xor_sync(0xffffffffu, score[j], offset);
+                }
+            }
+            float m_new = m[r];
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                score[j] = base + j < end ? score[j] * scale : -INFINITY;
+                m_new = fmaxf(m_new, score[j]);
+            }
+            const float correction = expf(m[r] - m_new);
+            l[r] *= correction;
+#pragma unroll
+            for (int e = 0; e < VPL; ++e) acc[r][e] *= correction;
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                const float weight = expf(score[j] - m_new);
+                l[r] += weight;
+#pragma unroll
+                for (int e = 0; e < VPL; ++e) acc[r][e] = fmaf(weight, vr[j][e], acc[r][e]);
+            }
+            m[r] = m_new;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < HPC; ++r) {
+        if (lane == 0) {
+            m_part[warp] = m[r];
+            l_part[warp] = l[r];
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[r][e];
+        __syncthreads();
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+        float* out = partials + ((i64(t) * heads + h0 + r) * gridDim.z + split) * (HD + 2);
+        const bool empty = m_all == -INFINITY;
+        for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
+            }
+            out[i] = total;
+        }
+        if (threadIdx.x == 0) {
+            float l_all = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
+            }
+            out[HD] = m_all;
+            out[HD + 1] = l_all;
+        }
+        // The next head's partials go through the same shared memory.
+        __syncthreads();
     }
 }
 

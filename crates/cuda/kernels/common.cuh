@@ -42,3 +42,20 @@ static __device__ __forceinline__ u32 load_u32(const u8* p) {
 static __device__ __forceinline__ uint4 load_u128(const u8* p) {
     return *reinterpret_cast<const uint4*>(p);
 }
+
+// Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels
+// of the families set in this mask return at once, their launches kept, so a decode step
+// without their work is timed. Defined only in the sources of the probed families.
+#ifndef REDLITE_PROBE_EXIT
+#define REDLITE_PROBE_EXIT 0
+#endif
+#define PROBE_MATMUL 1
+#define PROBE_GATE_UP 2
+#define PROBE_DOWN 4
+#define PROBE_STEP 8
+#define PROBE_NORM 16
+#define PROBE_SPLITK 32
+#define PROBE_ROUTE 64
+#define PROBE_ATTENTION 128
+#define PROBE_RETURN(family)                                                                 \
+    if ((REDLITE_PROBE_EXIT & (family)) != 0) return

@@ -239,6 +239,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      float* __restrict__ conv_rec, float* __restrict__ state_rec,
                      float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
                      int v_heads, float eps, float q_scale) {
+    PROBE_RETURN(PROBE_STEP);
     __shared__ __align__(16) float qs[DK], ks[DK];
     __shared__ float4 o_stage[64];
     __shared__ float scale_qk[2];
@@ -419,6 +420,7 @@ deltanet_step_cluster_kernel(const float* __restrict__ qkv, const float* __restr
                              float* __restrict__ conv_rec, float* __restrict__ state_rec,
                              float* __restrict__ od, i8* __restrict__ oq, int tokens,
                              int k_heads, int v_heads, float eps, float q_scale) {
+    PROBE_RETURN(PROBE_STEP);
 #if REDLITE_CLUSTERS
     constexpr int PARTS = DK / COLS, CL = R * PARTS, WARPS = COLS / WARP_SIZE;
     constexpr int HEAD_WARPS = R * DK / WARP_SIZE;

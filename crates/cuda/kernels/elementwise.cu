@@ -144,5 +144,6 @@ __global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __res
                                        const float* __restrict__ w, float* __restrict__ out,
                                        float* __restrict__ d, i8* __restrict__ q, int cols,
                                        float eps) {
+    PROBE_RETURN(PROBE_NORM);
     norm_row_q8(x, y, w, out, d, q, cols, eps);
 }

@@ -32,6 +32,7 @@ template <class B, int WARPS, int ROWS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
+    PROBE_RETURN(PROBE_MATMUL);
     B::prepare();
     extern __shared__ float4 x_shared4[];
     const float* xs = x + i64(blockIdx.y) * cols;
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  const float* __restrict__ gd, const i8* __restrict__ gq,
                  float* __restrict__ y, int rows, int cols) {
+    PROBE_RETURN(PROBE_MATMUL);
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const float* xd;
@@ -170,6 +172,7 @@ template <class B, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_splitk_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                      float* __restrict__ y, int rows, int cols) {
+    PROBE_RETURN(PROBE_SPLITK);
     B::prepare();
     __shared__ float scratch[32];
     const int row = blockIdx.x;

@@ -412,6 +412,7 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    PROBE_RETURN(PROBE_GATE_UP);
     moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
                                                cols, used, n_expert, shared_gate, shared_up,
                                                act_shared, shared_ff);

@@ -22,6 +22,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
                            int accumulate, const u8* __restrict__ shared_down,
                            const float* __restrict__ shared_weight,
                            const float* __restrict__ act_shared, int shared_ff) {
+    PROBE_RETURN(PROBE_DOWN);
     typedef Q8Dot<B> D;
     constexpr int TERMS = D::PRELOAD / IPL > 0 ? D::PRELOAD / IPL : 1;
     if (skipped_token(ids, blockIdx.y, used)) return;

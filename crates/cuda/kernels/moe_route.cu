@@ -74,17 +74,24 @@ moe_route_skew_kernel(const float* __restrict__ logits, int* __restrict__ ids, i
     }
 }
 
-// The warp's largest (v, index), ties to the lower index; every lane ends with it.
+// A float's bits as an unsigned key in the floats' order (-0 just below +0).
+static __device__ __forceinline__ u32 float_order_key(float v) {
+    const u32 bits = __float_as_uint(v);
+    return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+static __device__ __forceinline__ float float_of_order_key(u32 key) {
+    return __uint_as_float((key & 0x80000000u) != 0 ? key & 0x7fffffffu : ~key);
+}
+
+// The warp's largest (v, index), ties to the lower index; every lane ends with it. Two
+// warp-wide integer reductions (sm_80+) instead of five rounds of two shuffles: the same
+// choice for the values routing compares (no NaN, no -0; an index ≥ 0).
 static __device__ __forceinline__ void warp_argmax(float& v, int& index) {
-#pragma unroll
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-        const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
-        if (ov > v || (ov == v && oi < index)) {
-            v = ov;
-            index = oi;
-        }
-    }
+    const u32 key = float_order_key(v);
+    const u32 best = __reduce_max_sync(0xffffffffu, key);
+    index = int(__reduce_min_sync(0xffffffffu, key == best ? u32(index) : 0xffffffffu));
+    v = float_of_order_key(best);
 }
 
 // One CTA per token. p = softmax(logits[t]); the `used` largest p (ties to the lower
@@ -160,11 +167,10 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
 // The same selection (largest p first, ties to the lower index); the softmax sums run in
 // warp order. Lane k keeps the k-th choice until the end. One token's routing by one warp:
 // `l` its n_expert logits, `ids` / `weights` its `used` outputs.
+// The caller writes the shared expert's weight.
 template <int PER>
-static __device__ __forceinline__ void route_token_v2(const float* l, float shared_logit,
-                                                      int* ids, float* weights,
-                                                      float* shared_weight, int n_expert,
-                                                      int used, int lane) {
+static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, float* weights,
+                                                      int n_expert, int used, int lane) {
     float p[PER];
     float m = -INFINITY;
 #pragma unroll
@@ -219,7 +225,6 @@ static __device__ __forceinline__ void route_token_v2(const float* l, float shar
     }
     __syncwarp();
     for (int k = lane; k < used; k += WARP_SIZE) weights[k] /= total;
-    if (lane == 0) *shared_weight = sigmoidf(shared_logit);
 }
 
 template <int PER>
@@ -228,8 +233,42 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     int* __restrict__ ids, float* __restrict__ weights,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
     const int t = blockIdx.x;
-    route_token_v2<PER>(logits + i64(t) * n_expert, shared_logit[t], ids + i64(t) * used,
-                        weights + i64(t) * used, shared_weight + t, n_expert, used, threadIdx.x);
+    route_token_v2<PER>(logits + i64(t) * n_expert, ids + i64(t) * used, weights + i64(t) * used,
+                        n_expert, used, threadIdx.x);
+    if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
+}
+
+// moe_route_v2_kernel with the shared expert's gate row (`gate_w`, one row of `cols` values
+// in blocks B) in the same launch, so that its dot runs beside the routing instead of as a
+// one-CTA launch before it. One CTA of 1 + SPLIT_WARPS warps per token: warp 0 routes;
+// warps 1... sum the row as matmul_splitk_kernel<B, SPLIT_WARPS> does (lane i of those
+// warps is its thread i: row_dot_lane over SPLIT_WARPS x 32 lanes), and their sums are added
+// as its block_reduce_sum adds them (the lanes past the warps add zeros): the logit's bits
+// are those of the split-K launch.
+template <int PER, class B, int SPLIT_WARPS>
+__global__ void __launch_bounds__((1 + SPLIT_WARPS) * WARP_SIZE)
+moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ gate_w,
+                      const float* __restrict__ x, int* __restrict__ ids,
+                      float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
+                      int n_expert, int used) {
+    PROBE_RETURN(PROBE_ROUTE);
+    B::prepare();
+    __shared__ float warp_sums[SPLIT_WARPS];
+    const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (warp == 0) {
+        route_token_v2<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
+                            weights + i64(t) * used, n_expert, used, lane);
+    } else {
+        const float part = row_dot_lane<B, SPLIT_WARPS * WARP_SIZE>(
+            gate_w, x + i64(t) * cols, cols, threadIdx.x - WARP_SIZE);
+        const float sum = warp_reduce_sum(part);
+        if (lane == 0) warp_sums[warp - 1] = sum;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const float logit = warp_reduce_sum(lane < SPLIT_WARPS ? warp_sums[lane] : 0.0f);
+        if (lane == 0) shared_weight[t] = sigmoidf(logit);
+    }
 }
 
 // One decode token's router and routing in one launch (`REDLITE_ROUTER_TOPK=0`: the
@@ -265,7 +304,7 @@ router_topk_kernel(const u8* __restrict__ w, const float* __restrict__ x,
     __syncthreads();
     if (threadIdx.x == 0) *ticket = 0;
     if (threadIdx.x < WARP_SIZE) {
-        route_token_v2<PER>(l, l[n_expert], ids, weights, shared_weight, n_expert, used,
-                            threadIdx.x);
+        route_token_v2<PER>(l, ids, weights, n_expert, used, threadIdx.x);
     }
+    if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
 }

@@ -8,7 +8,9 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, AttnDims, SHARED_MAX_BYTES};
 use crate::layer_ops::{supported, tokens_fit, MAX_GRID_YZ};
 use crate::ops::{fits, shape};
-use crate::source::{ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, SMALL_BATCH_MAX_TOKENS};
+use crate::source::{
+    ATTENTION_HEADS_PER_CTA, ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, SMALL_BATCH_MAX_TOKENS,
+};
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
 
 /// An element type of the KV cache: f32, or f16 stored as its bits (`u16`).
@@ -169,8 +171,12 @@ pub fn attention_partials_len(tokens: usize, heads: usize, head_dim: usize) -> u
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
     /// One CTA per (token, head) walking the cache, the KV length split over several CTAs
-    /// when long (flash decoding): the decode graph's kernels.
+    /// when long (flash decoding): the decode graph's kernels. The split CTAs take the query
+    /// heads of one KV head together, as many as divide them (at most 8).
     PerToken,
+    /// [`PerToken`](Self::PerToken) with this many query heads per split CTA (1, 2, 4 or 8,
+    /// dividing the query heads of a KV head): the same bits for every count.
+    PerTokenHeads(usize),
     /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
     /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
     FlashPrefill,
@@ -231,11 +237,28 @@ pub fn attention_on<T: KvElement>(
             AttentionKernels::PerToken
         },
     );
-    if kernels == AttentionKernels::PerToken {
+    let heads_per_cta = match kernels {
+        AttentionKernels::PerToken => Some(None),
+        AttentionKernels::PerTokenHeads(hpc) => {
+            let group = s.heads / s.kv_heads.max(1);
+            if hpc != 1 && !(ATTENTION_HEADS_PER_CTA.contains(&hpc) && group.is_multiple_of(hpc)) {
+                return Err(CudaError::NoSpecialization {
+                    op,
+                    what: "query heads per split CTA",
+                    found: hpc,
+                    supported: "1, 2, 4, 8 dividing the query heads of a KV head",
+                });
+            }
+            Some(Some(hpc))
+        }
+        AttentionKernels::FlashPrefill => None,
+    };
+    if let Some(heads_per_cta) = heads_per_cta {
         return launch::attention(
             device,
             T::CUDA_TYPE,
             &d,
+            heads_per_cta,
             q,
             qg,
             k_cache,

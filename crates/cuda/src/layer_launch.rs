@@ -8,9 +8,9 @@ pub(crate) use crate::matmul_launch::{matmul, matvec_v1, q8_shared_bytes};
 pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route, CachedCopies};
 use crate::raw;
 use crate::source::{
-    self, delta_chunked_shared_bytes, WeightKind, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK,
-    ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
-    LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
+    self, delta_chunked_shared_bytes, WeightKind, ATTENTION_HEADS_PER_CTA, ATTENTION_MAX_SPLITS,
+    ATTENTION_MIN_CHUNK, ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS,
+    DELTA_CHUNK_THREADS, DELTA_COLS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use std::sync::OnceLock;
@@ -379,6 +379,26 @@ fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
         .max(1)
 }
 
+/// Query heads per CTA of the split kernel: the most of `ATTENTION_HEADS_PER_CTA` (at most
+/// `REDLITE_ATTN_HEADS_PER_CTA`, default 8; 1: a head per CTA) that divides the query heads
+/// of one KV head, each CTA then reading its split's K and V rows once for them all.
+fn attention_heads_per_cta(d: &AttnDims) -> usize {
+    static MOST: OnceLock<usize> = OnceLock::new();
+    let most = *MOST.get_or_init(|| {
+        std::env::var("REDLITE_ATTN_HEADS_PER_CTA")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+    });
+    let group = d.heads / d.kv_heads.max(1);
+    ATTENTION_HEADS_PER_CTA
+        .iter()
+        .copied()
+        .filter(|&hpc| hpc <= most && group.is_multiple_of(hpc))
+        .max()
+        .unwrap_or(1)
+}
+
 /// Splits launched when the position is read from device memory (a graph replayed at any
 /// position): every split the partials hold, the kernel leaving the unneeded ones empty.
 fn device_pos_splits(d: &AttnDims, partials_len: usize) -> usize {
@@ -394,6 +414,7 @@ pub(crate) fn attention<T: DeviceRepr>(
     device: &Device,
     kv_type: &str,
     d: &AttnDims,
+    heads_per_cta: Option<usize>,
     q: &CudaView<'_, f32>,
     qg: &CudaView<'_, f32>,
     k_cache: &CudaView<'_, T>,
@@ -417,8 +438,14 @@ pub(crate) fn attention<T: DeviceRepr>(
         }
     };
     if splits > 1 {
-        let split = device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?;
-        let cfg = config((d.tokens, d.heads, splits), ATTENTION_WARPS * 32, 0);
+        let hpc = heads_per_cta.unwrap_or_else(|| attention_heads_per_cta(d));
+        let split = match hpc {
+            1 => device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?,
+            _ => device.kernel(&source::attention_split_heads_kernel(
+                kv_type, d.head_dim, hpc,
+            ))?,
+        };
+        let cfg = config((d.tokens, d.heads / hpc, splits), ATTENTION_WARPS * 32, 0);
         let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
         raw::launch_attention_split(
             device.stream(),

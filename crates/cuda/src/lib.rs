@@ -47,6 +47,7 @@ mod ops;
 mod profile;
 mod q8_input;
 mod raw;
+mod route_gate;
 mod route_skew;
 mod router_topk;
 mod source;
@@ -88,6 +89,7 @@ pub use profile::{components_on, enable_components, profiling, take_components, 
 pub use q8_input::{
     add_rms_norm_quantized, rms_norm_quantized, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES,
 };
+pub use route_gate::{moe_route_gate, moe_route_gate_takes};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{

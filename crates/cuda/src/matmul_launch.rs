@@ -234,7 +234,7 @@ fn prefill_tiles() -> bool {
 }
 
 /// `REDLITE_MATMUL_SPLITK=0`: version 2 (or q8) for every shape.
-fn split_k() -> bool {
+pub(crate) fn split_k() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_SPLITK").as_deref() != Ok("0"))
 }

@@ -396,6 +396,12 @@ pub(crate) fn route_v2_kernel() -> String {
     format!("moe_route_v2_kernel<{ROUTE_V2_PER_LANE}>")
 }
 
+/// The routing with the shared expert's gate row in the same launch (`route_gate.rs`), for
+/// the split-K matmul's wide float blocks.
+pub(crate) fn route_gate_kernel(block: &str) -> String {
+    format!("moe_route_gate_kernel<{ROUTE_V2_PER_LANE}, {block}, {MATMUL_SPLITK_WARPS}>")
+}
+
 /// The fused decode router and routing (`router_topk.rs`).
 pub(crate) fn router_topk_kernel() -> String {
     format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}>")
@@ -464,6 +470,16 @@ pub(crate) fn attention_kernel(kv: &str, head_dim: usize) -> String {
     )
 }
 
+/// Query heads of one KV head per CTA the grouped split kernel is built for.
+pub(crate) const ATTENTION_HEADS_PER_CTA: [usize; 3] = [2, 4, 8];
+
+pub(crate) fn attention_split_heads_kernel(kv: &str, head_dim: usize, hpc: usize) -> String {
+    format!(
+        "attention_split_heads_kernel<{kv}, {}, {ATTENTION_WARPS}, {hpc}>",
+        head_dim / 32
+    )
+}
+
 pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
     format!(
         "attention_split_kernel<{kv}, {}, {ATTENTION_WARPS}>",
@@ -521,7 +537,11 @@ const KERNELS_PER_MODULE: usize = 12;
 /// Every kernel module of the crate, the large ones split (see [`KERNELS_PER_MODULE`]).
 pub fn modules() -> Vec<ModuleSource> {
     let mut split = Vec::new();
-    for module in module_families() {
+    let probe = probe_exit();
+    for mut module in module_families() {
+        if probe & probed_families(&module.name) != 0 {
+            module.source = format!("#define REDLITE_PROBE_EXIT {probe}\n{}", module.source);
+        }
         if module.kernels.len() <= KERNELS_PER_MODULE {
             split.push(module);
             continue;
@@ -543,6 +563,31 @@ pub fn modules() -> Vec<ModuleSource> {
         }
     }
     split
+}
+
+/// Measurement probe, `REDLITE_PROBE_EXIT=MASK` (wrong results on purpose): the kernels of
+/// the families in MASK return at once, their launches kept (`PROBE_*` in `common.cuh`: 1
+/// dense q8 products, 2 expert gate/up, 4 expert down, 8 DeltaNet step, 16 quantizing norms,
+/// 32 split-K float products, 64 routing with the gate row, 128 attention decode), so that a
+/// benchmark shows what their work costs a decode step. Only the probed families' sources
+/// change, so only they are compiled again.
+fn probe_exit() -> u32 {
+    std::env::var("REDLITE_PROBE_EXIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The probe bits whose kernels are in family `name`.
+fn probed_families(name: &str) -> u32 {
+    match name {
+        "matmul" => 1 | 32,
+        "moe" => 2 | 4 | 64,
+        "deltanet" => 8,
+        "elementwise" => 16,
+        "attention" => 128,
+        _ => 0,
+    }
 }
 
 /// The kernel modules by family, one source each.
@@ -664,6 +709,8 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain([
                     "moe_route_kernel".to_string(),
                     route_v2_kernel(),
+                    route_gate_kernel(WIDE_F32.0),
+                    route_gate_kernel(WIDE_F16.0),
                     router_topk_kernel(),
                     MOE_ROUTE_SKEW_KERNEL.to_string(),
                     MOE_COMBINE_KERNEL.to_string(),
@@ -723,6 +770,12 @@ fn module_families() -> Vec<ModuleSource> {
                                 attention_split_kernel(kv, hd),
                                 attention_prefill_kernel(kv, hd),
                             ]
+                            .into_iter()
+                            .chain(
+                                ATTENTION_HEADS_PER_CTA
+                                    .iter()
+                                    .map(move |&hpc| attention_split_heads_kernel(kv, hd, hpc)),
+                            )
                         }),
                     )
                 })

@@ -7,7 +7,8 @@
 
 use half::f16;
 use redlite_cuda::{
-    attention_on, AttentionKernels, AttentionShape, CudaSlice, Device, KvElement, Position,
+    attention_on, attention_partials_len, AttentionKernels, AttentionShape, CudaSlice, Device,
+    KvElement, Position,
 };
 
 mod common;
@@ -185,4 +186,85 @@ fn flash_prefill_refuses_a_device_position() {
         Position::Device(&pos.as_view()),
     );
     assert!(result.is_err(), "a device position must be refused");
+}
+
+/// The decode kernels with 2, 4 and 8 query heads per split CTA (a KV head's rows loaded once
+/// for them) give the bits of one head per CTA, with f32 and f16 caches, at positions where
+/// the KV length takes 1, several and all 64 splits, for one token and a small batch.
+#[test]
+fn split_ctas_of_several_heads_equal_one_head_per_cta() {
+    let name = "split_ctas_of_several_heads_equal_one_head_per_cta";
+    let Some(device) = device(name) else {
+        return;
+    };
+    fn case<T: KvElement>(device: &Device, tokens: usize, pos0: usize, to_kv: fn(f32) -> T) {
+        let mut rng = Rng(tokens as u64 * 7 + pos0 as u64);
+        let capacity = pos0 + tokens;
+        let shape = AttentionShape {
+            tokens,
+            pos0,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            rope_dim: 64,
+            rope_base: 1e7,
+            eps: 1e-6,
+            capacity,
+        };
+        let mut random =
+            |n: usize, range: f32| -> Vec<f32> { (0..n).map(|_| range * rng.signed()).collect() };
+        let q = device
+            .upload(&random(tokens * HEADS * HEAD_DIM, 2.0))
+            .unwrap();
+        let qg = device
+            .upload(&random(tokens * HEADS * 2 * HEAD_DIM, 3.0))
+            .unwrap();
+        let cache_len = capacity * KV_HEADS * HEAD_DIM;
+        let k: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
+        let v: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
+        let (k, v) = (device.upload(&k).unwrap(), device.upload(&v).unwrap());
+        let run = |kernels: AttentionKernels| -> Vec<u32> {
+            let len = attention_partials_len(tokens, HEADS, HEAD_DIM);
+            let mut partials = device.alloc_zeros::<f32>(len).unwrap();
+            let mut o = device
+                .upload(&vec![f32::NAN; tokens * HEADS * HEAD_DIM])
+                .unwrap();
+            attention_on(
+                device,
+                Some(kernels),
+                &shape,
+                &q.as_view(),
+                &qg.as_view(),
+                &k.as_view(),
+                &v.as_view(),
+                &mut partials.as_view_mut(),
+                &mut o.as_view_mut(),
+                Position::Host,
+            )
+            .unwrap_or_else(|error| panic!("{kernels:?}: {error}"));
+            device
+                .download(&o)
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect()
+        };
+        let one = run(AttentionKernels::PerTokenHeads(1));
+        for kernels in [2, 4, 8]
+            .map(AttentionKernels::PerTokenHeads)
+            .into_iter()
+            .chain([AttentionKernels::PerToken])
+        {
+            let found = run(kernels);
+            let first = one.iter().zip(&found).position(|(a, b)| a != b);
+            assert!(
+                first.is_none(),
+                "{kernels:?}, T {tokens} pos0 {pos0}: differs first at value {first:?}"
+            );
+        }
+    }
+    for (tokens, pos0) in [(1, 0), (1, 100), (1, 4095), (3, 2000)] {
+        case(&device, tokens, pos0, |x| x);
+        case::<u16>(&device, tokens, pos0, |x| f16::from_f32(x).to_bits());
+    }
 }

@@ -4,8 +4,9 @@
 
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
-    moe_route, moe_route_skew, router_topk, skew_permutation, CudaError, CudaSlice, Device, Dots,
-    ExpertTiles, RouteSkew, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES, WEIGHT_KINDS,
+    moe_route, moe_route_gate, moe_route_gate_takes, moe_route_skew, router_topk, skew_permutation,
+    CudaError, CudaSlice, Device, Dots, ExpertTiles, RouteSkew, WeightMatrix, GROUP_TILE,
+    Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -364,6 +365,147 @@ fn fused_router_equals_matmul_then_routing() {
             assert_eq!(get(&want_w), get(&w), "{case}: weights");
             assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
+        }
+    }
+}
+
+/// The routing kernel against a host reference on logits drawn from five values, so that
+/// most picks break ties: the `used` largest in descending order, ties to the lower index,
+/// weights the renormalized softmax (within 1e-6) and the shared weight sigmoid(logit).
+#[test]
+fn routing_picks_the_largest_with_ties_to_the_lower_index() {
+    let Some(device) = device("routing_picks_the_largest_with_ties_to_the_lower_index") else {
+        return;
+    };
+    let mut rng = Rng(7);
+    for (n_expert, used, tokens) in [(512usize, 10usize, 8usize), (40, 3, 3)] {
+        let logits: Vec<f32> = (0..tokens * n_expert)
+            .map(|_| [-1.0, -0.5, 0.0, 0.5, 1.0][rng.next() as usize % 5])
+            .collect();
+        let shared: Vec<f32> = (0..tokens).map(|_| rng.signed()).collect();
+        let (l, sl) = (
+            device.upload(&logits).unwrap(),
+            device.upload(&shared).unwrap(),
+        );
+        let mut ids = device.alloc_zeros::<i32>(tokens * used).unwrap();
+        let mut w = device.alloc_zeros::<f32>(tokens * used).unwrap();
+        let mut sw = device.alloc_zeros::<f32>(tokens).unwrap();
+        let (lv, slv) = (l.as_view(), sl.as_view());
+        let (mut iv, mut wv, mut swv) = (ids.as_view_mut(), w.as_view_mut(), sw.as_view_mut());
+        moe_route(&device, &lv, &slv, &mut iv, &mut wv, &mut swv).unwrap();
+        let (ids, w, sw) = (
+            device.download(&ids).unwrap(),
+            device.download(&w).unwrap(),
+            device.download(&sw).unwrap(),
+        );
+        for t in 0..tokens {
+            let row = &logits[t * n_expert..(t + 1) * n_expert];
+            let mut order: Vec<usize> = (0..n_expert).collect();
+            // Stable: equal logits keep the lower index first.
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            let want: Vec<i32> = order[..used].iter().map(|&e| e as i32).collect();
+            let case = format!("{n_expert} experts, top {used}, token {t}");
+            assert_eq!(&ids[t * used..(t + 1) * used], &want[..], "{case}: ids");
+            let top: Vec<f64> = want
+                .iter()
+                .map(|&e| (row[e as usize] as f64).exp())
+                .collect();
+            let sum: f64 = top.iter().sum();
+            for (k, p) in top.iter().enumerate() {
+                let found = w[t * used + k] as f64;
+                assert!(
+                    (found - p / sum).abs() < 1e-6,
+                    "{case}: weight {k}: {found}"
+                );
+            }
+            let sigmoid = 1.0 / (1.0 + (-(shared[t] as f64)).exp());
+            assert!(
+                (sw[t] as f64 - sigmoid).abs() < 1e-6,
+                "{case}: shared weight"
+            );
+        }
+    }
+}
+
+/// The routing with the shared expert's gate row in its launch against the gate's split-K
+/// matmul then the routing kernel, bit for bit: expert ids, weights and the shared expert's
+/// weight, for F32 and F16 gate rows and batches of 1 to 4 tokens.
+#[test]
+fn routing_with_the_gate_row_equals_matmul_then_routing() {
+    let Some(device) = device("routing_with_the_gate_row_equals_matmul_then_routing") else {
+        return;
+    };
+    let mut rng = Rng(6);
+    for ty in [GgmlType::F16, GgmlType::F32] {
+        for (n_expert, cols, used) in [(512, 2048, 10), (40, 256, 3)] {
+            let bytes = random_matrix(ty, 1, cols, &mut rng);
+            let gate_bytes = device.upload(&bytes).unwrap();
+            let gate = WeightMatrix {
+                ty,
+                rows: 1,
+                cols,
+                bytes: gate_bytes.as_view(),
+                dots: Dots::Q8K,
+            };
+            for tokens in 1..=4 {
+                let case = format!("{ty:?} gate, {n_expert} experts x {cols}, {tokens} tokens");
+                assert!(
+                    moe_route_gate_takes(&gate, tokens, n_expert),
+                    "{case}: not taken"
+                );
+                let values = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.signed()).collect();
+                let x: Vec<f32> = values(tokens * cols, &mut rng);
+                let logits: Vec<f32> = values(tokens * n_expert, &mut rng);
+                let (x, logits) = (device.upload(&x).unwrap(), device.upload(&logits).unwrap());
+                let zeros_f = |n| device.alloc_zeros::<f32>(n).unwrap();
+                let zeros_i = |n| device.alloc_zeros::<i32>(n).unwrap();
+                let mut shared_logit = zeros_f(tokens);
+                matmul(
+                    &device,
+                    &gate,
+                    &x.as_view(),
+                    &mut shared_logit.as_view_mut(),
+                )
+                .unwrap();
+                let (mut want_ids, mut want_w, mut want_shared) = (
+                    zeros_i(tokens * used),
+                    zeros_f(tokens * used),
+                    zeros_f(tokens),
+                );
+                moe_route(
+                    &device,
+                    &logits.as_view(),
+                    &shared_logit.as_view(),
+                    &mut want_ids.as_view_mut(),
+                    &mut want_w.as_view_mut(),
+                    &mut want_shared.as_view_mut(),
+                )
+                .unwrap();
+                let (mut ids, mut w, mut shared) = (
+                    zeros_i(tokens * used),
+                    zeros_f(tokens * used),
+                    zeros_f(tokens),
+                );
+                moe_route_gate(
+                    &device,
+                    &logits.as_view(),
+                    &gate,
+                    &x.as_view(),
+                    &mut ids.as_view_mut(),
+                    &mut w.as_view_mut(),
+                    &mut shared.as_view_mut(),
+                )
+                .unwrap();
+                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                let get = |b: &redlite_cuda::CudaSlice<f32>| bits(device.download(b).unwrap());
+                assert_eq!(
+                    device.download(&want_ids).unwrap(),
+                    device.download(&ids).unwrap(),
+                    "{case}: ids"
+                );
+                assert_eq!(get(&want_w), get(&w), "{case}: weights");
+                assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
+            }
         }
     }
 }

@@ -40,6 +40,31 @@ pub(crate) fn launch_moe_route(
     })
 }
 
+/// `moe_route_gate_kernel(logits, gate_w, x, ids, weights, shared_weight, cols, n_expert,
+/// used)`, one CTA per token.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_moe_route_gate(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (logits, gate_w, x): (&CudaView<'_, f32>, &CudaView<'_, u8>, &CudaView<'_, f32>),
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+    (cols, n_expert, used): (i32, i32, i32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(logits).arg(gate_w).arg(x);
+    launch.arg(ids).arg(weights).arg(shared_weight);
+    launch.arg(&cols).arg(&n_expert).arg(&used);
+    // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
+    // x cols, ids/weights `used` (≤ n_expert) and shared_weight one; the gate row holds cols
+    // values in the kernel's block type and n_expert ≤ 32 x its PER (the op entry).
+    launched(stream, "cuLaunchKernel(moe_route_gate)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `router_topk_kernel(w, x, logits, ticket, ids, weights, shared_weight, cols, n_expert,
 /// used)`, one CTA per router row.
 #[allow(clippy::too_many_arguments)]

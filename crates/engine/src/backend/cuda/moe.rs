@@ -27,10 +27,10 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_cached,
-    moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_skew,
-    router_topk, router_topk_takes, CacheCopies, CudaSlice, CudaView, CudaViewMut, Device,
-    ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew, SharedGateUp,
-    ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_gate,
+    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, CacheCopies, CudaSlice,
+    CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew,
+    SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -114,6 +114,20 @@ fn block(
             h,
             &mut s.router.slice_mut(..c.n_expert + 1),
             &mut s.route_ticket.slice_mut(..1),
+            &mut ids,
+            &mut weights,
+            &mut shared_weight,
+        )?;
+    } else if merged.is_none() && moe_route_gate_takes(&w.shared_gate_inp.view(), t, c.n_expert) {
+        // A batch of decode size with the gate row apart (an F32 router and an F16 gate, as
+        // the real files have): the gate's dot in the routing launch, the same bits.
+        let mut router = s.router.slice_mut(..t * c.n_expert);
+        matmul(device, &w.router.view(), h, &mut router)?;
+        moe_route_gate(
+            device,
+            &router.as_view(),
+            &w.shared_gate_inp.view(),
+            h,
             &mut ids,
             &mut weights,
             &mut shared_weight,
