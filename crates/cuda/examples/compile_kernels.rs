@@ -26,7 +26,7 @@ fn local_memory_refused(kernel: &KernelResources) -> bool {
     let known = KNOWN_LOCAL
         .iter()
         .any(|(prefix, suffix)| name.starts_with(prefix) && name.ends_with(suffix));
-    let decode = name.contains("_q8_") || name.starts_with("deltanet_step_");
+    let decode = name.contains("_q8_") || name.starts_with("deltanet_step_kernel<");
     kernel.uses_local_memory() && decode && !known
 }
 

@@ -9,11 +9,8 @@ use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES};
-use crate::source::{
-    CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS, STEP_CLUSTER_COLS, STEP_CLUSTER_R,
-};
+use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
-use std::sync::OnceLock;
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
 pub(crate) const MAX_GRID_YZ: u64 = 65_535;
@@ -364,79 +361,9 @@ pub struct StepRecord<'a> {
 /// `deltanet_prep`, `delta_rule` and `gated_norm` in turn. With `out_q8` (a key head's value
 /// heads of 256 values in all), `out` is also quantized to Q8_K there, for the output
 /// projection to read (`matmul_quantized`: the same bits as quantizing `out` itself).
-/// Runs with the device's [`StepLayout::preferred`] layout.
 #[allow(clippy::too_many_arguments)]
 pub fn deltanet_step(
     device: &Device,
-    s: &DeltaNetShape,
-    eps: f32,
-    p: &DeltaNetParams<'_, '_>,
-    inputs: (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
-    conv_state: &mut CudaViewMut<'_, f32>,
-    recurrent: &mut CudaViewMut<'_, f32>,
-    outputs: (&mut CudaViewMut<'_, f32>, Option<&mut Q8RowsMut<'_>>),
-    record: Option<StepRecord<'_>>,
-) -> Result<(), CudaError> {
-    let layout = StepLayout::preferred(device, s);
-    deltanet_step_as(
-        device, layout, s, eps, p, inputs, conv_state, recurrent, outputs, record,
-    )
-}
-
-/// How the fused DeltaNet step spreads over CTAs; both give the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepLayout {
-    /// One CTA per key head, a thread per value column of its value heads.
-    KeyHeadPerCta,
-    /// A thread block cluster per key head (sm_90 and later), `cols` value columns per CTA:
-    /// the state is read and written by v_heads x head_dim / cols SMs instead of k_heads.
-    Cluster { cols: usize },
-}
-
-impl StepLayout {
-    /// The cluster layout of `REDLITE_DELTANET_CLUSTER_COLS` columns per CTA (default 32;
-    /// `0`: one CTA per key head) where the device and the shape allow it.
-    pub fn preferred(device: &Device, s: &DeltaNetShape) -> StepLayout {
-        static COLS: OnceLock<usize> = OnceLock::new();
-        let cols = *COLS.get_or_init(|| {
-            std::env::var("REDLITE_DELTANET_CLUSTER_COLS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(32)
-        });
-        let cluster = StepLayout::Cluster { cols };
-        match cluster.fits(device, s) {
-            true => cluster,
-            false => StepLayout::KeyHeadPerCta,
-        }
-    }
-
-    /// Whether `device` runs this layout for shape `s`: clusters need sm_90 or later, the
-    /// built value heads per key head and column counts.
-    pub fn fits(self, device: &Device, s: &DeltaNetShape) -> bool {
-        match self {
-            StepLayout::KeyHeadPerCta => true,
-            StepLayout::Cluster { cols } => {
-                let sm = device
-                    .arch()
-                    .strip_prefix("sm_")
-                    .and_then(|v| v.parse::<u32>().ok())
-                    .unwrap_or(0);
-                sm >= 90
-                    && s.k_heads > 0
-                    && s.v_heads == STEP_CLUSTER_R * s.k_heads
-                    && STEP_CLUSTER_COLS.contains(&cols)
-                    && cols <= s.head_dim
-            }
-        }
-    }
-}
-
-/// [`deltanet_step`] with the given layout (one that [`StepLayout::fits`]).
-#[allow(clippy::too_many_arguments)]
-pub fn deltanet_step_as(
-    device: &Device,
-    layout: StepLayout,
     s: &DeltaNetShape,
     eps: f32,
     p: &DeltaNetParams<'_, '_>,
@@ -446,14 +373,6 @@ pub fn deltanet_step_as(
     (out, out_q8): (&mut CudaViewMut<'_, f32>, Option<&mut Q8RowsMut<'_>>),
     mut record: Option<StepRecord<'_>>,
 ) -> Result<(), CudaError> {
-    if let (false, StepLayout::Cluster { cols }) = (layout.fits(device, s), layout) {
-        return Err(CudaError::NoSpecialization {
-            op: CudaOp::DeltaNet,
-            what: "step cluster columns per CTA",
-            found: cols,
-            supported: "32, 64, 128 up to the head dim, 2 value heads per key head, sm_90+",
-        });
-    }
     let op = CudaOp::DeltaNet;
     let d = s.check(op)?;
     fits(op, "tokens (fused step)", s.tokens as u64, i32::MAX as u64)?;
@@ -524,7 +443,6 @@ pub fn deltanet_step_as(
     };
     launch::deltanet_step(
         device,
-        layout,
         &d,
         width,
         eps,

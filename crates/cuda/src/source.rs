@@ -446,15 +446,6 @@ pub(crate) fn deltanet_step_kernel(dk: usize, width: usize) -> String {
     format!("deltanet_step_kernel<{dk}, {width}>")
 }
 
-/// Value heads per key head the cluster step is built for (Qwen3-Next: 32 / 16).
-pub(crate) const STEP_CLUSTER_R: usize = 2;
-/// Columns per CTA the cluster step is built for (at most the head dim).
-pub(crate) const STEP_CLUSTER_COLS: [usize; 3] = [32, 64, 128];
-
-pub(crate) fn deltanet_step_cluster_kernel(dk: usize, width: usize, cols: usize) -> String {
-    format!("deltanet_step_cluster_kernel<{dk}, {width}, {cols}, {STEP_CLUSTER_R}>")
-}
-
 pub(crate) fn gated_norm_kernel() -> String {
     format!("gated_norm_kernel<{LAYER_WARPS}>")
 }
@@ -741,14 +732,6 @@ fn module_families() -> Vec<ModuleSource> {
                     CONV_KERNELS
                         .iter()
                         .map(move |&w| deltanet_step_kernel(dk, w))
-                }))
-                .chain(DELTA_DK.iter().flat_map(|&dk| {
-                    CONV_KERNELS.iter().flat_map(move |&w| {
-                        STEP_CLUSTER_COLS
-                            .iter()
-                            .filter(move |&&cols| cols <= dk)
-                            .map(move |&cols| deltanet_step_cluster_kernel(dk, w, cols))
-                    })
                 }))
                 .chain([
                     "deltanet_split_kernel".to_string(),

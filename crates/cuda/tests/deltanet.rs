@@ -4,9 +4,8 @@
 //! final state). GPU tests print a message and pass when no driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    delta_rule, deltanet_conv, deltanet_step, deltanet_step_as, matmul, matmul_quantized,
-    DeltaNetParams, DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepLayout, StepRecord, TokenWalk,
-    Q8_BLOCK_VALUES,
+    delta_rule, deltanet_conv, deltanet_step, matmul, matmul_quantized, DeltaNetParams,
+    DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepRecord, TokenWalk, Q8_BLOCK_VALUES,
 };
 use redlite_gguf::GgmlType;
 
@@ -330,114 +329,6 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 );
             } else {
                 assert!(bits(&st) == bits(&all_state), "{what}: final states differ");
-            }
-        }
-    }
-}
-
-/// The cluster layouts of the fused step (a thread block cluster per key head) write the bits
-/// of the one-CTA-per-key-head layout: outputs, Q8_K codes and scales, final conv and
-/// recurrent states and the rows' records, over 4 rows.
-#[test]
-fn cluster_step_layouts_equal_the_key_head_layout() {
-    let name = "cluster_step_layouts_equal_the_key_head_layout";
-    let Some(device) = device(name) else {
-        return;
-    };
-    let mut rng = Rng(34);
-    for s in shapes(4) {
-        let layouts: Vec<StepLayout> = [32, 64, 128]
-            .map(|cols| StepLayout::Cluster { cols })
-            .into_iter()
-            .filter(|l| l.fits(&device, &s))
-            .collect();
-        if layouts.is_empty() {
-            eprintln!(
-                "{name}: no cluster layout on {} for {s:?}; skipped",
-                device.arch()
-            );
-            continue;
-        }
-        let (channels, inner, v_heads, dk) = (s.channels(), s.inner(), s.v_heads, s.head_dim);
-        let t = s.tokens;
-        let mut values =
-            |n: usize, scale: f32| (0..n).map(|_| rng.signed() * scale).collect::<Vec<f32>>();
-        let upload = |v: &[f32]| device.upload(v).unwrap();
-        let (qkv, z, ba) = (
-            upload(&values(t * channels, 1.0)),
-            upload(&values(t * inner, 1.0)),
-            upload(&values(t * 2 * v_heads, 1.0)),
-        );
-        let (conv_w, a, dt_bias, norm_w) = (
-            upload(&values(4 * channels, 0.5)),
-            upload(&values(v_heads, 1.0)),
-            upload(&values(v_heads, 1.0)),
-            upload(&values(dk, 1.0)),
-        );
-        let (conv0, state0) = (values(3 * channels, 1.0), values(v_heads * dk * dk, 0.1));
-        let params = DeltaNetParams {
-            conv_w: &conv_w.as_view(),
-            a: &a.as_view(),
-            dt_bias: &dt_bias.as_view(),
-            norm_w: &norm_w.as_view(),
-        };
-        let quantized = v_heads / s.k_heads * dk == Q8_BLOCK_VALUES;
-        // Every buffer the step writes, as bits.
-        let run = |layout: StepLayout| -> Vec<(&'static str, Vec<u32>)> {
-            let mut conv = device.upload(&conv0).unwrap();
-            let mut state = device.upload(&state0).unwrap();
-            let mut out = device.alloc_zeros::<f32>(t * inner).unwrap();
-            let mut conv_rec = device.alloc_zeros::<f32>((t - 1) * conv0.len()).unwrap();
-            let mut state_rec = device.alloc_zeros::<f32>((t - 1) * state0.len()).unwrap();
-            let mut scales = device.alloc_zeros::<f32>(t * s.k_heads).unwrap();
-            let mut codes = device.alloc_zeros::<i8>(t * inner).unwrap();
-            let mut out_q8 = Q8RowsMut {
-                scales: scales.as_view_mut(),
-                codes: codes.as_view_mut(),
-            };
-            deltanet_step_as(
-                &device,
-                layout,
-                &s,
-                1e-6,
-                &params,
-                (&qkv.as_view(), &z.as_view(), &ba.as_view()),
-                &mut conv.as_view_mut(),
-                &mut state.as_view_mut(),
-                (&mut out.as_view_mut(), quantized.then_some(&mut out_q8)),
-                Some(StepRecord {
-                    conv: conv_rec.as_view_mut(),
-                    recurrent: state_rec.as_view_mut(),
-                }),
-            )
-            .unwrap();
-            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-            let codes = device.download(&codes).unwrap();
-            vec![
-                ("outputs", bits(device.download(&out).unwrap())),
-                ("conv state", bits(device.download(&conv).unwrap())),
-                ("recurrent state", bits(device.download(&state).unwrap())),
-                ("conv records", bits(device.download(&conv_rec).unwrap())),
-                ("state records", bits(device.download(&state_rec).unwrap())),
-                ("Q8_K scales", bits(device.download(&scales).unwrap())),
-                (
-                    "Q8_K codes",
-                    codes.iter().map(|&c| c as u8 as u32).collect(),
-                ),
-            ]
-        };
-        let reference = run(StepLayout::KeyHeadPerCta);
-        assert!(
-            reference[0].1.iter().any(|&b| b != 0),
-            "{v_heads} v-heads of {dk}: nothing computed"
-        );
-        for layout in layouts {
-            for ((what, want), (_, found)) in reference.iter().zip(run(layout)) {
-                let first = want.iter().zip(&found).position(|(a, b)| a != b);
-                assert!(
-                    first.is_none(),
-                    "{v_heads} v-heads of {dk}, {layout:?}: {what} differ first at {first:?}"
-                );
             }
         }
     }
