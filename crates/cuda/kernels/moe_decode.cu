@@ -21,11 +21,14 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
                            float* __restrict__ out, int rows, int ff, int used, int n_expert,
                            int accumulate, const u8* __restrict__ shared_down,
                            const float* __restrict__ shared_weight,
-                           const float* __restrict__ act_shared, int shared_ff) {
+                           const float* __restrict__ act_shared, int shared_ff,
+                           const float* __restrict__ act_d, const i8* __restrict__ act_q,
+                           int act_stride) {
     PROBE_RETURN(PROBE_DOWN);
     typedef Q8Dot<B> D;
     constexpr int TERMS = D::PRELOAD / IPL > 0 ? D::PRELOAD / IPL : 1;
-    if (skipped_token(ids, blockIdx.y, used)) return;
+    const bool fixed = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0;
+    if (!fixed && skipped_token(ids, blockIdx.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
@@ -41,7 +44,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     // Term k's row, or null for an expert id out of range (no term).
     const auto term_row = [&](int k) -> const u8* {
         if (k == used) return shared_down + i64(row) * shared_row_bytes;
-        const i64 expert = id[k];
+        const i64 expert = fixed ? k : id[k];
         return expert >= 0 && expert < n_expert ? down + (expert * rows + row) * row_bytes
                                                 : nullptr;
     };
@@ -62,10 +65,25 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     };
     if (row < rows) load_terms(0);
     const int routed = used * ff;
-    float* ad;
-    i8* aq;
-    quantize_down_input(q8_shared, act, act_shared, t, used, ff,
-                        shared_down != nullptr ? shared_ff : 0, ad, aq);
+    const float* ad;
+    const i8* aq;
+    if (act_q != nullptr) {
+        // Made by the gate/up launch (quantize_act_blocks): the codes quantize_down_input
+        // would make.
+        ad = act_d + i64(t) * (act_stride / Q8K_VALUES);
+        aq = act_q + i64(t) * act_stride;
+    } else if ((REDLITE_PROBE_EXIT & PROBE_DOWN_INPUT) != 0) {
+        const int values = routed + (shared_down != nullptr ? shared_ff : 0);
+        ad = reinterpret_cast<float*>(q8_shared);
+        aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(values);
+    } else {
+        float* staged_d;
+        i8* staged_q;
+        quantize_down_input(q8_shared, act, act_shared, t, used, ff,
+                            shared_down != nullptr ? shared_ff : 0, staged_d, staged_q);
+        ad = staged_d;
+        aq = staged_q;
+    }
     if (row >= rows) return;
     const int blocks = ff / B::VALUES;
     float partial = 0.0f;
@@ -76,7 +94,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
             const int k = k0 + g;
             if (k >= terms) break;
             const bool shared = k == used;
-            if (!shared && (id[k] < 0 || id[k] >= n_expert)) continue;
+            if (!shared && !fixed && (id[k] < 0 || id[k] >= n_expert)) continue;
             const int n = shared ? per_shared : per_expert;
             const i8* q = shared ? aq + routed : aq + k * ff;
             const float* d = shared ? ad + used * blocks : ad + k * blocks;

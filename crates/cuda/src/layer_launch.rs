@@ -361,16 +361,18 @@ fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
         .max(1)
 }
 
-/// Query heads per CTA of the split kernel: the most of `ATTENTION_HEADS_PER_CTA` (at most
-/// `REDLITE_ATTN_HEADS_PER_CTA`, default 8; 1: a head per CTA) that divides the query heads
-/// of one KV head, each CTA then reading its split's K and V rows once for them all.
+/// Query heads per CTA of the split kernel: 1 (the default), or under
+/// `REDLITE_ATTN_HEADS_PER_CTA=N` the most of `ATTENTION_HEADS_PER_CTA` up to N that divides
+/// the query heads of one KV head, each CTA then reading its split's K and V rows once for
+/// them all but running their softmax chains one after the other (slower on the H200 at
+/// depths 0 and 4096: docs/PERF.md, thirteenth session).
 fn attention_heads_per_cta(d: &AttnDims) -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     let most = *MOST.get_or_init(|| {
         std::env::var("REDLITE_ATTN_HEADS_PER_CTA")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
+            .unwrap_or(1)
     });
     let group = d.heads / d.kv_heads.max(1);
     ATTENTION_HEADS_PER_CTA

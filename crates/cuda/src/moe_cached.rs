@@ -113,5 +113,6 @@ pub fn moe_gate_up_cached(
         act,
         shared,
         Some(copies),
+        None,
     )
 }

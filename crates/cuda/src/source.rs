@@ -314,6 +314,13 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
+pub(crate) fn moe_gate_up_q8_codes_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
+    format!(
+        "moe_gate_up_q8_codes_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        kind.cuda_name
+    )
+}
+
 pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
@@ -559,8 +566,10 @@ pub fn modules() -> Vec<ModuleSource> {
 /// Measurement probe, `REDLITE_PROBE_EXIT=MASK` (wrong results on purpose): the kernels of
 /// the families in MASK return at once, their launches kept (`PROBE_*` in `common.cuh`: 1
 /// dense q8 products, 2 expert gate/up, 4 expert down, 8 DeltaNet step, 16 quantizing norms,
-/// 32 split-K float products, 64 routing with the gate row, 128 attention decode), so that a
-/// benchmark shows what their work costs a decode step. Only the probed families' sources
+/// 32 split-K float products, 64 routing with the gate row, 128 attention decode; parts of
+/// kernels: 256 the expert down's input quantization, 512 the routing's ids read by the
+/// expert kernels), so that a benchmark shows what their work costs a decode step. Only the
+/// probed families' sources
 /// change, so only they are compiled again.
 fn probe_exit() -> u32 {
     std::env::var("REDLITE_PROBE_EXIT")
@@ -573,7 +582,7 @@ fn probe_exit() -> u32 {
 fn probed_families(name: &str) -> u32 {
     match name {
         "matmul" => 1 | 32,
-        "moe" => 2 | 4 | 64,
+        "moe" => 2 | 4 | 64 | 256 | 512,
         "deltanet" => 8,
         "elementwise" => 16,
         "attention" => 128,
@@ -680,6 +689,7 @@ fn module_families() -> Vec<ModuleSource> {
                         MOE_Q8_ROWS.iter().flat_map(move |&rows| {
                             [
                                 moe_gate_up_q8_kernel(k, lanes, rows),
+                                moe_gate_up_q8_codes_kernel(k, lanes, rows),
                                 moe_down_q8_kernel(k, lanes, rows),
                             ]
                         })
