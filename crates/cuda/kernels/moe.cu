@@ -298,9 +298,8 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
     const i8* __restrict__ gq, float* __restrict__ act, int ff, int cols, int used,
     int n_expert, const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
     float* __restrict__ act_shared, int shared_ff) {
-    if ((REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) == 0 && skipped_pair(ids, cta.z, cta.y, used)) {
-        return;
-    }
+    const bool fixed = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0;
+    if (!fixed && skipped_pair(ids, cta.z, cta.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int k = cta.y, t = cta.z;
@@ -321,7 +320,7 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
         out = act_shared + i64(t) * shared_ff + row0;
     } else {
         n_rows = ff;
-        const i64 expert = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0 ? k : ids[t * used + k];
+        const i64 expert = fixed ? k : ids[t * used + k];
         valid = expert >= 0 && expert < n_expert;
         const i64 at = ((valid ? expert : 0) * ff + row0) * row_bytes;
         g_rows = gate + at;
@@ -406,49 +405,6 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
     }
 }
 
-// The down matvec's input codes made once, by the gate/up launch: when a CTA's rows of act
-// (or act_shared) are written, it takes a ticket of their Q8_K block (a block of 256 rows
-// holds 256 / RPC CTAs' rows, RPC = rows a CTA); the CTA taking the last one reads the whole
-// block past L1 and quantizes it as quantize_down_input would (quantize_q8k_blocks on the
-// same 256 values: the same codes and scale), then resets the ticket. Token t's codes are
-// `act_q[t * stride ...]`: slot k's rows at k * ff, the shared expert's at used * ff; its
-// scales `act_d[t * stride / 256 ...]` likewise; tickets [tokens][used + 1][max blocks].
-template <int RPC>
-static __device__ __forceinline__ void quantize_act_blocks(
-    uint3 cta, const int* __restrict__ ids, const float* __restrict__ act,
-    const float* __restrict__ act_shared, float* __restrict__ act_d, i8* __restrict__ act_q,
-    int* __restrict__ tickets, int stride, int ff, int used, int shared_ff) {
-    static_assert(Q8K_VALUES % RPC == 0, "a CTA's rows lie in one Q8_K block");
-    __shared__ int last;
-    __shared__ __align__(16) float block_values[Q8K_VALUES];
-    const int k = cta.y, t = cta.z;
-    const int n_rows = k == used ? shared_ff : ff;
-    const int row0 = cta.x * RPC;
-    if (skipped_pair(ids, t, k, used) || row0 >= n_rows) return;
-    const int block = row0 / Q8K_VALUES;
-    const int max_blocks = (max(ff, shared_ff) + Q8K_VALUES - 1) / Q8K_VALUES;
-    int* ticket = tickets + (i64(t) * (used + 1) + k) * max_blocks + block;
-    // Every thread's stores of the CTA's rows are made visible before its ticket.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == Q8K_VALUES / RPC - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* src = (k == used ? act_shared + i64(t) * shared_ff
-                                  : act + (i64(t) * used + k) * ff) +
-                       block * Q8K_VALUES;
-    for (int i = threadIdx.x; i < Q8K_VALUES; i += blockDim.x) block_values[i] = __ldcg(src + i);
-    if (threadIdx.x == 0) *ticket = 0;
-    __syncthreads();
-    const int first = (k == used ? used * ff : k * ff) + block * Q8K_VALUES;
-    if (threadIdx.x < WARP_SIZE) {
-        quantize_q8k_block_warp(block_values,
-                                act_d + i64(t) * (stride / Q8K_VALUES) + first / Q8K_VALUES,
-                                act_q + i64(t) * stride + first, threadIdx.x);
-    }
-}
-
 template <class B, int WARPS, int LANES, int ROWS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
@@ -461,29 +417,6 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
     moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
                                                cols, used, n_expert, shared_gate, shared_up,
                                                act_shared, shared_ff);
-}
-
-// moe_gate_up_q8_kernel that also makes the down matvec's input codes (quantize_act_blocks;
-// `moe_gate_up_coding`). A kernel of its own: the tail's registers (90 instead of 72 for the
-// IQ2_XXS products) would cost the plain kernel occupancy.
-template <class B, int WARPS, int LANES, int ROWS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-moe_gate_up_q8_codes_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
-                            const int* __restrict__ ids, const float* __restrict__ x,
-                            const float* __restrict__ gd, const i8* __restrict__ gq,
-                            float* __restrict__ act, int ff, int cols, int used, int n_expert,
-                            const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
-                            float* __restrict__ act_shared, int shared_ff,
-                            float* __restrict__ act_d, i8* __restrict__ act_q,
-                            int* __restrict__ act_tickets, int act_stride) {
-    PROBE_RETURN(PROBE_GATE_UP);
-    // The body's early returns end only the body: every CTA reaches the codes' tickets.
-    moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
-                                               cols, used, n_expert, shared_gate, shared_up,
-                                               act_shared, shared_ff);
-    quantize_act_blocks<WARPS * (WARP_SIZE / LANES) * ROWS>(blockIdx, ids, act, act_shared, act_d,
-                                                            act_q, act_tickets, act_stride, ff,
-                                                            used, shared_ff);
 }
 
 // Grouped gate/up for prompts (several tokens per call): the (token, slot) pairs routed to

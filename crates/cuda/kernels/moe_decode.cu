@@ -21,9 +21,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
                            float* __restrict__ out, int rows, int ff, int used, int n_expert,
                            int accumulate, const u8* __restrict__ shared_down,
                            const float* __restrict__ shared_weight,
-                           const float* __restrict__ act_shared, int shared_ff,
-                           const float* __restrict__ act_d, const i8* __restrict__ act_q,
-                           int act_stride) {
+                           const float* __restrict__ act_shared, int shared_ff) {
     PROBE_RETURN(PROBE_DOWN);
     typedef Q8Dot<B> D;
     constexpr int TERMS = D::PRELOAD / IPL > 0 ? D::PRELOAD / IPL : 1;
@@ -65,24 +63,15 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     };
     if (row < rows) load_terms(0);
     const int routed = used * ff;
-    const float* ad;
-    const i8* aq;
-    if (act_q != nullptr) {
-        // Made by the gate/up launch (quantize_act_blocks): the codes quantize_down_input
-        // would make.
-        ad = act_d + i64(t) * (act_stride / Q8K_VALUES);
-        aq = act_q + i64(t) * act_stride;
-    } else if ((REDLITE_PROBE_EXIT & PROBE_DOWN_INPUT) != 0) {
+    float* ad;
+    i8* aq;
+    if ((REDLITE_PROBE_EXIT & PROBE_DOWN_INPUT) != 0) {
         const int values = routed + (shared_down != nullptr ? shared_ff : 0);
         ad = reinterpret_cast<float*>(q8_shared);
         aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(values);
     } else {
-        float* staged_d;
-        i8* staged_q;
         quantize_down_input(q8_shared, act, act_shared, t, used, ff,
-                            shared_down != nullptr ? shared_ff : 0, staged_d, staged_q);
-        ad = staged_d;
-        aq = staged_q;
+                            shared_down != nullptr ? shared_ff : 0, ad, aq);
     }
     if (row >= rows) return;
     const int blocks = ff / B::VALUES;

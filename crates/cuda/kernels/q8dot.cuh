@@ -123,50 +123,6 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
     __syncthreads();
 }
 
-// One block of 256 values from 16-byte aligned `x` by one warp (lane `lane`), as
-// quantize_q8k_blocks quantizes each of its blocks (the same scale and codes), holding 8
-// values a lane instead of its 4 blocks' 32 (for a kernel's tail, beside its own registers).
-static __device__ __forceinline__ void quantize_q8k_block_warp(const float* x, float* d, i8* q,
-                                                               int lane) {
-    const float4 lo = *reinterpret_cast<const float4*>(x + 8 * lane);
-    const float4 hi = *reinterpret_cast<const float4*>(x + 8 * lane + 4);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    float amax = 0.0f, signed_max = 0.0f;
-    int at = Q8K_VALUES;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (fabsf(v[j]) > amax) {
-            amax = fabsf(v[j]);
-            signed_max = v[j];
-            at = 8 * lane + j;
-        }
-    }
-#pragma unroll
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        const float other_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
-        const float other_max = __shfl_xor_sync(0xffffffffu, signed_max, offset);
-        const int other_at = __shfl_xor_sync(0xffffffffu, at, offset);
-        if (other_amax > amax || (other_amax == amax && other_at < at)) {
-            amax = other_amax;
-            signed_max = other_max;
-            at = other_at;
-        }
-    }
-    u32 words[2] = {0, 0};
-    float scale = 0.0f;
-    if (amax != 0.0f) {
-        const float iscale = -127.0f / signed_max;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int code = min(127, __float2int_rn(iscale * v[j]));
-            words[j / 4] |= (u32(code) & 0xffu) << (8 * (j % 4));
-        }
-        scale = 1.0f / iscale;
-    }
-    *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(words[0], words[1]);
-    if (lane == 0) *d = scale;
-}
-
 // The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
 // null when `values2` is 0), staged back to back.
 static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,

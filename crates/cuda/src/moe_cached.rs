@@ -113,6 +113,5 @@ pub fn moe_gate_up_cached(
         act,
         shared,
         Some(copies),
-        None,
     )
 }

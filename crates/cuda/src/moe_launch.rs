@@ -4,7 +4,6 @@
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
-use crate::moe_ops::{ActCodes, ActCodesMut};
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
@@ -134,36 +133,6 @@ pub fn with_preload<R>(on: bool, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Whether the gate/up of `gate_ty` rows of `cols` (`dots`) and the down of `down_ty` rows
-/// of `ff` (+ `shared_ff`) take the q8 gate/up kernel and the preloading q8 down kernel,
-/// with a gate/up CTA's rows inside one Q8_K block: the kernels that pass the down's input
-/// codes (`quantize_act_blocks`).
-pub(crate) fn act_codes_kernels(
-    gate_ty: GgmlType,
-    dots: Dots,
-    cols: usize,
-    (down_ty, down_dots, ff, shared_ff): (GgmlType, Dots, usize, usize),
-) -> bool {
-    let (Some(gate_kind), Some(down_kind)) = (
-        source::WEIGHT_KINDS.iter().find(|k| k.ty == gate_ty),
-        source::WEIGHT_KINDS.iter().find(|k| k.ty == down_ty),
-    ) else {
-        return false;
-    };
-    let MoeVersion::Q8 { lanes } = moe_version(*gate_kind, dots, cols) else {
-        return false;
-    };
-    let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
-    let MoeVersion::Q8 { lanes: down_lanes } = moe_version(*down_kind, down_dots, ff) else {
-        return false;
-    };
-    let items = items_per_lane(*down_kind, ff.max(shared_ff), down_lanes);
-    crate::q8_input::Q8_BLOCK_VALUES.is_multiple_of(rows_per_cta)
-        && preload()
-        && moe_q8_rows() == 1
-        && MOE_PRELOAD_ITEMS.contains(&items)
-}
-
 /// Items per lane of a row of `values` values of `kind` shared by `lanes` lanes.
 fn items_per_lane(kind: WeightKind, values: usize, lanes: usize) -> usize {
     (values / kind.ty.block_values() * kind.items_per_block).div_ceil(lanes)
@@ -215,17 +184,8 @@ pub(crate) fn moe_gate_up(
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
     copies: Option<CachedCopies<'_, '_>>,
-    codes: Option<ActCodesMut<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let no_codes = |codes: &Option<ActCodesMut<'_, '_>>| match codes {
-        Some(_) => Err(CudaError::UnsupportedType {
-            op: crate::CudaOp::MoeGateUp,
-            ty: kind.ty,
-        }),
-        None => Ok(()),
-    };
     if let Some(copies) = copies {
-        no_codes(&codes)?;
         let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
             return Err(CudaError::UnsupportedType {
                 op: crate::CudaOp::MoeGateUp,
@@ -259,10 +219,7 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&match codes {
-                Some(_) => source::moe_gate_up_q8_codes_kernel(kind, lanes, gate_up_rows()),
-                None => source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()),
-            })?,
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()))?,
             LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
@@ -295,16 +252,6 @@ pub(crate) fn moe_gate_up(
             )
         });
         let inputs = (gate, up, ids, x);
-        let codes = match (moe_version(kind, dots, cols), codes) {
-            (MoeVersion::Q8 { .. }, Some(c)) => {
-                raw::CodesOut::Given(c.scales, c.codes, c.tickets, to_i32(c.stride))
-            }
-            (MoeVersion::Q8 { .. }, None) => raw::CodesOut::Absent,
-            (_, codes) => {
-                no_codes(&codes)?;
-                raw::CodesOut::Absent
-            }
-        };
         return raw::launch_moe_gate_up_v3(
             device.stream(),
             kernel,
@@ -315,10 +262,8 @@ pub(crate) fn moe_gate_up(
             dims,
             shared,
             None,
-            codes,
         );
     }
-    no_codes(&codes)?;
     let cfg = config(
         (ff.div_ceil(rows_per_cta), used, tokens),
         threads,
@@ -377,7 +322,6 @@ fn gate_up_cached(
         dims,
         shared,
         Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))),
-        raw::CodesOut::Absent,
     )
 }
 
@@ -394,7 +338,6 @@ pub(crate) fn moe_down(
     (rows, ff, accumulate): (usize, usize, bool),
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedDownArgs<'_, '_>>,
-    codes: Option<ActCodes<'_, '_>>,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
     let shared_ff = shared.as_ref().map_or(0, |s| s.3);
@@ -402,7 +345,6 @@ pub(crate) fn moe_down(
         let items = items_per_lane(kind, ff.max(shared_ff), lanes);
         Some(items).filter(|i| preload() && moe_q8_rows() == 1 && MOE_PRELOAD_ITEMS.contains(i))
     };
-    let mut preloading = false;
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, ff) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_down_v3_kernel(kind))?,
@@ -417,29 +359,15 @@ pub(crate) fn moe_down(
             staged,
         ),
         MoeVersion::Q8 { lanes } => {
-            let (kernel, staging) = match preload_items(lanes) {
-                Some(items) => {
-                    preloading = true;
-                    // Given its codes, the kernel stages nothing.
-                    let staging = match codes {
-                        Some(_) => 0,
-                        None => q8_shared_bytes(used * ff + shared_ff),
-                    };
-                    (
-                        source::moe_down_q8_preload_kernel(kind, lanes, items),
-                        staging,
-                    )
-                }
-                None => (
-                    source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
-                    q8_shared_bytes(used * ff + shared_ff),
-                ),
+            let kernel = match preload_items(lanes) {
+                Some(items) => source::moe_down_q8_preload_kernel(kind, lanes, items),
+                None => source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
             };
             (
                 device.kernel(&kernel)?,
                 LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
                 LAYER_WARPS * 32,
-                staging,
+                q8_shared_bytes(used * ff + shared_ff),
             )
         }
         MoeVersion::V1 => (
@@ -471,33 +399,7 @@ pub(crate) fn moe_down(
             )
         });
         let inputs = (down, ids, weights, act);
-        let codes = match (preloading, &codes) {
-            (true, Some(c)) => raw::CodesIn::Given(c.scales, c.codes, to_i32(c.stride)),
-            (true, None) => raw::CodesIn::Null,
-            (false, None) => raw::CodesIn::Absent,
-            (false, Some(_)) => {
-                return Err(CudaError::UnsupportedType {
-                    op: crate::CudaOp::MoeDown,
-                    ty: kind.ty,
-                })
-            }
-        };
-        return raw::launch_moe_down_v3(
-            device.stream(),
-            kernel,
-            cfg,
-            inputs,
-            out,
-            dims,
-            shared,
-            codes,
-        );
-    }
-    if codes.is_some() {
-        return Err(CudaError::UnsupportedType {
-            op: crate::CudaOp::MoeDown,
-            ty: kind.ty,
-        });
+        return raw::launch_moe_down_v3(device.stream(), kernel, cfg, inputs, out, dims, shared);
     }
     crate::profile::label(|| format!("moe_down {} {rows}x{ff} used{used}", kind.cuda_name));
     raw::launch_moe_down(

@@ -7,9 +7,8 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{self as launch, SHARED_MAX_BYTES};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
-use crate::moe_launch::act_codes_kernels;
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
-use crate::q8_input::{q8_rows_fit, Q8Rows, Q8_BLOCK_VALUES};
+use crate::q8_input::{q8_rows_fit, Q8Rows};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The shapes every expert gate/up launch relies on: `up` of `gate`'s type and shape, both
@@ -113,128 +112,7 @@ pub fn moe_gate_up(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
-    gate_up(
-        device,
-        (gate, up),
-        ff,
-        ids,
-        (x, q8),
-        act,
-        shared,
-        None,
-        None,
-    )
-}
-
-/// Where the gate/up launch leaves the down matvec's input in Q8_K ([`moe_gate_up_coding`]):
-/// `stride` values per token (slot k's rows at k x ff, the shared expert's at used x ff; a
-/// multiple of 256), their scales (`stride / 256` a token) and codes, and tickets (tokens x
-/// (used + 1) x the 256-row blocks of the longer of ff and shared ff) that start zeroed and
-/// that the launch leaves zeroed.
-pub struct ActCodesMut<'a, 'b> {
-    pub scales: &'a mut CudaViewMut<'b, f32>,
-    pub codes: &'a mut CudaViewMut<'b, i8>,
-    pub tickets: &'a mut CudaViewMut<'b, i32>,
-    pub stride: usize,
-}
-
-/// The codes [`moe_gate_up_coding`] left, for [`moe_down_coded`].
-pub struct ActCodes<'a, 'b> {
-    pub scales: &'a CudaView<'b, f32>,
-    pub codes: &'a CudaView<'b, i8>,
-    pub stride: usize,
-}
-
-/// Whether `gate`/`up` then `down` (with the shared expert's `shared_ff` rows, 0 without)
-/// can pass the down matvec's input codes ([`moe_gate_up_coding`], [`moe_down_coded`]): the
-/// q8 gate/up kernel and the preloading q8 down kernel, whole Q8_K blocks, a CTA's rows
-/// inside one block. `REDLITE_MOE_ACT_CODES=0`: never (the down quantizes its input in each
-/// CTA, the same codes).
-pub fn moe_act_codes_take(
-    gate: &WeightMatrix<'_>,
-    down: &WeightMatrix<'_>,
-    ff: usize,
-    shared_ff: usize,
-) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("REDLITE_MOE_ACT_CODES").as_deref() != Ok("0"));
-    on && ff > 0
-        && ff.is_multiple_of(Q8_BLOCK_VALUES)
-        && shared_ff.is_multiple_of(Q8_BLOCK_VALUES)
-        && act_codes_kernels(
-            gate.ty,
-            gate.dots,
-            gate.cols,
-            (down.ty, down.dots, ff, shared_ff),
-        )
-}
-
-/// [`moe_gate_up`] that also leaves the down matvec's input quantized in `codes` (see
-/// [`moe_act_codes_take`]): the codes the down launch would make, block for block.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_gate_up_coding(
-    device: &Device,
-    gate: &WeightMatrix<'_>,
-    up: &WeightMatrix<'_>,
-    ff: usize,
-    ids: &CudaView<'_, i32>,
-    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
-    act: &mut CudaViewMut<'_, f32>,
-    shared: Option<SharedGateUp<'_, '_>>,
-    codes: ActCodesMut<'_, '_>,
-) -> Result<(), CudaError> {
-    let op = CudaOp::MoeGateUp;
-    let tokens = x.len() / gate.cols.max(1);
-    let used = ids.len() / tokens.max(1);
-    let shared_ff = shared.as_ref().map_or(0, |s| s.0.rows);
-    check_codes(op, (tokens, used, ff, shared_ff), codes.stride)?;
-    let blocks = ff.max(shared_ff).div_ceil(Q8_BLOCK_VALUES);
-    fits(
-        op,
-        "codes tickets (tokens x (used + 1) x blocks)",
-        (tokens * (used + 1) * blocks) as u64,
-        codes.tickets.len() as u64,
-    )?;
-    fits(
-        op,
-        "codes scales",
-        (tokens * codes.stride / Q8_BLOCK_VALUES) as u64,
-        codes.scales.len() as u64,
-    )?;
-    fits(
-        op,
-        "codes",
-        (tokens * codes.stride) as u64,
-        codes.codes.len() as u64,
-    )?;
-    gate_up(
-        device,
-        (gate, up),
-        ff,
-        ids,
-        (x, q8),
-        act,
-        shared,
-        None,
-        Some(codes),
-    )
-}
-
-/// The codes' stride holds a token's slots and the shared expert in whole blocks.
-fn check_codes(
-    op: CudaOp,
-    (tokens, used, ff, shared_ff): (usize, usize, usize, usize),
-    stride: usize,
-) -> Result<(), CudaError> {
-    if tokens == 0 || !stride.is_multiple_of(Q8_BLOCK_VALUES) || stride < used * ff + shared_ff {
-        return Err(CudaError::Shape {
-            op,
-            what: "codes stride (a multiple of 256, at least used x ff + shared ff)",
-            expected: used * ff + shared_ff,
-            found: stride,
-        });
-    }
-    Ok(())
+    gate_up(device, (gate, up), ff, ids, (x, q8), act, shared, None)
 }
 
 /// [`moe_gate_up`], with an expert cache's copies in the launch when `copies` is given
@@ -249,7 +127,6 @@ pub(crate) fn gate_up(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
     copies: Option<launch::CachedCopies<'_, '_>>,
-    codes: Option<ActCodesMut<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeGateUp;
     let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
@@ -301,7 +178,6 @@ pub(crate) fn gate_up(
         (tokens, used, n_expert),
         shared,
         copies,
-        codes,
     )
 }
 
@@ -357,70 +233,6 @@ pub fn moe_down(
     accumulate: bool,
     shared: Option<SharedDown<'_, '_>>,
 ) -> Result<(), CudaError> {
-    down_with(
-        device, down, rows, ids, weights, act, out, accumulate, shared, None,
-    )
-}
-
-/// [`moe_down`] reading its input's codes from `codes` (left by [`moe_gate_up_coding`] on
-/// the same act) instead of quantizing act in each CTA: the same bits.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_down_coded(
-    device: &Device,
-    down: &WeightMatrix<'_>,
-    rows: usize,
-    ids: &CudaView<'_, i32>,
-    weights: &CudaView<'_, f32>,
-    act: &CudaView<'_, f32>,
-    out: &mut CudaViewMut<'_, f32>,
-    accumulate: bool,
-    shared: Option<SharedDown<'_, '_>>,
-    codes: ActCodes<'_, '_>,
-) -> Result<(), CudaError> {
-    let op = CudaOp::MoeDown;
-    let tokens = out.len() / rows.max(1);
-    let used = ids.len() / tokens.max(1);
-    let shared_ff = shared.as_ref().map_or(0, |s| s.0.cols);
-    check_codes(op, (tokens, used, down.cols, shared_ff), codes.stride)?;
-    fits(
-        op,
-        "codes scales",
-        (tokens * codes.stride / Q8_BLOCK_VALUES) as u64,
-        codes.scales.len() as u64,
-    )?;
-    fits(
-        op,
-        "codes",
-        (tokens * codes.stride) as u64,
-        codes.codes.len() as u64,
-    )?;
-    down_with(
-        device,
-        down,
-        rows,
-        ids,
-        weights,
-        act,
-        out,
-        accumulate,
-        shared,
-        Some(codes),
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn down_with(
-    device: &Device,
-    down: &WeightMatrix<'_>,
-    rows: usize,
-    ids: &CudaView<'_, i32>,
-    weights: &CudaView<'_, f32>,
-    act: &CudaView<'_, f32>,
-    out: &mut CudaViewMut<'_, f32>,
-    accumulate: bool,
-    shared: Option<SharedDown<'_, '_>>,
-    codes: Option<ActCodes<'_, '_>>,
-) -> Result<(), CudaError> {
     let op = CudaOp::MoeDown;
     let (kind, n_expert) = expert_stack(device, op, down, rows)?;
     let ff = down.cols;
@@ -469,6 +281,5 @@ fn down_with(
         (rows, ff, accumulate),
         (tokens, used, n_expert),
         shared,
-        codes,
     )
 }

@@ -314,13 +314,6 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
-pub(crate) fn moe_gate_up_q8_codes_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
-    format!(
-        "moe_gate_up_q8_codes_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
-        kind.cuda_name
-    )
-}
-
 pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
@@ -689,7 +682,6 @@ fn module_families() -> Vec<ModuleSource> {
                         MOE_Q8_ROWS.iter().flat_map(move |&rows| {
                             [
                                 moe_gate_up_q8_kernel(k, lanes, rows),
-                                moe_gate_up_q8_codes_kernel(k, lanes, rows),
                                 moe_down_q8_kernel(k, lanes, rows),
                             ]
                         })

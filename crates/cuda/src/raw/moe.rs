@@ -200,27 +200,6 @@ pub(crate) fn launch_moe_down(
     })
 }
 
-/// The `act_d, act_q, act_tickets, act_stride` arguments of `moe_gate_up_q8_codes_kernel`
-/// (the down matvec's input codes made in the launch), absent from the other kernels'
-/// signatures.
-pub(crate) enum CodesOut<'a, 'b> {
-    Absent,
-    Given(
-        &'a mut CudaViewMut<'b, f32>,
-        &'a mut CudaViewMut<'b, i8>,
-        &'a mut CudaViewMut<'b, i32>,
-        i32,
-    ),
-}
-
-/// The `act_d, act_q, act_stride` arguments of the preloading q8 down kernel: absent from
-/// the signature (the other down kernels), null (it quantizes act itself), or the codes.
-pub(crate) enum CodesIn<'a, 'b> {
-    Absent,
-    Null,
-    Given(&'a CudaView<'b, f32>, &'a CudaView<'b, i8>, i32),
-}
-
 /// The shared expert's gate, up, SwiGLU output and ff, for the version-3 gate/up launch.
 pub(crate) type SharedUpArgs<'a, 'b> = (
     &'a CudaView<'b, u8>,
@@ -272,7 +251,6 @@ pub(crate) fn launch_moe_gate_up_v3(
     (ff, cols, used, n_expert): (i32, i32, i32, i32),
     shared: Option<SharedUpArgs<'_, '_>>,
     copies: Option<(CachedCopyArgs<'_, '_>, (i32, i32))>,
-    codes: CodesOut<'_, '_>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(gate).arg(up).arg(ids).arg(x);
@@ -281,14 +259,6 @@ pub(crate) fn launch_moe_gate_up_v3(
     launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
     let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);
-    let stride;
-    match codes {
-        CodesOut::Absent => {}
-        CodesOut::Given(d, q, tickets, values) => {
-            stride = values;
-            launch.arg(d).arg(q).arg(tickets).arg(&stride);
-        }
-    }
     let mut copies = copies;
     if let Some((copies, grid)) = copies.as_mut() {
         push_cached_copies(&mut launch, copies, grid);
@@ -305,9 +275,7 @@ pub(crate) fn launch_moe_gate_up_v3(
     // calls) of at least max_fills experts, fills of 2 x max_fills entries from the lookup;
     // grid.x is max_fills x (2 x gate_chunks + down_chunks) + grid_x x grid_y CTAs, as the
     // kernel recomputes for its tickets; the ticket is zero (its last CTA resets it) and
-    // ready[max_fills] zeroed by the lookup queued before. With codes (the codes kernel only):
-    // scales and codes of tokens x `stride` values, zeroed tickets of tokens x (used + 1) x
-    // the blocks of the longer of ff and shared_ff, which its last CTAs reset (op entry).
+    // ready[max_fills] zeroed by the lookup queued before.
     launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
         launch.launch(config)
     })
@@ -359,7 +327,6 @@ pub(crate) fn launch_moe_gate_up_grouped(
 /// `moe_down_q8_kernel<B, WARPS, LANES>` of the same signature; null shared pointers without
 /// `shared`.
 #[allow(clippy::type_complexity)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_moe_down_v3(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -373,7 +340,6 @@ pub(crate) fn launch_moe_down_v3(
     out: &mut CudaViewMut<'_, f32>,
     (rows, ff, used, n_expert, accumulate): (i32, i32, i32, i32, i32),
     shared: Option<SharedDownArgs<'_, '_>>,
-    codes: CodesIn<'_, '_>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(down).arg(ids).arg(weights).arg(act).arg(out);
@@ -393,17 +359,6 @@ pub(crate) fn launch_moe_down_v3(
         }
     }
     launch.arg(&shared_ff);
-    let stride;
-    match codes {
-        CodesIn::Absent => {}
-        CodesIn::Null => {
-            launch.arg(&NO_POS).arg(&NO_POS).arg(&0i32);
-        }
-        CodesIn::Given(d, q, values) => {
-            stride = values;
-            launch.arg(d).arg(q).arg(&stride);
-        }
-    }
     // SAFETY: arguments match the signature; down holds n_expert x rows rows of `ff`, ids and
     // weights tokens x used, act tokens x used x ff, out tokens x rows (op entry); with
     // `shared`, its down holds rows rows of shared_ff in the same block type, its weight

@@ -58,16 +58,6 @@ impl Activations {
     }
 }
 
-/// Bytes of the expert down's input codes the scratch keeps for up to `Q8_CODE_ROWS` rows
-/// (`Scratch::act_codes`, `act_scales`, `act_tickets`: a code per value of the routed and
-/// shared activations in whole 256-value blocks, a scale per block, the gate/up launch's
-/// tickets).
-fn act_code_bytes(c: &HybridConfig, rows: u64) -> u64 {
-    let stride = (c.n_expert_used * c.expert_ff + c.shared_ff).next_multiple_of(256) as u64;
-    let tickets = ((c.n_expert_used + 1) * c.expert_ff.max(c.shared_ff).div_ceil(256)) as u64;
-    rows.min(Q8_CODE_ROWS) * (stride + 4 * stride / 256 + 4 * tickets)
-}
-
 /// 4-byte values per row of `Scratch::new` (f32, plus the u32/i32 id buffers), in its order.
 fn scratch_values_per_row(c: &HybridConfig) -> u64 {
     let channels = c.conv_channels();
@@ -116,7 +106,7 @@ pub fn activations(c: &HybridConfig, rows: u64, logit_rows: u64, mtp: bool) -> A
     Activations {
         rows,
         bytes_per_row: 4 * (workspace + scratch_values_per_row(c)),
-        fixed: 4 * partials + codes + q8_code_bytes(rows, mixer_out) + act_code_bytes(c, rows),
+        fixed: 4 * partials + codes + q8_code_bytes(rows, mixer_out),
         logit_rows,
         logits: logit_rows.saturating_mul(4 * c.n_vocab as u64),
         mtp: if mtp {
@@ -140,11 +130,9 @@ mod tests {
         assert_eq!(scratch_values_per_row(&c), 60_619);
         let a = activations(&c, 513, 1, false);
         assert_eq!(a.bytes_per_row, 267_052);
-        // The partials, 16 rows of codes for each of x, h and mix and for the mixer output,
-        // and of the expert down's input (5,632 values: 22 blocks, 22 tickets).
+        // The partials, 16 rows of codes for each of x, h and mix and for the mixer output.
         let codes = 3 * 16 * (2048 + 32) + 16 * (4096 + 64);
-        let down_codes = 16 * (5632 + 4 * 22 + 4 * 22);
-        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4 + codes + down_codes);
+        assert_eq!(a.fixed, 4 * 16 * 64 * 258 * 4 + codes);
         assert_eq!(a.logits, 151_936 * 4);
     }
 
@@ -161,10 +149,6 @@ mod tests {
         // One row of codes for each of x, h and mix, and for the mixer output.
         let code_bytes = |width: usize| (width + 4 * width / redlite_cuda::Q8_BLOCK_VALUES) as u64;
         let codes = 3 * code_bytes(c.n_embd) + code_bytes(c.ssm_inner().max(c.n_head * c.head_dim));
-        // And one row of the expert down's input codes, as `Scratch` sizes them.
-        use crate::backend::cuda::scratch::{act_code_stride, act_code_tickets};
-        let stride = act_code_stride(&c) as u64;
-        let down_codes = stride + 4 * stride / 256 + 4 * act_code_tickets(&c) as u64;
-        assert_eq!(a.fixed, 4 * len + codes + down_codes);
+        assert_eq!(a.fixed, 4 * len + codes);
     }
 }

@@ -23,7 +23,7 @@ mod moe_pairs;
 mod mtp;
 mod prefetch;
 mod q8_buffers;
-pub(crate) mod scratch;
+mod scratch;
 mod state;
 mod weights;
 

@@ -26,20 +26,19 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, mma_takes, moe_act_codes_take, moe_down, moe_down_coded, moe_down_mma,
-    moe_folds_shared, moe_gate_up, moe_gate_up_cached, moe_gate_up_cached_takes,
-    moe_gate_up_coding, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_gate,
-    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, ActCodes, ActCodesMut,
-    CacheCopies, CudaSlice, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels,
-    Q8Rows, RouteSkew, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_cached,
+    moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_gate,
+    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, CacheCopies, CudaSlice,
+    CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew,
+    SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
 use crate::backend::cuda::moe_pairs::{self, pair_down, PairBuffers};
 use crate::backend::cuda::prefetch::{NextBlock, Prefetch, PrefetchBuffers};
-use crate::backend::cuda::scratch::{act_code_stride, act_code_tickets, Scratch};
+use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::weights::MoeWeights;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::model::config::HybridConfig;
 
 /// Benchmark only (`REDLITE_BENCH_ROUTE_SKEW`): block `layer`'s experts drawn from `skew`
@@ -213,7 +212,6 @@ fn block(
         let scratch = ExpertScratch {
             act: &mut s.act,
             act_shared: &mut s.act_shared,
-            act_codes: (&mut s.act_codes, &mut s.act_scales, &mut s.act_tickets),
             slot_ids: &mut s.slot_ids,
             fills: &mut s.fills,
             fill_count: &mut s.fill_count,
@@ -248,12 +246,6 @@ fn block(
 struct ExpertScratch<'s> {
     act: &'s mut CudaSlice<f32>,
     act_shared: &'s mut CudaSlice<f32>,
-    /// The down's input codes, their scales and the gate/up launch's tickets.
-    act_codes: (
-        &'s mut CudaSlice<i8>,
-        &'s mut CudaSlice<f32>,
-        &'s mut CudaSlice<i32>,
-    ),
     slot_ids: &'s mut CudaSlice<i32>,
     fills: &'s mut CudaSlice<i32>,
     fill_count: &'s mut CudaSlice<i32>,
@@ -321,23 +313,6 @@ fn experts(
         grouped,
         fold,
     };
-    // A batch of decode size without copies in its gate/up launch: that launch quantizes
-    // the down's input once (the codes each down CTA would make).
-    let stride = act_code_stride(c);
-    let code_rows = s.act_codes.0.len() / stride;
-    let (codes, scales, tickets) = (
-        &mut *s.act_codes.0,
-        &mut *s.act_codes.1,
-        &mut *s.act_codes.2,
-    );
-    let mut codes = (small && copies.is_none() && !grouped && t <= code_rows).then(|| {
-        (
-            codes.slice_mut(..t * stride),
-            scales.slice_mut(..t * stride / 256),
-            tickets.slice_mut(..t * act_code_tickets(c)),
-            stride,
-        )
-    });
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
     let zero_ids = s.zero_ids.slice(..t);
@@ -347,7 +322,6 @@ fn experts(
         (shared_weight, &zero_ids),
         (h, h_q8),
         (&mut act, &mut act_shared),
-        codes.as_mut(),
         out,
     )?;
     if fold != Fold::None {
@@ -450,7 +424,6 @@ enum Fold {
 impl<'a> Part<'a> {
     /// `ids`: the pairs' experts (or slots), with the cache's copies to make in the gate/up
     /// launch; `act`: the routed and shared activations.
-    #[allow(clippy::too_many_arguments)]
     fn run<'v>(
         &self,
         (ids, copies): (&CudaView<'_, i32>, Option<CacheCopies<'_, '_>>),
@@ -458,7 +431,6 @@ impl<'a> Part<'a> {
         (shared_weight, zero_ids): (&CudaView<'_, f32>, &CudaView<'_, i32>),
         (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
         (act, act_shared): (&mut CudaViewMut<'v, f32>, &mut CudaViewMut<'v, f32>),
-        codes: Option<&mut ActCodeBuffers<'_>>,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()>
     where
@@ -466,20 +438,6 @@ impl<'a> Part<'a> {
     {
         let (device, c, w) = (self.device, self.c, self.w);
         let used = c.n_expert_used;
-        // The down's input codes from the gate/up launch where both kernels take them.
-        let down_shared_ff = if self.fold == Fold::All {
-            c.shared_ff
-        } else {
-            0
-        };
-        let codes = codes.filter(|_| {
-            moe_act_codes_take(
-                &w.gate_exps.view(),
-                &w.down_exps.view(),
-                c.expert_ff,
-                down_shared_ff,
-            )
-        });
         let tiles = match self.grouped {
             true => {
                 let mut host = vec![0i32; ids.len()];
@@ -499,60 +457,27 @@ impl<'a> Part<'a> {
         };
         // With the fold, one launch pair for both: REDLITE_MOE_FOLD_SHARED=0 times them apart.
         let down = w.shared_down.view();
-        let mut codes = codes;
-        let made = codes
-            .as_mut()
-            .map(|(codes, scales, tickets, stride)| ActCodesMut {
-                scales,
-                codes,
-                tickets,
-                stride: *stride,
-            });
         if self.fold == Fold::None {
             device.mark("routed experts");
-            routed.run(act, None, copies, made)?;
+            routed.run(act, None, copies)?;
         } else {
             device.mark("routed + shared experts (folded)");
             let (gate, up) = (w.shared_gate.view(), w.shared_up.view());
-            routed.run(act, Some((&gate, &up, act_shared)), copies, made)?;
+            routed.run(act, Some((&gate, &up, act_shared)), copies)?;
         }
         let shared = act_shared.as_view();
         let folded_down = (self.fold == Fold::All).then_some((&down, shared_weight, &shared));
-        let down_exps = w.down_exps.view();
-        let act = act.as_view();
-        match &codes {
-            Some((codes, scales, _, stride)) => {
-                let (codes, scales) = (codes.as_view(), scales.as_view());
-                let given = ActCodes {
-                    scales: &scales,
-                    codes: &codes,
-                    stride: *stride,
-                };
-                moe_down_coded(
-                    device,
-                    &down_exps,
-                    c.n_embd,
-                    ids,
-                    weights,
-                    &act,
-                    out,
-                    false,
-                    folded_down,
-                    given,
-                )?
-            }
-            None => moe_down(
-                device,
-                &down_exps,
-                c.n_embd,
-                ids,
-                weights,
-                &act,
-                out,
-                false,
-                folded_down,
-            )?,
-        }
+        moe_down(
+            device,
+            &w.down_exps.view(),
+            c.n_embd,
+            ids,
+            weights,
+            &act.as_view(),
+            out,
+            false,
+            folded_down,
+        )?;
         if self.fold == Fold::GateUp {
             // The shared expert's down as `shared_expert` launches it: the same sums.
             moe_down(
@@ -570,15 +495,6 @@ impl<'a> Part<'a> {
         Ok(())
     }
 }
-
-/// The down's input codes of a batch of decode size: codes, scales, tickets and the values
-/// per token (`Scratch::act_codes`).
-type ActCodeBuffers<'s> = (
-    CudaViewMut<'s, i8>,
-    CudaViewMut<'s, f32>,
-    CudaViewMut<'s, i32>,
-    usize,
-);
 
 /// The routed experts' gate/up of one call: grouped by expert when `tiles` are given, else
 /// per (token, slot) pair.
@@ -600,14 +516,8 @@ impl RoutedGateUp<'_, '_> {
         act: &mut CudaViewMut<'_, f32>,
         shared: Option<SharedGateUp<'_, '_>>,
         copies: Option<CacheCopies<'_, '_>>,
-        codes: Option<ActCodesMut<'_, '_>>,
     ) -> Result<()> {
         let (gate, up) = (self.w.gate_exps.view(), self.w.up_exps.view());
-        if codes.is_some() && (copies.is_some() || self.tiles.is_some()) {
-            return Err(EngineError::Cuda(
-                "the down's input codes come only from the plain gate/up launch".into(),
-            ));
-        }
         if let Some(copies) = copies {
             moe_gate_up_cached(
                 self.device,
@@ -625,29 +535,16 @@ impl RoutedGateUp<'_, '_> {
             Some(tiles) => {
                 moe_gate_up_grouped(self.device, &gate, &up, self.ff, tiles, self.h, act, shared)?
             }
-            None => match codes {
-                Some(codes) => moe_gate_up_coding(
-                    self.device,
-                    &gate,
-                    &up,
-                    self.ff,
-                    self.ids,
-                    (self.h, self.h_q8),
-                    act,
-                    shared,
-                    codes,
-                )?,
-                None => moe_gate_up(
-                    self.device,
-                    &gate,
-                    &up,
-                    self.ff,
-                    self.ids,
-                    (self.h, self.h_q8),
-                    act,
-                    shared,
-                )?,
-            },
+            None => moe_gate_up(
+                self.device,
+                &gate,
+                &up,
+                self.ff,
+                self.ids,
+                (self.h, self.h_q8),
+                act,
+                shared,
+            )?,
         }
         Ok(())
     }

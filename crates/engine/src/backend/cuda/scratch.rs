@@ -2,9 +2,7 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{
-    attention_partials_len, CudaSlice, Device, ONE_TOKEN_KERNELS_MAX_TOKENS, SMALL_BATCH_MAX_TOKENS,
-};
+use redlite_cuda::{attention_partials_len, CudaSlice, Device, SMALL_BATCH_MAX_TOKENS};
 
 use crate::backend::cuda::q8_buffers::Q8Buffers;
 
@@ -55,13 +53,6 @@ pub struct Scratch {
     pub weights: CudaSlice<f32>,
     pub act: CudaSlice<f32>,
     pub act_shared: CudaSlice<f32>,
-    /// The expert down matvec's input in Q8_K, made by the gate/up launch of a batch of
-    /// decode size (`moe_gate_up_coding`): `[rows][act_code_stride]` codes, `[rows][stride /
-    /// 256]` scales and the launch's zeroed tickets `[rows][used + 1][blocks]`, for the first
-    /// `ONE_TOKEN_KERNELS_MAX_TOKENS` rows.
-    pub act_codes: CudaSlice<i8>,
-    pub act_scales: CudaSlice<f32>,
-    pub act_tickets: CudaSlice<i32>,
     /// `[T]` zeros: the shared expert is expert 0 of a stack of one.
     pub zero_ids: CudaSlice<i32>,
     /// With an expert cache: each pair's slot `[T][used]`, the experts to copy in
@@ -83,18 +74,6 @@ pub struct Scratch {
     quantized: bool,
 }
 
-/// Values per token of the expert down's input codes: the routed slots' rows, then the
-/// shared expert's, in whole Q8_K blocks.
-pub fn act_code_stride(c: &HybridConfig) -> usize {
-    (c.n_expert_used * c.expert_ff + c.shared_ff).next_multiple_of(256)
-}
-
-/// Tickets per token of the gate/up launch that makes those codes: a 256-row block of each
-/// slot and of the shared expert.
-pub fn act_code_tickets(c: &HybridConfig) -> usize {
-    (c.n_expert_used + 1) * c.expert_ff.max(c.shared_ff).div_ceil(256)
-}
-
 impl Scratch {
     /// `quantized`: keep the Q8_K buffers of a batch of decode size (the backend's q8
     /// products).
@@ -110,10 +89,6 @@ impl Scratch {
         let attn = c.n_head * c.head_dim;
         let kv = c.n_head_kv * c.head_dim;
         let f = |n: usize| device.alloc_zeros::<f32>(t * n.max(1));
-        let code_rows = match quantized {
-            true => t.min(ONE_TOKEN_KERNELS_MAX_TOKENS),
-            false => 0,
-        };
         Ok(Scratch {
             tokens: t,
             generation: 0,
@@ -141,9 +116,6 @@ impl Scratch {
             weights: f(c.n_expert_used)?,
             act: f(c.n_expert_used * c.expert_ff)?,
             act_shared: f(c.shared_ff)?,
-            act_codes: device.alloc_zeros((code_rows * act_code_stride(c)).max(1))?,
-            act_scales: device.alloc_zeros((code_rows * act_code_stride(c) / 256).max(1))?,
-            act_tickets: device.alloc_zeros((code_rows * act_code_tickets(c)).max(1))?,
             zero_ids: device.alloc_zeros(t)?,
             slot_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
