@@ -120,6 +120,106 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
     }
 }
 
+// Positions base ... base + G - 1 (clamped to end - 1) of KV head kvh: this lane's VPL values
+// of each K and V row, all loaded before any is used.
+template <class KV, int VPL, int G>
+static __device__ __forceinline__ void load_kv_group(const KV* __restrict__ k_cache,
+                                                     const KV* __restrict__ v_cache, int base,
+                                                     int end, int kv_heads, int kvh, int lane,
+                                                     float (&kr)[G][VPL], float (&vr)[G][VPL]) {
+    constexpr int HD = VPL * WARP_SIZE;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const i64 at = (i64(min(base + j, end - 1)) * kv_heads + kvh) * HD;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) {
+            kr[j][e] = kv_load(k_cache + at + lane + WARP_SIZE * e);
+            vr[j][e] = kv_load(v_cache + at + lane + WARP_SIZE * e);
+        }
+    }
+}
+
+// One query head's online softmax over a loaded group: the scores q · k (positions from `end`
+// on masked), then the running max m, sum l and this lane's VPL values of Σ p v.
+template <int VPL, int G>
+static __device__ __forceinline__ void softmax_group(const float (&qv)[VPL],
+                                                     const float (&kr)[G][VPL],
+                                                     const float (&vr)[G][VPL], int base, int end,
+                                                     float scale, float& m, float& l,
+                                                     float (&acc)[VPL]) {
+    float score[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) d += qv[e] * kr[j][e];
+        score[j] = d;
+    }
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) score[j] += __shfl_xor_sync(0xffffffffu, score[j], offset);
+    }
+    float m_new = m;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        score[j] = base + j < end ? score[j] * scale : -INFINITY;
+        m_new = fmaxf(m_new, score[j]);
+    }
+    const float correction = expf(m - m_new);
+    l *= correction;
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) acc[e] *= correction;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const float weight = expf(score[j] - m_new);
+        l += weight;
+#pragma unroll
+        for (int e = 0; e < VPL; ++e) acc[e] = fmaf(weight, vr[j][e], acc[e]);
+    }
+    m = m_new;
+}
+
+// A split's partials from its warps' online softmaxes (each warp's running max m, sum l and
+// VPL values a lane of Σ p v): merged in shared memory relative to the largest max, into
+// partials[row][split] (HD values, then the max and the sum; (0, -inf, 0) where no warp saw a
+// position).
+template <int VPL, int WARPS>
+static __device__ __forceinline__ void merge_split_warps(float m, float l, const float (&acc)[VPL],
+                                                         float* m_part, float* l_part,
+                                                         float (*acc_part)[VPL * WARP_SIZE],
+                                                         float* partials, i64 row, int split) {
+    constexpr int HD = VPL * WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (lane == 0) {
+        m_part[warp] = m;
+        l_part[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
+    __syncthreads();
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+    float* out = partials + (row * gridDim.z + split) * (HD + 2);
+    const bool empty = m_all == -INFINITY;
+    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
+        }
+        out[i] = total;
+    }
+    if (threadIdx.x == 0) {
+        float l_all = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
+        out[HD] = m_all;
+        out[HD + 1] = l_all;
+    }
+}
+
 // Flash-decoding, step 1 of 2. Grid (tokens, heads, splits), WARPS warps. Split s covers
 // positions [s * chunk, min((s + 1) * chunk, pos0 + t + 1)); its warps walk that range G
 // positions at a time (all G K and V rows loaded before the first reduction, so loads
@@ -160,74 +260,11 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     float m = -INFINITY, l = 0.0f;
     for (int base = begin + warp * G; base < end; base += WARPS * G) {
         float kr[G][VPL], vr[G][VPL];
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const i64 at = (i64(min(base + j, end - 1)) * kv_heads + kvh) * HD;
-#pragma unroll
-            for (int e = 0; e < VPL; ++e) {
-                kr[j][e] = kv_load(k_cache + at + lane + WARP_SIZE * e);
-                vr[j][e] = kv_load(v_cache + at + lane + WARP_SIZE * e);
-            }
-        }
-        float score[G];
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < VPL; ++e) d += qv[e] * kr[j][e];
-            score[j] = d;
-        }
-#pragma unroll
-        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-#pragma unroll
-            for (int j = 0; j < G; ++j) score[j] += __shfl_xor_sync(0xffffffffu, score[j], offset);
-        }
-        float m_new = m;
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            score[j] = base + j < end ? score[j] * scale : -INFINITY;
-            m_new = fmaxf(m_new, score[j]);
-        }
-        const float correction = expf(m - m_new);
-        l *= correction;
-#pragma unroll
-        for (int e = 0; e < VPL; ++e) acc[e] *= correction;
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const float weight = expf(score[j] - m_new);
-            l += weight;
-#pragma unroll
-            for (int e = 0; e < VPL; ++e) acc[e] = fmaf(weight, vr[j][e], acc[e]);
-        }
-        m = m_new;
+        load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
+        softmax_group<VPL, G>(qv, kr, vr, base, end, scale, m, l, acc);
     }
-    if (lane == 0) {
-        m_part[warp] = m;
-        l_part[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
-    __syncthreads();
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
-    float* out = partials + ((i64(t) * heads + h) * gridDim.z + split) * (HD + 2);
-    const bool empty = m_all == -INFINITY;
-    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
-        }
-        out[i] = total;
-    }
-    if (threadIdx.x == 0) {
-        float l_all = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
-        out[HD] = m_all;
-        out[HD + 1] = l_all;
-    }
+    merge_split_warps<VPL, WARPS>(m, l, acc, m_part, l_part, acc_part, partials,
+                                  i64(t) * heads + h, split);
 }
 
 // attention_split_kernel for HPC query heads of one KV head in each CTA: grid (tokens,
@@ -270,86 +307,19 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     }
     for (int base = begin + warp * G; base < end; base += WARPS * G) {
         float kr[G][VPL], vr[G][VPL];
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const i64 at = (i64(min(base + j, end - 1)) * kv_heads + kvh) * HD;
-#pragma unroll
-            for (int e = 0; e < VPL; ++e) {
-                kr[j][e] = kv_load(k_cache + at + lane + WARP_SIZE * e);
-                vr[j][e] = kv_load(v_cache + at + lane + WARP_SIZE * e);
-            }
-        }
+        load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
 #pragma unroll
         for (int r = 0; r < HPC; ++r) {
             float qv[VPL];
 #pragma unroll
             for (int e = 0; e < VPL; ++e) qv[e] = qs[r][lane + WARP_SIZE * e];
-            float score[G];
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < VPL; ++e) d += qv[e] * kr[j][e];
-                score[j] = d;
-            }
-#pragma unroll
-            for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-#pragma unroll
-                for (int j = 0; j < G; ++j) {
-                    score[j] += __shfl_xor_sync(0xffffffffu, score[j], offset);
-                }
-            }
-            float m_new = m[r];
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-                score[j] = base + j < end ? score[j] * scale : -INFINITY;
-                m_new = fmaxf(m_new, score[j]);
-            }
-            const float correction = expf(m[r] - m_new);
-            l[r] *= correction;
-#pragma unroll
-            for (int e = 0; e < VPL; ++e) acc[r][e] *= correction;
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-                const float weight = expf(score[j] - m_new);
-                l[r] += weight;
-#pragma unroll
-                for (int e = 0; e < VPL; ++e) acc[r][e] = fmaf(weight, vr[j][e], acc[r][e]);
-            }
-            m[r] = m_new;
+            softmax_group<VPL, G>(qv, kr, vr, base, end, scale, m[r], l[r], acc[r]);
         }
     }
 #pragma unroll
     for (int r = 0; r < HPC; ++r) {
-        if (lane == 0) {
-            m_part[warp] = m[r];
-            l_part[warp] = l[r];
-        }
-#pragma unroll
-        for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[r][e];
-        __syncthreads();
-        float m_all = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
-        float* out = partials + ((i64(t) * heads + h0 + r) * gridDim.z + split) * (HD + 2);
-        const bool empty = m_all == -INFINITY;
-        for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
-            float total = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
-            }
-            out[i] = total;
-        }
-        if (threadIdx.x == 0) {
-            float l_all = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
-            }
-            out[HD] = m_all;
-            out[HD + 1] = l_all;
-        }
+        merge_split_warps<VPL, WARPS>(m[r], l[r], acc[r], m_part, l_part, acc_part, partials,
+                                      i64(t) * heads + h0 + r, split);
         // The next head's partials go through the same shared memory.
         __syncthreads();
     }

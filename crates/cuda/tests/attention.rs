@@ -28,17 +28,18 @@ struct Case {
     pos0: usize,
 }
 
-/// Runs one path over the uploaded inputs; returns o (tokens x heads x hd).
+/// Runs one path over the uploaded inputs with partials for `splits` splits; returns o
+/// (tokens x heads x hd).
 fn run<T: KvElement>(
     device: &Device,
-    kernels: AttentionKernels,
+    (kernels, splits): (AttentionKernels, usize),
     shape: &AttentionShape,
     (q, qg): (&CudaSlice<f32>, &CudaSlice<f32>),
     (k_cache, v_cache): (&CudaSlice<T>, &CudaSlice<T>),
 ) -> Vec<f32> {
     let rows = shape.tokens * shape.heads;
     let mut partials = device
-        .alloc_zeros::<f32>(rows * SPLITS * (shape.head_dim + 2))
+        .alloc_zeros::<f32>(rows * splits * (shape.head_dim + 2))
         .unwrap();
     let mut o = device
         .upload(&vec![f32::NAN; rows * shape.head_dim])
@@ -59,9 +60,15 @@ fn run<T: KvElement>(
     device.download(&o).unwrap()
 }
 
-/// Flash prefill against per-token for one case and cache type; `to_kv` encodes the caches.
-fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(f32) -> T) {
-    let mut rng = Rng(case.tokens as u64 * 1_000 + case.pos0 as u64);
+/// A case's shape and its random queries, gates and caches (encoded by `to_kv`), uploaded.
+#[allow(clippy::type_complexity)]
+fn upload_case<T: KvElement>(
+    device: &Device,
+    case: &Case,
+    seed: u64,
+    to_kv: fn(f32) -> T,
+) -> (AttentionShape, [CudaSlice<f32>; 2], [CudaSlice<T>; 2]) {
+    let mut rng = Rng(seed);
     let capacity = case.pos0 + case.tokens;
     let shape = AttentionShape {
         tokens: case.tokens,
@@ -81,12 +88,26 @@ fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(
     let cache_len = capacity * KV_HEADS * HEAD_DIM;
     let k: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
     let v: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
-    let inputs = (&device.upload(&q).unwrap(), &device.upload(&qg).unwrap());
-    let caches = (&device.upload(&k).unwrap(), &device.upload(&v).unwrap());
-    let per_token = run(device, AttentionKernels::PerToken, &shape, inputs, caches);
+    let upload = |x: &[f32]| device.upload(x).unwrap();
+    let caches = [device.upload(&k).unwrap(), device.upload(&v).unwrap()];
+    (shape, [upload(&q), upload(&qg)], caches)
+}
+
+/// Flash prefill against per-token for one case and cache type; `to_kv` encodes the caches.
+fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(f32) -> T) {
+    let seed = case.tokens as u64 * 1_000 + case.pos0 as u64;
+    let (shape, [q, qg], [k, v]) = upload_case(device, case, seed, to_kv);
+    let (inputs, caches) = ((&q, &qg), (&k, &v));
+    let per_token = run(
+        device,
+        (AttentionKernels::PerToken, SPLITS),
+        &shape,
+        inputs,
+        caches,
+    );
     let flash = run(
         device,
-        AttentionKernels::FlashPrefill,
+        (AttentionKernels::FlashPrefill, SPLITS),
         &shape,
         inputs,
         caches,
@@ -198,56 +219,13 @@ fn split_ctas_of_several_heads_equal_one_head_per_cta() {
         return;
     };
     fn case<T: KvElement>(device: &Device, tokens: usize, pos0: usize, to_kv: fn(f32) -> T) {
-        let mut rng = Rng(tokens as u64 * 7 + pos0 as u64);
-        let capacity = pos0 + tokens;
-        let shape = AttentionShape {
-            tokens,
-            pos0,
-            heads: HEADS,
-            kv_heads: KV_HEADS,
-            head_dim: HEAD_DIM,
-            rope_dim: 64,
-            rope_base: 1e7,
-            eps: 1e-6,
-            capacity,
-        };
-        let mut random =
-            |n: usize, range: f32| -> Vec<f32> { (0..n).map(|_| range * rng.signed()).collect() };
-        let q = device
-            .upload(&random(tokens * HEADS * HEAD_DIM, 2.0))
-            .unwrap();
-        let qg = device
-            .upload(&random(tokens * HEADS * 2 * HEAD_DIM, 3.0))
-            .unwrap();
-        let cache_len = capacity * KV_HEADS * HEAD_DIM;
-        let k: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
-        let v: Vec<T> = random(cache_len, 1.0).into_iter().map(to_kv).collect();
-        let (k, v) = (device.upload(&k).unwrap(), device.upload(&v).unwrap());
+        let seed = tokens as u64 * 7 + pos0 as u64;
+        let (shape, [q, qg], [k, v]) = upload_case(device, &Case { tokens, pos0 }, seed, to_kv);
+        // Every split the decode kernels launch.
+        let splits = attention_partials_len(1, 1, HEAD_DIM) / (HEAD_DIM + 2);
         let run = |kernels: AttentionKernels| -> Vec<u32> {
-            let len = attention_partials_len(tokens, HEADS, HEAD_DIM);
-            let mut partials = device.alloc_zeros::<f32>(len).unwrap();
-            let mut o = device
-                .upload(&vec![f32::NAN; tokens * HEADS * HEAD_DIM])
-                .unwrap();
-            attention_on(
-                device,
-                Some(kernels),
-                &shape,
-                &q.as_view(),
-                &qg.as_view(),
-                &k.as_view(),
-                &v.as_view(),
-                &mut partials.as_view_mut(),
-                &mut o.as_view_mut(),
-                Position::Host,
-            )
-            .unwrap_or_else(|error| panic!("{kernels:?}: {error}"));
-            device
-                .download(&o)
-                .unwrap()
-                .into_iter()
-                .map(f32::to_bits)
-                .collect()
+            let o = run(device, (kernels, splits), &shape, (&q, &qg), (&k, &v));
+            o.into_iter().map(f32::to_bits).collect()
         };
         let one = run(AttentionKernels::PerTokenHeads(1));
         for kernels in [2, 4, 8]
