@@ -25,8 +25,9 @@ use crate::source::{
 /// row in whole wide blocks and the experts fit the routing's registers.
 fn gate_block(gate: &WeightMatrix<'_>, tokens: usize, n_expert: usize) -> Option<&'static str> {
     static ON: OnceLock<bool> = OnceLock::new();
+    static V1: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("REDLITE_ROUTE_GATE").as_deref() != Ok("0"));
-    let v1 = std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1");
+    let v1 = *V1.get_or_init(|| std::env::var("REDLITE_ROUTE_V1").as_deref() == Ok("1"));
     if !on || v1 || !split_k() || matvec_v1() || gate.rows != 1 {
         return None;
     }

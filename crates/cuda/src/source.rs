@@ -562,8 +562,7 @@ pub fn modules() -> Vec<ModuleSource> {
 /// 32 split-K float products, 64 routing with the gate row, 128 attention decode; parts of
 /// kernels: 256 the expert down's input quantization, 512 the routing's ids read by the
 /// expert kernels), so that a benchmark shows what their work costs a decode step. Only the
-/// probed families' sources
-/// change, so only they are compiled again.
+/// probed families' sources change, so only they are compiled again.
 fn probe_exit() -> u32 {
     std::env::var("REDLITE_PROBE_EXIT")
         .ok()
