@@ -58,8 +58,9 @@ static __device__ __forceinline__ uint4 load_u128(const u8* p) {
 #define PROBE_ROUTE 64
 #define PROBE_ATTENTION 128
 // Not emptied kernels but parts of them: the expert down matvec without its input's
-// quantization (its codes whatever shared memory holds), and the expert kernels taking
-// expert k for slot k instead of reading the routing's ids (no id load before the weights').
+// quantization (zero scales, its codes whatever shared memory holds), and the expert kernels
+// taking expert k for slot k instead of reading the routing's ids (no id load before the
+// weights').
 #define PROBE_DOWN_INPUT 256
 #define PROBE_FIXED_EXPERTS 512
 #define PROBE_RETURN(family)                                                                 \

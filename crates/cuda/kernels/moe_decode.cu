@@ -66,9 +66,14 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     float* ad;
     i8* aq;
     if ((REDLITE_PROBE_EXIT & PROBE_DOWN_INPUT) != 0) {
+        // Zero scales (whatever codes): the down's sums are zeros. Garbage scales made NaN
+        // sums, NaN router logits in the next block and no expert chosen there at all, so the
+        // thirteenth session's first figure for this probe was not the prologue's cost.
         const int values = routed + (shared_down != nullptr ? shared_ff : 0);
         ad = reinterpret_cast<float*>(q8_shared);
         aq = reinterpret_cast<i8*>(q8_shared) + q8_scales_bytes(values);
+        for (int b = threadIdx.x; b < values / Q8K_VALUES; b += blockDim.x) ad[b] = 0.0f;
+        __syncthreads();
     } else {
         quantize_down_input(q8_shared, act, act_shared, t, used, ff,
                             shared_down != nullptr ? shared_ff : 0, ad, aq);
