@@ -11,6 +11,7 @@
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
+#   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   5b. (stage base, not by default) this build against a carried earlier one,
 #      .cache/device/redlite-base.xz: logits cmp and tg128 alternating;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
@@ -24,9 +25,9 @@
 #   bash scripts/device/decode_ab.sh
 #
 # Env: BITS_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
-# SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
+# PROBES, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
-# tests decode mtp small; also base profile stalls), OUT.
+# tests decode mtp small; also probes base profile stalls), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
@@ -125,6 +126,15 @@ if stage base && [ -f "$D/redlite-base.xz" ]; then
       note "round $round, $(basename "$bin"): $("$bin" bench -m "$M" --device cuda -p 0 -n 128 \
         -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
     done
+  done
+fi
+if stage probes; then
+  # REDLITE_PROBE_EXIT masks (docs/CUDA.md): tg128 with the kernels of each family emptied, the
+  # plain build first and last; each mask compiles only its families again.
+  stamp "probes"
+  for m in ${PROBES:-0 1 2 4 8 16 32 512 768 255 0}; do
+    note "probe $m: $(REDLITE_PROBE_EXIT=$m "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 2>&1 \
+      | grep -E '^\| tg' | tr -s ' ')"
   done
 fi
 if stage mtp; then
