@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel with NVRTC for sm_80 and sm_90, on a machine with no GPU and
-# no CUDA toolkit, and refuses q8 product kernels that use local memory (compile_kernels.rs): NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (CUDA 13.0, the version
-# of the driver on the GPU machines), installed into a venv under .cache/ci-nvrtc/, and
-# cudarc finds libnvrtc.so.13 through LD_LIBRARY_PATH.
+# no CUDA toolkit, and refuses q8 product kernels that use local memory (compile_kernels.rs).
+# NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (CUDA 13.0, the version of the driver on
+# the GPU machines), installed into a venv under .cache/ci-nvrtc/, and cudarc finds
+# libnvrtc.so.13 through LD_LIBRARY_PATH.
 #
 # Usage: scripts/ci/nvrtc-check.sh [ARCH...]   (default: sm_80 sm_90)
 set -euo pipefail

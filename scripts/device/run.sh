@@ -75,6 +75,8 @@ if stage kernels; then
   stamp "kernel tests"
   "$D/kernels" --test-threads=1 > "$OUT/kernels.log" 2>&1
   note "kernels: $(grep -E '^test result' "$OUT/kernels.log" | tail -1)"
+  "$D/routing" --test-threads=1 > "$OUT/routing.log" 2>&1
+  note "routing: $(grep -E '^test result' "$OUT/routing.log" | tail -1)"
   [ -f "$D/mma" ] && "$D/mma" --test-threads=1 > "$OUT/mma.log" 2>&1 \
     && note "mma kernels: $(grep -E '^test result' "$OUT/mma.log" | tail -1)" \
     || note "mma kernels: FAILED $(grep -E '^test result|panicked' "$OUT/mma.log" | head -3)"

@@ -5,9 +5,10 @@
 //!
 //! With `REDLITE_NVRTC_VERBOSE=1` ptxas reports each kernel's registers and local memory; the
 //! kernels that use local memory are listed, and a q8 product kernel (`_q8_` in its name) or
-//! the fused DeltaNet step among them fails the run unless it is a known one: a run-time index into a register array
-//! once put every Q4_K / Q5_K item through a local store and reload, which serialized each
-//! lane's weight loads (12 us instead of ~6 for a 8192 x 2048 product).
+//! the fused DeltaNet step among them fails the run unless it is a known one: a run-time
+//! index into a register array once put every Q4_K / Q5_K item through a local store and
+//! reload, which serialized each lane's weight loads (12 us instead of ~6 for a 8192 x 2048
+//! product).
 
 use redlite_cuda::{compile_all, nvrtc_version, KernelResources};
 use std::process::ExitCode;

@@ -201,8 +201,8 @@ static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
 // Exact in integers (the grid bytes are below 128, so the AND leaves valid signed bytes):
 // the same sums as flipping the grid bytes' signs, with a third fewer instructions (sm_80 and
 // sm_90 have no byte-wise subtraction; twelfth session: the same bits and speed).
-static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_lo,
-                                                            int x_hi, int& pos, int& neg) {
+static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_lo, int x_hi,
+                                                     int& pos, int& neg) {
     const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
     pos = __dp4a(int(u32(grid)), x_lo, pos);
     pos = __dp4a(int(u32(grid >> 32)), x_hi, pos);
@@ -214,13 +214,10 @@ static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_
 // items of all its rows (and matrices) before computing any, so their DRAM waits overlap;
 // REDLITE_Q8_LOADS_AHEAD=0 (a compile option) keeps the plain loop. The sums run in the same
 // order either way. Items ahead per row: 2 (every item of a 2,048-value row for most types),
-// fewer where `rows` rows' Raws would pass the type's PRELOAD budget (registers).
+// fewer where `rows` rows' Raws would pass the type's PRELOAD budget (registers): `Q8Ahead`.
 #ifndef REDLITE_Q8_LOADS_AHEAD
 #define REDLITE_Q8_LOADS_AHEAD 1
 #endif
-static __host__ __device__ constexpr int q8_items_ahead(int preload, int rows) {
-    return preload / rows >= 2 ? 2 : 1;
-}
 
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
 // B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
@@ -271,9 +268,8 @@ struct Q8Dot<IQ2XXS> {
         int neg = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff],
-                                 Q8_KSIGNS[(s >> (7 * l)) & 127], xs[2 * l], xs[2 * l + 1],
-                                 sumi, neg);
+            iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff], Q8_KSIGNS[(s >> (7 * l)) & 127],
+                          xs[2 * l], xs[2 * l + 1], sumi, neg);
         }
         sumi -= 2 * neg;
         return 0.125f * d * d8 * float(sumi * (2 * int(s >> 28) + 1));
@@ -299,14 +295,14 @@ struct Q8Dot<IQ2XS> {
         const u32 sc = r.sc;
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         int low = 0, low_neg = 0, high = 0, high_neg = 0;
-        iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127],
-                             x0.x, x0.y, low, low_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25],
-                             x0.z, x0.w, low, low_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127],
-                             x1.x, x1.y, high, high_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25],
-                             x1.z, x1.w, high, high_neg);
+        iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, low,
+                      low_neg);
+        iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low,
+                      low_neg);
+        iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, high,
+                      high_neg);
+        iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high,
+                      high_neg);
         low -= 2 * low_neg;
         high -= 2 * high_neg;
         const int sumi = low * int(2 * (sc & 0x0f) + 1) + high * int(2 * (sc >> 4) + 1);
@@ -320,12 +316,13 @@ struct BlockPointer {
     const u8* b;
 };
 
-// Items ahead for the loads-ahead products (q8_items_ahead), 0 for the types whose Raw is the
-// block pointer: they load inside `dot`, so there is nothing to issue ahead.
+// Items ahead per row for the loads-ahead products: 2, or 1 where `rows` rows' Raws of 2
+// items would pass the type's PRELOAD budget; 0 for the types whose Raw is the block
+// pointer: they load inside `dot`, so there is nothing to issue ahead.
 template <class Raw>
 struct Q8Ahead {
     static __host__ __device__ constexpr int of(int preload, int rows) {
-        return q8_items_ahead(preload, rows);
+        return preload / rows >= 2 ? 2 : 1;
     }
 };
 template <>

@@ -194,14 +194,18 @@ pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
                 .as_ref()
                 .map(|c| kernel_resources(&c.log, &c.lowered))
                 .unwrap_or_default();
-            // REDLITE_CUBIN_DIR: each module's CUBIN written there (for cuobjdump -sass).
+            let mut result = compiled.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            // REDLITE_CUBIN_DIR: each module's CUBIN written there (for cuobjdump -sass); a
+            // CUBIN asked for and not written fails the module.
             if let (Ok(c), Some(dir)) = (&compiled, std::env::var_os("REDLITE_CUBIN_DIR")) {
                 let path = std::path::Path::new(&dir).join(format!("{arch}-{}.cubin", module.name));
-                let _ = std::fs::write(path, &c.image);
+                if let Err(e) = std::fs::write(&path, &c.image) {
+                    result = Err(format!("writing {}: {e}", path.display()));
+                }
             }
             ModuleCompiled {
                 name: module.name.clone(),
-                result: compiled.map(|_| ()).map_err(|e| e.to_string()),
+                result,
                 seconds: started.elapsed().as_secs_f64(),
                 kernels,
             }

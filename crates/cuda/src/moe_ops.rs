@@ -36,6 +36,30 @@ pub(crate) fn check_gate_up(
     )
 }
 
+/// The experts and the picks per token of a routing of `tokens` tokens, from the lengths of
+/// its `logits` (tokens x n_expert), `ids` and `weights` (tokens x used), checked: whole rows,
+/// at most n_expert picks.
+pub(crate) fn routing_sizes(
+    op: CudaOp,
+    tokens: usize,
+    logits: usize,
+    ids: usize,
+    weights: usize,
+) -> Result<(usize, usize), CudaError> {
+    tokens_fit(op, tokens)?;
+    let (n_expert, used) = (logits / tokens, ids / tokens);
+    shape(
+        op,
+        "logits length (tokens x n_expert)",
+        tokens * n_expert,
+        logits,
+    )?;
+    shape(op, "ids length (tokens x used)", tokens * used, ids)?;
+    shape(op, "weights length", ids, weights)?;
+    fits(op, "experts used", used as u64, n_expert as u64)?;
+    Ok((n_expert, used))
+}
+
 /// MoE routing per token: softmax of `logits` (tokens x n_expert), the `used` best experts
 /// in descending order into `ids`, their renormalized probabilities into `weights` (both
 /// tokens x used), and `shared_weight[t] = sigmoid(shared_logit[t])`.
@@ -49,19 +73,8 @@ pub fn moe_route(
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeRoute;
     let tokens = shared_logit.len();
-    tokens_fit(op, tokens)?;
-    let n_expert = logits.len() / tokens;
-    let used = ids.len() / tokens;
-    shape(
-        op,
-        "logits length (tokens x n_expert)",
-        tokens * n_expert,
-        logits.len(),
-    )?;
-    shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
-    shape(op, "weights length", ids.len(), weights.len())?;
+    let (n_expert, used) = routing_sizes(op, tokens, logits.len(), ids.len(), weights.len())?;
     shape(op, "shared_weight length", tokens, shared_weight.len())?;
-    fits(op, "experts used", used as u64, n_expert as u64)?;
     fits(
         op,
         "experts (shared memory bytes)",

@@ -13,6 +13,7 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::matmul_launch::{matvec_v1, split_k};
+use crate::moe_ops::routing_sizes;
 use crate::ops::{check_matrix, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
@@ -65,28 +66,11 @@ pub fn moe_route_gate(
     let op = CudaOp::MoeRoute;
     check_matrix(device, op, gate)?;
     let tokens = shared_weight.len();
-    let n_expert = logits.len() / tokens.max(1);
+    let (n_expert, used) = routing_sizes(op, tokens, logits.len(), ids.len(), weights.len())?;
     let Some(block) = gate_block(gate, tokens, n_expert) else {
         return Err(CudaError::UnsupportedType { op, ty: gate.ty });
     };
-    let used = ids.len() / tokens;
-    shape(
-        op,
-        "logits length (tokens x n_expert)",
-        tokens * n_expert,
-        logits.len(),
-    )?;
     shape(op, "x length (tokens x cols)", tokens * gate.cols, x.len())?;
-    shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
-    shape(op, "weights length", ids.len(), weights.len())?;
-    if used == 0 || used > n_expert {
-        return Err(CudaError::Shape {
-            op,
-            what: "experts used (1 to n_expert)",
-            expected: n_expert,
-            found: used,
-        });
-    }
     let kernel = device.kernel(&source::route_gate_kernel(block))?;
     crate::profile::label(|| format!("route+gate {n_expert} {}x{}", gate.rows, gate.cols));
     let cfg = config((tokens, 1, 1), (1 + MATMUL_SPLITK_WARPS) * 32, 0);
