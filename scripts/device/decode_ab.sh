@@ -6,7 +6,8 @@
 #      drift where they differ);
 #   2. GPU tests (TESTS, default: q8_input, the quantizing norms and the q8 products reading
 #      their codes bit for bit; cuda_mtp, every verification row the bits of a plain step;
-#      cuda_serve, batched serving with and without MTP against each request alone);
+#      cuda_serve, batched serving with and without MTP against each request alone) under
+#      each setting of TEST_AB (default: the defaults alone);
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
 #      setting of DECODE_AB, one process each;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
@@ -24,7 +25,7 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: BITS_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
+# Env: BITS_AB, TEST_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
 # PROBES, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
 # tests decode mtp small; also probes base profile stalls), OUT.
@@ -33,7 +34,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
 mkdir -p "$W" "$OUT" "$ROOT/target/release"
 STAGES=" ${STAGES:-bits tests decode mtp small} "; stage() { [[ "$STAGES" == *" $1 "* ]]; }
-BITS_AB="${BITS_AB:-}"; DECODE_AB="${DECODE_AB:-}"; SMALL_AB="${SMALL_AB:-}"
+BITS_AB="${BITS_AB:-}"; DECODE_AB="${DECODE_AB:-}"; SMALL_AB="${SMALL_AB:-}"; TEST_AB="${TEST_AB:-REDLITE_UNUSED=0}"
 R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
 SUMMARY="$OUT/summary.txt"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
@@ -85,8 +86,12 @@ PY
 fi
 
 if stage tests; then
-  # shellcheck disable=SC2086
-  run_tests "$D" ${TESTS:-q8_input cuda_mtp cuda_serve}
+  for v in $TEST_AB; do  # the tests under each setting, logs in a folder of its own
+    note "tests under $v"
+    # shellcheck disable=SC2086
+    ( export ${v//+/ }; OUT="$OUT/tests-${v//[=+]/_}"; mkdir -p "$OUT"
+      run_tests "$D" ${TESTS:-q8_input cuda_mtp cuda_serve} )
+  done
 fi
 
 if stage decode; then

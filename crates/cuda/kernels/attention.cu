@@ -20,6 +20,7 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
                                  KV* __restrict__ k_cache, KV* __restrict__ v_cache,
                                  const u32* __restrict__ pos_dev, int pos0, int heads,
                                  int kv_heads, int hd, int rope_dim, float rope_base, float eps) {
+    pdl_begin();
     extern __shared__ float buf[];
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, y = blockIdx.y, lane = threadIdx.x;
@@ -66,6 +67,7 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
                  const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
                  float* __restrict__ o, const u32* __restrict__ pos_dev, int pos0, int heads,
                  int kv_heads, float scale) {
+    pdl_begin();
     constexpr int HD = VPL * WARP_SIZE;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     __shared__ float m_part[WARPS], l_part[WARPS];
@@ -236,6 +238,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                        const KV* __restrict__ v_cache, float* __restrict__ partials,
                        const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
                        int chunk, int min_chunk, float scale) {
+    pdl_begin();
     PROBE_RETURN(PROBE_ATTENTION);
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
@@ -279,6 +282,7 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
                              const KV* __restrict__ v_cache, float* __restrict__ partials,
                              const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
                              int chunk, int min_chunk, float scale) {
+    pdl_begin();
     PROBE_RETURN(PROBE_ATTENTION);
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
@@ -337,6 +341,7 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,
                                          int heads, int hd, int splits) {
+    pdl_begin();
     extern __shared__ float factor[];
     int* live = reinterpret_cast<int*>(factor + splits);
     __shared__ float l_shared;

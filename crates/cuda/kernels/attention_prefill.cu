@@ -35,6 +35,7 @@ attention_prefill_kernel(const float* __restrict__ q, const float* __restrict__ 
                          const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
                          float* __restrict__ o, float* __restrict__ partials, int tokens,
                          int pos0, int heads, int kv_heads, int chunk, float scale) {
+    pdl_begin();
     constexpr int RW = PREFILL_RW, BK = PREFILL_BK, KS = HD + 4, THREADS = PREFILL_WARPS * 32;
     constexpr int VPL = HD / WARP_SIZE, W = VPL < 4 ? VPL : 4, GROUPS = VPL / W;
     static_assert(RW % 4 == 0 && BK == 2 * WARP_SIZE && HD % 64 == 0, "tile shape");

@@ -8,6 +8,7 @@
 // Legacy `ssm_in` output p [T][channels + inner] (per key group [q k v… z…]) to qkv and z.
 __global__ void deltanet_split_kernel(const float* __restrict__ p, float* __restrict__ qkv,
                                       float* __restrict__ z, int k_heads, int dk, int r, int dv) {
+    pdl_begin();
     const int t = blockIdx.y;
     const int key_dim = k_heads * dk, inner = k_heads * r * dv;
     const int channels = 2 * key_dim + inner, width = channels + inner;
@@ -53,6 +54,7 @@ static __device__ __forceinline__ void conv_silu_range(float* __restrict__ qkv,
 template <int KERNEL>
 __global__ void conv_silu_kernel(float* __restrict__ qkv, float* __restrict__ state,
                                  const float* __restrict__ w, int channels, int tokens) {
+    pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     float window[KERNEL], taps[KERNEL];
@@ -75,6 +77,7 @@ template <int KERNEL>
 __global__ void __launch_bounds__(1024)
 conv_silu_tokens_kernel(float* __restrict__ qkv, float* __restrict__ state,
                         const float* __restrict__ w, int channels, int tokens) {
+    pdl_begin();
     const int lane = threadIdx.x % WARP_SIZE, row = threadIdx.x / WARP_SIZE;
     const int rows = blockDim.x / WARP_SIZE;
     const int c = blockIdx.x * WARP_SIZE + lane;
@@ -112,6 +115,7 @@ __global__ void deltanet_prep_kernel(float* __restrict__ qkv, const float* __res
                                      float* __restrict__ beta, float* __restrict__ g,
                                      int channels, int k_heads, int v_heads, int dk, float eps,
                                      float q_scale) {
+    pdl_begin();
     const int t = blockIdx.x;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(COLS)
 delta_rule_kernel(const float* __restrict__ qkv, const float* __restrict__ beta,
                   const float* __restrict__ g, float* __restrict__ state, float* __restrict__ out,
                   int tokens, int k_heads, int v_heads, int dv) {
+    pdl_begin();
     __shared__ float qs[DK], ks[DK];
     const int h = blockIdx.x, j = blockIdx.y * COLS + threadIdx.x;
     const int kh = h / (v_heads / k_heads);
@@ -186,6 +191,7 @@ delta_rule_kernel(const float* __restrict__ qkv, const float* __restrict__ beta,
 template <int WARPS>
 __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict__ z,
                                   const float* __restrict__ w, int rows, int dv, float eps) {
+    pdl_begin();
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * WARPS + warp;
     if (row >= rows) return;
@@ -257,6 +263,9 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     // This thread's gate inputs, z and norm weight are loaded before the conv, so that their
     // latency overlaps it instead of following the barriers.
     const float a_h = a[h], dt_h = dt_bias[h], norm_wj = norm_w[j];
+    // Under PDL all of the above is loaded while the previous kernel still runs: the state is
+    // this layer's, written by this kernel alone (and by copies launches before it).
+    pdl_begin();
     for (int t = 0; t < tokens; ++t) {
         const float* x = qkv + i64(t) * channels;
         const bool keep = conv_rec != nullptr && t + 1 < tokens;

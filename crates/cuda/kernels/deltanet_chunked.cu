@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(DELTA_CHUNK_THREADS)
 delta_chunked_kernel(const float* __restrict__ qkv, const float* __restrict__ beta,
                      const float* __restrict__ g, float* __restrict__ state,
                      float* __restrict__ out, int tokens, int k_heads, int v_heads, int dv) {
+    pdl_begin();
     constexpr int COLS = DELTA_CHUNK_COLS, WARPS = DELTA_CHUNK_THREADS / WARP_SIZE;
     constexpr int KS = delta_chunked_key_stride<DK>(), DS = delta_chunked_delta_stride();
     constexpr int ROWS = CHUNK / WARPS;          // column / output phases: rows per thread

@@ -5,6 +5,7 @@
 template <class B>
 __global__ void dequantize_kernel(const u8* __restrict__ weights, float* __restrict__ out,
                                   i64 total_items) {
+    pdl_begin();
     B::prepare();
     const i64 i = i64(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= total_items) return;
@@ -22,6 +23,7 @@ __global__ void dequantize_kernel(const u8* __restrict__ weights, float* __restr
 template <class B>
 __global__ void __launch_bounds__(DEQUANT_F16_THREADS)
 dequantize_f16_kernel(const u8* __restrict__ weights, u16* __restrict__ out, i64 total_items) {
+    pdl_begin();
     static_assert(DEQUANT_F16_THREADS % B::ITEMS == 0, "a CTA decodes whole blocks");
     constexpr int BLOCKS = DEQUANT_F16_THREADS / B::ITEMS, VALUES = BLOCKS * B::VALUES;
     __shared__ __align__(16) u16 tile[VALUES];
@@ -50,6 +52,7 @@ dequantize_f16_kernel(const u8* __restrict__ weights, u16* __restrict__ out, i64
 
 // f32 to f16 (round to nearest), one thread per value: a cuBLAS product's activations.
 __global__ void to_f16_kernel(const float* __restrict__ x, u16* __restrict__ out, i64 n) {
+    pdl_begin();
     const i64 i = i64(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_f16(x[i]);
 }

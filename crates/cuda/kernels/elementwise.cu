@@ -6,6 +6,7 @@
 template <class B>
 __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict__ tokens,
                              float* __restrict__ x, int rows, int cols) {
+    pdl_begin();
     B::prepare();
     const int t = blockIdx.x;
     const int blocks_per_row = cols / B::VALUES;
@@ -33,7 +34,8 @@ __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict
 // is a multiple of 4 with 16-byte aligned pointers are read as float4 chunks kept in
 // registers, w loaded before the reduction (the kernel is a chain of dependent memory
 // round trips); thread i sums the squares of its chunks i, i + blockDim, ... in order.
-// Both norm kernels call this, so the fused add + norm gives the bits of add then norm.
+// Both norm kernels call this, so the fused add + norm gives the bits of add then norm. It
+// makes the kernel's `pdl_begin` (every caller's first global access is here).
 static __device__ __forceinline__ void norm_row(float* x, const float* y, const float* w,
                                                 float* out, int cols, float eps,
                                                 float* stage = nullptr) {
@@ -41,14 +43,24 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
     const u64 addresses = reinterpret_cast<u64>(x) | reinterpret_cast<u64>(w) |
                           reinterpret_cast<u64>(out) | reinterpret_cast<u64>(y);
     const int chunks = cols / 4;
+    // Under PDL w (a weight) is loaded before the wait, while the previous kernel still runs.
+    constexpr bool EARLY_W = REDLITE_PDL != 0;
     if ((cols & 3) == 0 && (addresses & 15) == 0 && chunks <= NORM_CHUNKS * int(blockDim.x)) {
         float4 v[NORM_CHUNKS], wv[NORM_CHUNKS];
+        if (EARLY_W) {
+#pragma unroll
+            for (int c = 0; c < NORM_CHUNKS; ++c) {
+                const int i = threadIdx.x + c * blockDim.x;
+                if (i < chunks) wv[c] = reinterpret_cast<const float4*>(w)[i];
+            }
+        }
+        pdl_begin();
         float ss = 0.0f;
 #pragma unroll
         for (int c = 0; c < NORM_CHUNKS; ++c) {
             const int i = threadIdx.x + c * blockDim.x;
             if (i < chunks) {
-                wv[c] = reinterpret_cast<const float4*>(w)[i];
+                if (!EARLY_W) wv[c] = reinterpret_cast<const float4*>(w)[i];
                 v[c] = reinterpret_cast<const float4*>(x)[i];
                 if (y != nullptr) {
                     const float4 a = reinterpret_cast<const float4*>(y)[i];
@@ -75,6 +87,7 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
         }
         return;
     }
+    pdl_begin();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         const float v = y != nullptr ? x[i] + y[i] : x[i];
@@ -100,6 +113,7 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, flo
 
 // x += y over n values.
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int n) {
+    pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }

@@ -56,6 +56,7 @@ __global__ void expert_cache_lookup_kernel(
     u32* __restrict__ clock, int* __restrict__ slot_ids, int* __restrict__ fills,
     int* __restrict__ fill_count, u64* __restrict__ stats, int lfu, u32 half_life,
     u32* __restrict__ ready, int ready_len, u32* __restrict__ prefetched, int prefetch) {
+    pdl_begin();
     __shared__ u8 need[CACHE_MAX_THREADS];
     __shared__ int missing[CACHE_MAX_THREADS];
     __shared__ u64 keys[CACHE_MAX_THREADS];
@@ -215,6 +216,7 @@ __global__ void expert_cache_fill_kernel(
     const int* __restrict__ fills, const int* __restrict__ fill_count, const u8* __restrict__ host_gate,
     const u8* __restrict__ host_up, const u8* __restrict__ host_down, u8* __restrict__ gate,
     u8* __restrict__ up, u8* __restrict__ down, i64 gate_bytes, i64 down_bytes, i64 chunk, int wide) {
+    pdl_begin();
     const int fill = blockIdx.y;
     if (fill >= *fill_count) return;
     const i64 expert = fills[2 * fill], slot = fills[2 * fill + 1];

@@ -41,6 +41,7 @@ template <class W, int BM, int BN>
 __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_float_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                   float* __restrict__ y, int rows, int cols, int tokens) {
+    pdl_begin();
     constexpr int TM = BM / 16, TN = BN / 16, KQ = GEMM_BK / 4;
     static_assert(TM == 4 && (TN == 4 || TN == 2), "the inner loop reads a float4 of weights");
     __shared__ __align__(16) float ws[GEMM_BK][BM + 4];

@@ -7,6 +7,7 @@ template <class B, int WARPS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
               float* __restrict__ y, int rows, int cols) {
+    pdl_begin();
     B::prepare();
     extern __shared__ float x_shared[];
     const float* xs = x + i64(blockIdx.y) * cols;
@@ -32,6 +33,7 @@ template <class B, int WARPS, int ROWS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_v2_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols) {
+    pdl_begin();
     PROBE_RETURN(PROBE_MATMUL);
     B::prepare();
     extern __shared__ float4 x_shared4[];
@@ -102,8 +104,15 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     if (row0 < rows && blockIdx.y == 0 && prefetch_before_input(gq)) {
         prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
     }
-    q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
-    if (row0 >= rows) return;
+    // Under PDL, with x already quantized (`gq`), the lane's first weight items are loaded
+    // before the wait, while the previous kernel still runs (nothing of the step writes
+    // weights); else x comes first (the items would stay live across its quantization).
+    const bool early = REDLITE_PDL != 0 && gq != nullptr;
+    if (!early) {
+        pdl_begin();
+        q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
+        if (row0 >= rows) return;
+    }
     const int items = cols / B::VALUES * B::ITEMS;
     float acc[ROWS];
 #pragma unroll
@@ -116,6 +125,13 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     {
         constexpr int AHEAD = Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, ROWS);
         if constexpr (AHEAD > 0) {
+            if (early) {
+                // The rest of the warp's rows (contiguous) asked of L2 before the wait too.
+                const i64 ahead_bytes = i64(AHEAD * WARP_SIZE / B::ITEMS) * B::BYTES;
+                if (row0 < rows && blockIdx.y == 0 && ahead_bytes < row_bytes) {
+                    prefetch_l2(w + ahead_bytes, valid * row_bytes - ahead_bytes, lane, WARP_SIZE);
+                }
+            }
             typename Q8Dot<B>::Raw raw[AHEAD][ROWS];
 #pragma unroll
             for (int p = 0; p < AHEAD; ++p) {
@@ -127,6 +143,11 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                         raw[p][r] = Q8Dot<B>::load(wb + r * row_bytes, i % B::ITEMS);
                     }
                 }
+            }
+            if (early) {
+                pdl_begin();
+                q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
+                if (row0 >= rows) return;
             }
 #pragma unroll
             for (int p = 0; p < AHEAD; ++p) {
@@ -142,7 +163,17 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                 }
             }
             first = lane + AHEAD * WARP_SIZE;
+        } else if (early) {
+            pdl_begin();
+            q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
+            if (row0 >= rows) return;
         }
+    }
+#else
+    if (early) {
+        pdl_begin();
+        q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
+        if (row0 >= rows) return;
     }
 #endif
 #pragma unroll 2
@@ -177,6 +208,13 @@ matmul_splitk_kernel(const u8* __restrict__ weights, const float* __restrict__ x
     __shared__ float scratch[32];
     const int row = blockIdx.x;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+#if REDLITE_PDL
+    // The row asked of L2 while the previous kernel still runs.
+    if (blockIdx.y == 0) {
+        prefetch_l2(weights + row * row_bytes, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+    }
+#endif
+    pdl_begin();
     const float part = row_dot_lane<B, WARPS * WARP_SIZE>(
         weights + row * row_bytes, x + i64(blockIdx.y) * cols, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
@@ -198,9 +236,11 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     const int row = blockIdx.x;
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + row * row_bytes;
-    if (blockIdx.y == 0 && prefetch_before_input(gq)) {
+    // Under PDL the row is asked of L2 while the previous kernel still runs.
+    if (blockIdx.y == 0 && (REDLITE_PDL || prefetch_before_input(gq))) {
         prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
     }
+    pdl_begin();
     q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
     const float part = row_dot_lane_q8<B, WARPS * WARP_SIZE>(w, xq, xd, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
@@ -219,6 +259,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                        const float* __restrict__ gd, const i8* __restrict__ gq,
                        float* __restrict__ y, int rows, int cols, int tokens) {
+    pdl_begin();
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t0 = blockIdx.y * NT, nt = min(NT, tokens - t0);

@@ -16,6 +16,7 @@ template <class B, int WARPS, bool X_SHARED>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matvec_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
               float* __restrict__ y, int rows, int cols) {
+    pdl_begin();
     B::prepare();
     extern __shared__ float x_shared[];
     const float* xs = x;

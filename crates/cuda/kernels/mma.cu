@@ -24,6 +24,7 @@
 __global__ void __launch_bounds__(128)
 mma_quantize_kernel(const float* __restrict__ x, float* __restrict__ d, i8* __restrict__ q,
                     int blocks) {
+    pdl_begin();
     const int first = blockIdx.x * MMA_QUANT_BLOCKS;
     const int here = min(MMA_QUANT_BLOCKS, blocks - first);
     quantize_q8k_blocks([=](int b) { return x + i64(first + b) * Q8K_VALUES; }, here, d + first,
@@ -89,6 +90,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
                   const int* __restrict__ tile_info, const int* __restrict__ pairs, int in_div,
                   const i8* __restrict__ xq, const float* __restrict__ xd,
                   float* __restrict__ y, int rows, int cols, int tokens) {
+    pdl_begin();
     typedef MmaDecode<B> D;
     constexpr int MT = WM * FM * 16, NT = WN * FN * 8, THREADS = WM * WN * WARP_SIZE;
     // The IQ2 codebooks in shared memory under REDLITE_Q8_SHARED_TABLES=1, as the q8 kernels.
@@ -300,6 +302,7 @@ __global__ void __launch_bounds__(256)
 mma_combine_kernel(const float* __restrict__ y, const float* __restrict__ weights,
                    const int* __restrict__ ids, float* __restrict__ out, int rows, int used,
                    int n_expert, int accumulate) {
+    pdl_begin();
     const int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (r >= rows) return;
     float sum = 0.0f;
@@ -323,6 +326,7 @@ mma_combine_kernel(const float* __restrict__ y, const float* __restrict__ weight
 __global__ void __launch_bounds__(1024)
 mma_group_kernel(const int* __restrict__ ids, int n_pairs, int n_expert,
                  int* __restrict__ tile_info, int tile_bound, int* __restrict__ pairs, int tile) {
+    pdl_begin();
     extern __shared__ int group_shared[];
     __shared__ int total_tiles;
     int* count = group_shared;

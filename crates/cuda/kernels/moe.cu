@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                    const int* __restrict__ ids, const float* __restrict__ x,
                    float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    pdl_begin();
     if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float xs[];
@@ -56,6 +57,7 @@ moe_down_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                 const float* __restrict__ weights, const float* __restrict__ act,
                 float* __restrict__ out, int rows, int ff, int used, int n_expert,
                 int accumulate) {
+    pdl_begin();
     if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float as[];
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_gate_up_v2_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert) {
+    pdl_begin();
     if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float xs[];
@@ -133,6 +136,7 @@ moe_down_v2_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    const float* __restrict__ weights, const float* __restrict__ act,
                    float* __restrict__ out, int rows, int ff, int used, int n_expert,
                    int accumulate) {
+    pdl_begin();
     if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     extern __shared__ float as[];
@@ -178,6 +182,7 @@ moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    pdl_begin();
     if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     const int k = blockIdx.y, t = blockIdx.z;
@@ -231,6 +236,7 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
+    pdl_begin();
     if (skipped_token(ids, blockIdx.y, used)) return;
     B::prepare();
     const int t = blockIdx.y;
@@ -413,6 +419,7 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    pdl_begin();
     PROBE_RETURN(PROBE_GATE_UP);
     moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
                                                cols, used, n_expert, shared_gate, shared_up,
@@ -437,6 +444,7 @@ moe_gate_up_q8_grouped_kernel(const u8* __restrict__ gate, const u8* __restrict_
                               const u8* __restrict__ shared_gate,
                               const u8* __restrict__ shared_up, float* __restrict__ act_shared,
                               int shared_ff) {
+    pdl_begin();
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int expert = tile_expert[blockIdx.y];
@@ -522,6 +530,7 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                    int accumulate, const u8* __restrict__ shared_down,
                    const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
                    int shared_ff) {
+    pdl_begin();
     if (skipped_token(ids, blockIdx.y, used)) return;
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
@@ -595,6 +604,7 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // on how the pairs were split. Grid (ceil(rows / blockDim), tokens).
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ weights,
                                    float* __restrict__ out, int rows, int used) {
+    pdl_begin();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows) return;

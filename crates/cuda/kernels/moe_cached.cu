@@ -57,6 +57,7 @@ moe_gate_up_q8_cached_kernel(u8* gate, u8* up, const int* __restrict__ ids,
                              i64 down_bytes, i64 chunk, int wide, int max_fills, int gate_chunks,
                              int down_chunks, u32* ticket, u32* ready,
                              u64* stats, int grid_x, int grid_y) {
+    pdl_begin();
     // The slot stacks are written by the copy CTAs and read by the product CTAs (never the
     // same bytes before a CTA has waited for them), hence no __restrict__ on them.
     const int gate_up_copies = max_fills * 2 * gate_chunks;

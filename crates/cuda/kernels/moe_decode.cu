@@ -14,7 +14,13 @@
 // a selected expert or the shared one (k = used); each lane holds at most IPL items of a
 // term's row, and TERMS terms' items are loaded at a time (all 10 + 1 at once for the
 // IQ2_XXS experts of the 80B model).
-template <class B, int WARPS, int LANES, int IPL>
+// EARLY (resident experts, under PDL): the ids and the first terms' weights are loaded
+// before `pdl_begin`, while the gate/up launch before this one still runs. The ids were
+// written by the routing two launches back, and nothing of the step writes resident experts'
+// bytes; with a cache the gate/up launch copies the missing experts' down rows, so a cached
+// layer's launch is not EARLY. The ids are read through L2 (`__ldcg`): this SM's L1 may hold
+// the previous layer's.
+template <class B, int WARPS, int LANES, int IPL, bool EARLY>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                            const float* __restrict__ weights, const float* __restrict__ act,
@@ -26,7 +32,13 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     typedef Q8Dot<B> D;
     constexpr int TERMS = D::PRELOAD / IPL > 0 ? D::PRELOAD / IPL : 1;
     const bool fixed = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0;
-    if (!fixed && skipped_token(ids, blockIdx.y, used)) return;
+    if constexpr (!EARLY) {
+        pdl_begin();
+        if (!fixed && skipped_token(ids, blockIdx.y, used)) return;
+    } else if (!fixed && __ldcg(ids + i64(blockIdx.y) * used) == SKIP_PAIR) {
+        pdl_begin();
+        return;
+    }
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
@@ -42,7 +54,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     // Term k's row, or null for an expert id out of range (no term).
     const auto term_row = [&](int k) -> const u8* {
         if (k == used) return shared_down + i64(row) * shared_row_bytes;
-        const i64 expert = fixed ? k : id[k];
+        const i64 expert = fixed ? k : EARLY ? __ldcg(id + k) : id[k];
         return expert >= 0 && expert < n_expert ? down + (expert * rows + row) * row_bytes
                                                 : nullptr;
     };
@@ -62,6 +74,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
         }
     };
     if (row < rows) load_terms(0);
+    if (EARLY) pdl_begin();
     const int routed = used * ff;
     float* ad;
     i8* aq;

@@ -43,6 +43,7 @@ static __device__ __forceinline__ u32 route_skew_mix(u32 z) {
 __global__ void __launch_bounds__(ROUTE_SKEW_THREADS)
 moe_route_skew_kernel(const float* __restrict__ logits, int* __restrict__ ids, int tokens,
                       int n_expert, int used, u32 seed, u32 stride, u32 offset, float decay) {
+    pdl_begin();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tokens) return;
     const float* l = logits + i64(t) * n_expert;
@@ -101,6 +102,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
                                  const float* __restrict__ shared_logit, int* __restrict__ ids,
                                  float* __restrict__ weights, float* __restrict__ shared_weight,
                                  int n_expert, int used) {
+    pdl_begin();
     extern __shared__ float p[];
     __shared__ float scratch[32];
     __shared__ float best_value[32];
@@ -232,6 +234,7 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     const float* __restrict__ shared_logit,
                                     int* __restrict__ ids, float* __restrict__ weights,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
+    pdl_begin();
     const int t = blockIdx.x;
     route_token_v2<PER>(logits + i64(t) * n_expert, ids + i64(t) * used, weights + i64(t) * used,
                         n_expert, used, threadIdx.x);
@@ -251,6 +254,7 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
                       const float* __restrict__ x, int* __restrict__ ids,
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
                       int n_expert, int used) {
+    pdl_begin();
     PROBE_RETURN(PROBE_ROUTE);
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
@@ -284,6 +288,7 @@ router_topk_kernel(const u8* __restrict__ w, const float* __restrict__ x,
                    float* __restrict__ logits, int* __restrict__ ticket, int* __restrict__ ids,
                    float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
                    int n_expert, int used) {
+    pdl_begin();
     __shared__ float scratch[32];
     __shared__ float l[32 * PER + 1];
     __shared__ bool last;

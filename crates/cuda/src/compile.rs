@@ -27,7 +27,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
 /// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
 /// see `q8dot.cuh`), `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item
-/// where they use it (`q8dot.cuh`); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// where they use it (`q8dot.cuh`), `REDLITE_PDL=1` the kernels with their programmatic
+/// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
+/// `raw/launcher.rs`); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
 fn options(arch: &str) -> Vec<String> {
@@ -46,6 +48,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
+        format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
     ];
     if verbose {
         options.push("--ptxas-options=-v".to_string());
@@ -184,7 +187,13 @@ fn kernel_resources(log: &str, lowered: &[(String, String)]) -> Vec<KernelResour
 pub fn compile_all(arch: &str) -> Result<Vec<ModuleCompiled>, CudaError> {
     check_arch(arch)?;
     nvrtc_version()?;
-    let modules = modules();
+    // REDLITE_NVRTC_MODULES=PREFIX: only the modules whose names start so (a quicker check of
+    // one family while editing it).
+    let only = std::env::var("REDLITE_NVRTC_MODULES").unwrap_or_default();
+    let modules: Vec<ModuleSource> = modules()
+        .into_iter()
+        .filter(|m| m.name.starts_with(&only))
+        .collect();
     Ok(modules
         .par_iter()
         .map(|module| {

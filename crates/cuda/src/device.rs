@@ -64,6 +64,7 @@ impl Device {
             "cuDeviceGetAttribute(compute capability)",
         ))?;
         let arch = format!("sm_{major}{minor}");
+        raw::set_device_major(major);
         let multiprocessors = context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver("cuDeviceGetAttribute(multiprocessors)"))?;

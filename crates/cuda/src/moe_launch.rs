@@ -338,6 +338,7 @@ pub(crate) fn moe_down(
     (rows, ff, accumulate): (usize, usize, bool),
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedDownArgs<'_, '_>>,
+    weights_fixed: bool,
 ) -> Result<(), CudaError> {
     let staged = used * ff * size_of::<f32>();
     let shared_ff = shared.as_ref().map_or(0, |s| s.3);
@@ -360,7 +361,12 @@ pub(crate) fn moe_down(
         ),
         MoeVersion::Q8 { lanes } => {
             let kernel = match preload_items(lanes) {
-                Some(items) => source::moe_down_q8_preload_kernel(kind, lanes, items),
+                Some(items) => source::moe_down_q8_preload_kernel(
+                    kind,
+                    lanes,
+                    items,
+                    weights_fixed && raw::pdl_enabled(),
+                ),
                 None => source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
             };
             (

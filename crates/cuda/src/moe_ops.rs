@@ -233,7 +233,9 @@ fn folds_shared(
 
 /// `out[t] (+)= Σ_k weights[t][k] · down_e · act[t][k]` for `e = ids[t][k]`: down is a stack of
 /// experts of `rows` rows of ff values; act is tokens x used x ff, out tokens x rows. With
-/// `accumulate` the sum is added to `out`, else it replaces it.
+/// `accumulate` the sum is added to `out`, else it replaces it. `weights_fixed`: nothing
+/// launched since the routing writes `ids` or the down rows (resident experts, not a cache
+/// that the gate/up launch fills), so under PDL the kernel may load them before its wait.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_down(
     device: &Device,
@@ -245,6 +247,7 @@ pub fn moe_down(
     out: &mut CudaViewMut<'_, f32>,
     accumulate: bool,
     shared: Option<SharedDown<'_, '_>>,
+    weights_fixed: bool,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeDown;
     let (kind, n_expert) = expert_stack(device, op, down, rows)?;
@@ -294,5 +297,6 @@ pub fn moe_down(
         (rows, ff, accumulate),
         (tokens, used, n_expert),
         shared,
+        weights_fixed,
     )
 }

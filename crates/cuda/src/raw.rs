@@ -244,7 +244,7 @@ pub(crate) fn launch_matvec(
     y: &mut CudaViewMut<'_, f32>,
     (rows, cols): (i32, i32),
 ) -> Result<(), CudaError> {
-    let mut launch = stream.launch_builder(kernel);
+    let mut launch = Launch::new(stream, kernel);
     launch.arg(weights).arg(x).arg(y).arg(&rows).arg(&cols);
     // SAFETY: the arguments match matvec.cu's signature in type and order; the op entry
     // checked rows x cols against the byte length of `weights`, cols against `x` and rows
@@ -257,12 +257,14 @@ pub(crate) fn launch_matvec(
 mod attention_prefill;
 mod cublas;
 mod expert_cache;
+mod launcher;
 mod layers;
 mod mma;
 mod moe;
 pub(crate) use attention_prefill::*;
 pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
+pub(crate) use launcher::*;
 pub(crate) use layers::*;
 pub(crate) use mma::*;
 pub(crate) use moe::*;

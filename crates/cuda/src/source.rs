@@ -348,11 +348,25 @@ pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) ->
 /// Items per lane and term the preloading down kernel is built for (`moe_decode.cu`).
 pub(crate) const MOE_PRELOAD_ITEMS: [usize; 2] = [1, 2];
 
-pub(crate) fn moe_down_q8_preload_kernel(kind: WeightKind, lanes: usize, items: usize) -> String {
+/// `early`: the ids and weights loaded before the PDL wait (resident experts; `moe_decode.cu`).
+pub(crate) fn moe_down_q8_preload_kernel(
+    kind: WeightKind,
+    lanes: usize,
+    items: usize,
+    early: bool,
+) -> String {
     format!(
-        "moe_down_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}, {items}>",
+        "moe_down_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}, {items}, {early}>",
         kind.cuda_name
     )
+}
+
+/// The `early` variants of the preloading down that are built: both under `REDLITE_PDL=1`.
+fn preload_early_variants() -> &'static [bool] {
+    match crate::raw::pdl_requested() {
+        true => &[false, true],
+        false => &[false],
+    }
 }
 
 /// The block structs the version-2 matmul is instantiated for.
@@ -693,9 +707,11 @@ fn module_families() -> Vec<ModuleSource> {
                 }))
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
-                        MOE_PRELOAD_ITEMS
-                            .iter()
-                            .map(move |&items| moe_down_q8_preload_kernel(k, lanes, items))
+                        MOE_PRELOAD_ITEMS.iter().flat_map(move |&items| {
+                            preload_early_variants()
+                                .iter()
+                                .map(move |&early| moe_down_q8_preload_kernel(k, lanes, items, early))
+                        })
                     })
                 }))
                 .chain([
@@ -809,6 +825,26 @@ mod tests {
         families.sort();
         split.sort();
         assert_eq!(families, split);
+    }
+
+    /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
+    /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
+    /// (the norm kernels through `norm_row`, which does).
+    #[test]
+    fn every_kernel_waits_for_the_previous_one() {
+        let sources = [
+            DEQUANTIZE, MATVEC, ELEMENTWISE, MATMUL, GEMM, DELTANET, DELTANET_CHUNKED, ATTENTION,
+            ATTENTION_PREFILL, MOE, MOE_ROUTE, MOE_DECODE, EXPERT_CACHE, MOE_CACHED, MMA,
+        ];
+        for source in sources {
+            for kernel in source.split("__global__").skip(1) {
+                let name = kernel.split('(').next().unwrap_or(kernel).trim();
+                assert!(
+                    kernel.contains("pdl_begin();") || kernel.contains("norm_row"),
+                    "{name}: no pdl_begin()"
+                );
+            }
+        }
     }
 
     #[test]

@@ -190,7 +190,7 @@ fn down_case(device: &Device, ty: GgmlType, r: &Routing, rng: &mut Rng) {
         let [old, host, on_device] = &mut outs;
         let out = &mut old.as_view_mut();
         moe_down(
-            device, &down, rows, &ids, &weights, &act, out, accumulate, None,
+            device, &down, rows, &ids, &weights, &act, out, accumulate, None, true,
         )
         .unwrap();
         for (groups, out) in [(&r.host, host), (&r.on_device, on_device)] {
@@ -259,6 +259,7 @@ fn device_grouping_skips_ids_out_of_range() {
         &mut old.as_view_mut(),
         false,
         None,
+        true,
     )
     .unwrap();
     let out = &mut new.as_view_mut();

@@ -101,6 +101,7 @@ fn expert_down_with_weights_loaded_ahead_is_bit_identical() {
                             &mut out.as_view_mut(),
                             false,
                             shared,
+                            true,
                         )
                         .unwrap();
                         let get = |s: &CudaSlice<f32>| device.download(s).unwrap();

@@ -224,7 +224,7 @@ mod gpu {
         let ms = time(&device, reps, || {
             let out = &mut out.as_view_mut();
             moe_down(
-                &device, &d, embd, &ids_view, &w_view, &act_view, out, false, None,
+                &device, &d, embd, &ids_view, &w_view, &act_view, out, false, None, true,
             )?;
             Ok(())
         })?;

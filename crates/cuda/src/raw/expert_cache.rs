@@ -1,10 +1,11 @@
 //! The expert cache's unsafe calls: page-locked host memory mapped into the device's
 //! address space, and the launches of `expert_cache.cu`.
 
+use super::launcher::Launch;
 use super::layers::{builder, launched};
 use crate::error::CudaError;
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchArgs,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
     LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use std::sync::Arc;
@@ -164,7 +165,7 @@ pub(crate) struct CachedCopyArgs<'a, 'b> {
 /// gate_bytes, down_bytes, chunk, wide, max_fills, gate_chunks, down_chunks, ticket, ready,
 /// stats, grid_x, grid_y.
 pub(crate) fn push_cached_copies<'a>(
-    launch: &mut LaunchArgs<'a>,
+    launch: &mut Launch<'a>,
     copies: &'a mut CachedCopyArgs<'_, '_>,
     grid: &'a (i32, i32),
 ) {

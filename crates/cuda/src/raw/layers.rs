@@ -7,9 +7,10 @@
 use crate::error::CudaError;
 use crate::profile;
 use crate::q8_input::Q8Views;
+use super::launcher::Launch;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
 
@@ -37,16 +38,16 @@ pub(super) fn allow_shared(kernel: &CudaFunction, config: LaunchConfig) -> Resul
         .map_err(CudaError::driver("cuFuncSetAttribute"))
 }
 
-pub(super) fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> LaunchArgs<'a> {
+pub(super) fn builder<'a>(stream: &'a CudaStream, kernel: &'a CudaFunction) -> Launch<'a> {
     profile::before(stream);
-    stream.launch_builder(kernel)
+    Launch::new(stream, kernel)
 }
 
 /// The null device pointer kernels take for "no position in device memory".
 pub(super) static NO_POS: u64 = 0;
 
 /// Pushes the `const u32* pos_dev` argument: the device scalar, or null.
-fn push_pos<'a>(launch: &mut LaunchArgs<'a>, pos: Option<&'a CudaView<'_, u32>>) {
+fn push_pos<'a>(launch: &mut Launch<'a>, pos: Option<&'a CudaView<'_, u32>>) {
     match pos {
         Some(view) => launch.arg(view),
         None => launch.arg(&NO_POS),
@@ -83,7 +84,7 @@ impl<'a, 'b> Q8Arg<'a, 'b> {
     }
 }
 
-pub(super) fn push_q8<'a>(launch: &mut LaunchArgs<'a>, q8: Q8Arg<'a, '_>) {
+pub(super) fn push_q8<'a>(launch: &mut Launch<'a>, q8: Q8Arg<'a, '_>) {
     match q8 {
         Q8Arg::Absent => {}
         Q8Arg::Null => {

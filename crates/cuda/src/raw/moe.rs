@@ -3,10 +3,11 @@
 //! the same helpers and contracts.
 
 use super::expert_cache::{push_cached_copies, CachedCopyArgs};
+use super::launcher::Launch;
 use super::layers::{builder, launched, push_q8, Q8Arg, NO_POS};
 use crate::error::CudaError;
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
 };
 
 /// `moe_route_kernel(logits, shared_logit, ids, weights, shared_weight, n_expert, used)`.
@@ -218,7 +219,7 @@ pub(crate) type SharedDownArgs<'a, 'b> = (
 
 /// Pushes the gate/up kernels' `shared_gate, shared_up, act_shared` (the shared expert's, or
 /// null pointers) and returns their `shared_ff` (0 without), for the caller to push last.
-fn push_shared_up<'a>(launch: &mut LaunchArgs<'a>, shared: Option<SharedUpArgs<'a, '_>>) -> i32 {
+fn push_shared_up<'a>(launch: &mut Launch<'a>, shared: Option<SharedUpArgs<'a, '_>>) -> i32 {
     let shared_ff = i32::try_from(shared.as_ref().map_or(0, |s| s.3)).unwrap_or(i32::MAX);
     match shared {
         Some((s_gate, s_up, s_act, _)) => {

@@ -270,6 +270,7 @@ fn experts(
     let used = c.n_expert_used;
     let small = t <= ONE_TOKEN_KERNELS_MAX_TOKENS;
     let stacks = [w.gate_exps.bytes(), w.up_exps.bytes(), w.down_exps.bytes()];
+    let resident = cache.is_none();
     // With a cache, the misses are copied in the gate/up launch where it can (the hits
     // compute meanwhile), else by the fill before it.
     let mut copying = None;
@@ -312,6 +313,7 @@ fn experts(
         w,
         grouped,
         fold,
+        resident,
     };
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
@@ -395,6 +397,7 @@ fn shared_expert(
         out,
         true,
         None,
+        true,
     )?;
     Ok(())
 }
@@ -409,6 +412,8 @@ struct Part<'a> {
     grouped: bool,
     /// How much of the shared expert rides in the routed launches.
     fold: Fold,
+    /// The experts are resident (no cache copies into the down's rows during the step).
+    resident: bool,
 }
 
 /// The shared expert in the routed launches: not at all (it runs on its own after them),
@@ -477,6 +482,7 @@ impl<'a> Part<'a> {
             out,
             false,
             folded_down,
+            self.resident,
         )?;
         if self.fold == Fold::GateUp {
             // The shared expert's down as `shared_expert` launches it: the same sums.
@@ -490,6 +496,7 @@ impl<'a> Part<'a> {
                 out,
                 true,
                 None,
+                true,
             )?;
         }
         Ok(())

@@ -124,6 +124,7 @@ pub fn routed(
                 &mut y.slice_mut(start * e..end * e),
                 false,
                 None,
+                false,
             )?;
         }
     }

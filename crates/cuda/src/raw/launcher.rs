@@ -1,0 +1,186 @@
+//! Kernel launches through `cuLaunchKernelEx`, so that a launch may carry programmatic
+//! dependent launch (PDL, sm_90 and later): the next kernel on the stream is scheduled while
+//! the previous one still runs, does what needs nothing from it (load its weights, a DeltaNet
+//! layer's state) and then waits in `griddepcontrol.wait` (`common.cuh`'s `pdl_begin`) until
+//! that kernel has finished and its writes are visible. Every kernel of the crate calls
+//! `pdl_begin` before it reads another kernel's output or writes anything, so a launch with
+//! the attribute is safe for all of them. cudarc's `LaunchArgs` cannot pass launch
+//! attributes, hence this builder; its arguments are pushed as with `LaunchArgs`.
+//!
+//! `REDLITE_PDL=1` turns the attribute on (`pdl_enabled`); without it every launch is a
+//! plain one and the kernels' `pdl_begin` returns at once.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{
+    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+};
+use cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+};
+
+/// More arguments than any kernel of the crate takes.
+const MAX_ARGS: usize = 40;
+
+/// Whether the opened device has PDL (compute capability 9.0 or later).
+static DEVICE_HAS_PDL: AtomicBool = AtomicBool::new(false);
+
+/// Records the opened device's compute capability major version.
+pub(crate) fn set_device_major(major: i32) {
+    DEVICE_HAS_PDL.store(major >= 9, Ordering::Relaxed);
+}
+
+/// Whether `REDLITE_PDL=1` asks for PDL: the kernels are then compiled with their wait
+/// (`compile.rs`) and, on a device that has it, launched with the attribute.
+pub fn pdl_requested() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_PDL").as_deref() == Ok("1"))
+}
+
+/// Whether launches carry the PDL attribute: requested and the device has it.
+pub fn pdl_enabled() -> bool {
+    pdl_requested() && DEVICE_HAS_PDL.load(Ordering::Relaxed)
+}
+
+enum Param {
+    /// Index into `Launch::addresses`: a buffer's device address.
+    Address(usize),
+    /// A scalar argument, borrowed for the builder's lifetime.
+    Value(*const c_void),
+}
+
+/// One kernel launch being built: arguments in the kernel's order, then [`Launch::launch`].
+pub(crate) struct Launch<'a> {
+    stream: &'a CudaStream,
+    kernel: &'a CudaFunction,
+    /// The parameter array points into this at launch time; `&mut self` keeps it in place.
+    addresses: [u64; MAX_ARGS],
+    params: Vec<Param>,
+}
+
+impl<'a> Launch<'a> {
+    pub(crate) fn new(stream: &'a CudaStream, kernel: &'a CudaFunction) -> Self {
+        Launch {
+            stream,
+            kernel,
+            addresses: [0; MAX_ARGS],
+            params: Vec::with_capacity(24),
+        }
+    }
+
+    fn push_address(&mut self, address: u64) -> &mut Self {
+        let slot = self.params.len();
+        if slot < MAX_ARGS {
+            self.addresses[slot] = address;
+        }
+        self.params.push(Param::Address(slot));
+        self
+    }
+
+    /// Launches the kernel with the pushed arguments. Returns no events (the signature is
+    /// `LaunchArgs::launch`'s, so callers treat both alike).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and type, and the
+    /// grid must only touch memory the buffers hold (cudarc's `LaunchArgs::launch` contract).
+    /// The kernel must call `pdl_begin()` before it reads another kernel's output or writes
+    /// global memory, as every kernel of the crate does.
+    pub(crate) unsafe fn launch(
+        &mut self,
+        cfg: LaunchConfig,
+    ) -> Result<Option<(CudaEvent, CudaEvent)>, DriverError> {
+        if self.params.len() > MAX_ARGS {
+            return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        self.stream.context().bind_to_thread()?;
+        let mut pointers: Vec<*mut c_void> = self
+            .params
+            .iter()
+            .map(|param| match *param {
+                Param::Address(slot) => (&self.addresses[slot]) as *const u64 as *mut c_void,
+                Param::Value(value) => value as *mut c_void,
+            })
+            .collect();
+        let mut attribute = CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: u32::from(pdl_enabled()),
+        };
+        // SAFETY: `config` and `attribute` live across the call; `pointers` holds one valid
+        // pointer per kernel parameter (the caller's contract), each to a value that outlives
+        // the call (`self.addresses`, or a scalar borrowed for 'a).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.kernel.cu_function(),
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        Ok(None)
+    }
+}
+
+// SAFETY (all impls): a scalar is passed by a pointer to the caller's value, borrowed for
+// the builder's lifetime; a buffer by its device address, copied into the builder. The
+// crate's streams have cudarc's event tracking off (`single_stream`), so taking an address
+// records nothing.
+// Scalars one by one: a blanket impl over `DeviceRepr` would overlap the buffer impls below
+// for the coherence rules (cudarc owns that trait and the buffer types).
+macro_rules! scalar_args {
+    ($($scalar:ty),*) => {$(
+        unsafe impl<'a, 'b: 'a> PushKernelArg<&'b $scalar> for Launch<'a> {
+            fn arg(&mut self, arg: &'b $scalar) -> &mut Self {
+                self.params.push(Param::Value(arg as *const $scalar as *const c_void));
+                self
+            }
+        }
+    )*};
+}
+scalar_args!(i32, u32, i64, u64, f32);
+
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b CudaSlice<T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b CudaSlice<T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut CudaSlice<T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b mut CudaSlice<T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr_mut(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr(self.stream);
+        self.push_address(address)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaViewMut<'c, T>> for Launch<'a> {
+    fn arg(&mut self, arg: &'b mut CudaViewMut<'c, T>) -> &mut Self {
+        let (address, _sync) = arg.device_ptr_mut(self.stream);
+        self.push_address(address)
+    }
+}
