@@ -14,7 +14,8 @@
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   5b. (stage base, not by default) this build against a carried earlier one,
-#      .cache/device/redlite-base.xz: logits cmp and tg128 alternating;
+#      .cache/device/redlite-base.xz: logits cmp (also over BASE_LONG tokens one at a time)
+#      and tg128 alternating;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
@@ -26,7 +27,8 @@
 #   bash scripts/device/decode_ab.sh
 #
 # Env: BITS_AB, TEST_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
-# PROBES, SMALL_AB, PROFILE_AB (space-separated settings, each VAR=value or several
+# PROBES, SMALL_AB, PROFILE_AB, PROFILE_DEPTH / PROFILE_KERNELS (a regex) / PROFILE_SKIP /
+# PROFILE_COUNT (the profile at a depth, of some kernels; space-separated settings, each VAR=value or several
 # joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
 # tests decode mtp small; also probes base profile stalls), OUT.
 set -u
@@ -126,6 +128,18 @@ if stage base && [ -f "$D/redlite-base.xz" ]; then
     cmp -s "$W/redlite-$chunk.f32" "$W/redlite-base-$chunk.f32" && r="same bits" || r=DIFFERENT
     note "logits, this build vs base, chunk $chunk: $r"
   done
+  if [ -n "${BASE_LONG:-}" ]; then
+    # BASE_LONG tokens fed one at a time (decode graphs at every depth up to it: at 2,048 and
+    # more every attention split of the graph is live), every position's logits compared.
+    long="$(python3 -c 'import sys; print(",".join(str((i * 7919 + 13) % 150000) for i in range(int(sys.argv[1]))))' "$BASE_LONG")"
+    for bin in "$R" "$B"; do
+      "$bin" logits -m "$M" --device cuda --chunk 1 --tokens "$long" \
+        --out "$W/$(basename "$bin")-long.f32" > /dev/null 2>&1
+    done
+    cmp -s "$W/redlite-long.f32" "$W/redlite-base-long.f32" && r="same bits" || r=DIFFERENT
+    note "logits of $BASE_LONG tokens one at a time, this build vs base: $r"
+    rm -f "$W/redlite-long.f32" "$W/redlite-base-long.f32"
+  fi
   for round in 1 2; do
     for bin in "$R" "$B"; do
       note "round $round, $(basename "$bin"): $("$bin" bench -m "$M" --device cuda -p 0 -n 128 \
@@ -165,9 +179,11 @@ if stage profile && command -v ncu > /dev/null; then
     stamp "ncu: every kernel of ~2.5 decode tokens by grid size, $v"
     name="${v//[=+]/_}"
     # shellcheck disable=SC2086
+    filter=(); [ -n "${PROFILE_KERNELS:-}" ] && filter=(--kernel-name "regex:$PROFILE_KERNELS")
     env ${v//+/ } timeout 300 ncu --clock-control none --cache-control none \
       --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
-      --launch-skip 3000 --launch-count 1500 "$R" bench -m "$M" --device cuda -p 0 -n 16 -r 1 \
+      "${filter[@]}" --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_COUNT:-1500}" \
+      "$R" bench -m "$M" --device cuda -p 0 -n 16 -d "${PROFILE_DEPTH:-0}" -r 1 \
       > "$OUT/ncu-decode-$name.csv" 2> "$OUT/ncu-decode-$name.err" \
       || tail -3 "$OUT/ncu-decode-$name.err"
     python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$name.csv" embed_kernel \

@@ -43,16 +43,16 @@ static __device__ __forceinline__ uint4 load_u128(const u8* p) {
     return *reinterpret_cast<const uint4*>(p);
 }
 
-// Programmatic dependent launch (sm_90 and later, `REDLITE_PDL=1`; raw/launcher.rs): a kernel
-// may be scheduled while the previous kernel on the stream still runs. Everything before this
-// call may read only what no kernel of the step writes (weights, a layer's own recurrent state)
-// or what the kernel two launches back wrote: the previous kernel called this before letting
-// this one start, so every earlier kernel had finished. This waits until the previous kernel
-// has finished and its writes are visible, then lets the next kernel be scheduled. Every
-// kernel calls it before it reads another kernel's output, before it writes global memory
-// and before it returns (so that a grid's completion implies its predecessors'). Without the
-// launch attribute both instructions return at once; without `REDLITE_PDL=1` (a compile
-// option, compile.rs) they are not emitted.
+// Programmatic dependent launch (sm_90 and later; off with `REDLITE_PDL=0`; raw/launcher.rs):
+// a kernel may be scheduled while the previous kernel on the stream still runs. Everything
+// before this call may read only what no kernel of the step writes (weights, a layer's own
+// recurrent state) or what the kernel two launches back wrote: the previous kernel called
+// this before letting this one start, so every earlier kernel had finished. This waits until
+// the previous kernel has finished and its writes are visible, then lets the next kernel be
+// scheduled. Every kernel calls it before it reads another kernel's output, before it writes
+// global memory and before it returns (so that a grid's completion implies its
+// predecessors'). Without the launch attribute both instructions return at once; with
+// `REDLITE_PDL=0` (a compile option, compile.rs) they are not emitted.
 #ifndef REDLITE_PDL
 #define REDLITE_PDL 0
 #endif

@@ -27,7 +27,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
 /// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
 /// see `q8dot.cuh`), `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item
-/// where they use it (`q8dot.cuh`), `REDLITE_PDL=1` the kernels with their programmatic
+/// where they use it (`q8dot.cuh`), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache

@@ -38,13 +38,13 @@ pub(crate) fn config(grid: (usize, usize, usize), threads: u32, shared: usize) -
     }
 }
 
-/// `attention_combine_kernel`'s launch: a CTA per (token, head), a factor and a list entry
-/// per split in shared memory.
+/// `attention_combine_kernel`'s launch: a CTA per (token, head), a factor, a sum and a list
+/// entry per split in shared memory.
 pub(crate) fn combine_config(tokens: usize, heads: usize, splits: usize) -> LaunchConfig {
     config(
         (tokens, heads, 1),
         128,
-        splits * (size_of::<f32>() + size_of::<i32>()),
+        splits * (2 * size_of::<f32>() + size_of::<i32>()),
     )
 }
 

@@ -361,7 +361,7 @@ pub(crate) fn moe_down_q8_preload_kernel(
     )
 }
 
-/// The `early` variants of the preloading down that are built: both under `REDLITE_PDL=1`.
+/// The `early` variants of the preloading down that are built: both unless `REDLITE_PDL=0`.
 fn preload_early_variants() -> &'static [bool] {
     match crate::raw::pdl_requested() {
         true => &[false, true],
