@@ -366,14 +366,15 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
 // position 0, so the overall max is finite; a split past the token's last position holds
 // (0, -inf, 0)) and applies the sigmoid gate:
 // o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
-// The first warp finds m, each split's factor e^(m_s - m) and the list of non-empty splits
-// in increasing order; the sums then run over those splits only, in that order (an empty
-// split adds nothing). A graph launches every split at every position, so at short depths
-// most are empty. The first warp's loads keep each split's sum l in shared memory for the
-// serial Σ l, and each thread loads the values of COMBINE_BATCH splits before adding them
-// in order: at depth 4096 (64 live splits) the sums had waited on one L2 round trip per
-// split (~20 µs a layer). Dynamic shared memory: splits x (factor, l, list entry).
-#define COMBINE_BATCH 8
+// Grid (tokens, heads, column slices of blockDim values). The first warp finds m, each
+// split's factor e^(m_s - m) and the list of non-empty splits in increasing order; the sums
+// then run over those splits only, in that order (an empty split adds nothing). A graph
+// launches every split at every position, so at short depths most are empty. Each thread
+// loads COMBINE_BATCH splits' values (the serial Σ l: their sums and factors) before adding
+// them in order: at depth 4096 (64 live splits on 16 CTAs) the sums had waited on one L2
+// round trip per split (12.5 µs a launch). Dynamic shared memory: splits x (factor, l, list
+// entry).
+#define COMBINE_BATCH 16
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,
                                          int heads, int hd, int splits) {
@@ -407,7 +408,18 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
         __syncwarp();
         if (lane == 0) {
             float l_all = 0.0f;
-            for (int j = 0; j < count; ++j) {
+            int j = 0;
+            for (; j + COMBINE_BATCH <= count; j += COMBINE_BATCH) {
+                float ls[COMBINE_BATCH], fs[COMBINE_BATCH];
+#pragma unroll
+                for (int u = 0; u < COMBINE_BATCH; ++u) {
+                    ls[u] = l_of[live[j + u]];
+                    fs[u] = factor[live[j + u]];
+                }
+#pragma unroll
+                for (int u = 0; u < COMBINE_BATCH; ++u) l_all += ls[u] * fs[u];
+            }
+            for (; j < count; ++j) {
                 const int s = live[j];
                 l_all += l_of[s] * factor[s];
             }
@@ -420,7 +432,7 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
     const int count = n_live;
     const float* gate = qg + (i64(t) * heads + h) * 2 * hd + hd;
     float* out = o + (i64(t) * heads + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    for (int i = blockIdx.z * blockDim.x + threadIdx.x; i < hd; i += gridDim.z * blockDim.x) {
         float total = 0.0f;
         int j = 0;
         for (; j + COMBINE_BATCH <= count; j += COMBINE_BATCH) {

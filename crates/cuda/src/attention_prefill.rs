@@ -106,7 +106,7 @@ pub(crate) fn attention_prefill<T: DeviceRepr>(
         return Ok(());
     }
     let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
-    let cfg = combine_config(d.tokens, d.heads, splits);
+    let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);
     let dims = [d.heads, d.head_dim, splits].map(to_i32);
     raw::launch_attention_combine(
         device.stream(),

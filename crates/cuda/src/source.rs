@@ -708,9 +708,9 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
                         MOE_PRELOAD_ITEMS.iter().flat_map(move |&items| {
-                            preload_early_variants()
-                                .iter()
-                                .map(move |&early| moe_down_q8_preload_kernel(k, lanes, items, early))
+                            preload_early_variants().iter().map(move |&early| {
+                                moe_down_q8_preload_kernel(k, lanes, items, early)
+                            })
                         })
                     })
                 }))
@@ -833,8 +833,21 @@ mod tests {
     #[test]
     fn every_kernel_waits_for_the_previous_one() {
         let sources = [
-            DEQUANTIZE, MATVEC, ELEMENTWISE, MATMUL, GEMM, DELTANET, DELTANET_CHUNKED, ATTENTION,
-            ATTENTION_PREFILL, MOE, MOE_ROUTE, MOE_DECODE, EXPERT_CACHE, MOE_CACHED, MMA,
+            DEQUANTIZE,
+            MATVEC,
+            ELEMENTWISE,
+            MATMUL,
+            GEMM,
+            DELTANET,
+            DELTANET_CHUNKED,
+            ATTENTION,
+            ATTENTION_PREFILL,
+            MOE,
+            MOE_ROUTE,
+            MOE_DECODE,
+            EXPERT_CACHE,
+            MOE_CACHED,
+            MMA,
         ];
         for source in sources {
             for kernel in source.split("__global__").skip(1) {

@@ -5,8 +5,8 @@ use super::launcher::Launch;
 use super::layers::{builder, launched};
 use crate::error::CudaError;
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use std::sync::Arc;
 

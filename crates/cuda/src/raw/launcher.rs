@@ -18,8 +18,8 @@ use cudarc::driver::sys::{
     self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
 };
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    DriverError, LaunchConfig, PushKernelArg,
 };
 
 /// More arguments than any kernel of the crate takes.

@@ -4,14 +4,13 @@
 //! grid implies, and the launchers in `layer_launch` sized the grid and the dynamic shared
 //! memory.
 
+use super::launcher::Launch;
 use crate::error::CudaError;
 use crate::profile;
 use crate::q8_input::Q8Views;
-use super::launcher::Launch;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 pub(super) fn launched(
