@@ -171,8 +171,8 @@ pub fn attention_partials_len(tokens: usize, heads: usize, head_dim: usize) -> u
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
     /// One CTA per (token, head) walking the cache, the KV length split over several CTAs
-    /// when long (flash decoding): the decode graph's kernels (one query head per split CTA
-    /// unless `REDLITE_ATTN_HEADS_PER_CTA` says more).
+    /// when long (flash decoding): the decode graph's kernels (four query heads per split CTA
+    /// unless `REDLITE_ATTN_HEADS_PER_CTA` says otherwise).
     PerToken,
     /// [`PerToken`](Self::PerToken) with this many query heads per split CTA (1, 2, 4 or 8,
     /// dividing the query heads of a KV head): the same bits for every count.

@@ -371,18 +371,19 @@ fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
         .max(1)
 }
 
-/// Query heads per CTA of the split kernel: 1 (the default), or under
-/// `REDLITE_ATTN_HEADS_PER_CTA=N` the most of `ATTENTION_HEADS_PER_CTA` up to N that divides
-/// the query heads of one KV head, each CTA then reading its split's K and V rows once for
-/// them all but running their softmax chains one after the other (slower on the H200 at
-/// depths 0 and 4096: docs/PERF.md, thirteenth session).
+/// Query heads per CTA of the split kernel: the most of `ATTENTION_HEADS_PER_CTA` up to N
+/// (`REDLITE_ATTN_HEADS_PER_CTA=N`, default 4; 1 for the one-head kernel) that divides the
+/// query heads of one KV head, each CTA then reading its split's K and V rows once for them
+/// all but running their softmax chains one after the other. H200 with PDL (fourteenth
+/// session): 4 heads tg128 350.4 / 333.5 at depths 0 / 4096 against 350.4 / 320.6 with one,
+/// 2 heads 347.6 / 330.5, 8 heads 340.0 / 324.2; the same partials whatever the number.
 fn attention_heads_per_cta(d: &AttnDims) -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     let most = *MOST.get_or_init(|| {
         std::env::var("REDLITE_ATTN_HEADS_PER_CTA")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
+            .unwrap_or(4)
     });
     let group = d.heads / d.kv_heads.max(1);
     ATTENTION_HEADS_PER_CTA
