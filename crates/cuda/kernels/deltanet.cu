@@ -263,20 +263,14 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     // This thread's gate inputs, z and norm weight are loaded before the conv, so that their
     // latency overlaps it instead of following the barriers.
     const float a_h = a[h], dt_h = dt_bias[h], norm_wj = norm_w[j];
-    // Under PDL all of the above, and the first row's conv and q/k norms, run while the
-    // previous kernel (the β/α product) still runs: the state and conv state are this layer's,
-    // written and read by this kernel alone (and by copies launches before it), and qkv and z
-    // come from the products launched before the β/α one (deltanet.rs keeps that order), done
-    // when this kernel starts. Only ba waits for `pdl_begin`. Heads under 128 wide (test
-    // models) wait here: the 64-wide step spilled its state column with the later wait.
-    constexpr bool EARLY = REDLITE_PDL != 0 && DK >= 128;
-    if (!EARLY) pdl_begin();
+    // Under PDL all of the above is loaded while the previous kernel still runs: the state is
+    // this layer's, written by this kernel alone (and by copies launches before it).
+    pdl_begin();
     for (int t = 0; t < tokens; ++t) {
         const float* x = qkv + i64(t) * channels;
         const bool keep = conv_rec != nullptr && t + 1 < tokens;
         const float* bar = ba + i64(t) * 2 * v_heads;
-        float b_in = 0.0f, a_raw = 0.0f;
-        if (!EARLY) b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
+        const float b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
         const float zr = z[i64(t) * inner + h * DK + j];
         auto conv = [&](int ch) {
             float window[KERNEL];
@@ -320,10 +314,6 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             }
         }
         __syncthreads();
-        if (EARLY) {
-            pdl_begin();
-            b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
-        }
         const float a_in = a_raw + dt_h;
         const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
         const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);

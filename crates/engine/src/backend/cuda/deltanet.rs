@@ -61,8 +61,6 @@ pub fn forward(
             deltanet_split(device, &shape, &p.as_view(), &mut qkv, &mut z)?;
         }
     }
-    // The β/α product last, right before the fused step: under PDL that step convolves qkv
-    // and reads z before its wait, so they must come from launches before this one.
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
     matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
