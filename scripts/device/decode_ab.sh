@@ -26,11 +26,11 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: BITS_AB, TEST_AB, DECODE_AB (AB_DEPTHS: the depths of its settings after the first, default 0),
-# PROBES, SMALL_AB, PROFILE_AB, PROFILE_DEPTH / PROFILE_KERNELS (a regex) / PROFILE_SKIP /
-# PROFILE_COUNT (the profile at a depth, of some kernels; space-separated settings, each VAR=value or several
-# joined by +: A=1+B=1), STALL_KERNELS (regexes of kernel names), STAGES (bits
-# tests decode mtp small; also probes base profile stalls), OUT.
+# Env: the settings BITS_AB, TEST_AB, DECODE_AB, SMALL_AB, PROFILE_AB (space-separated, each
+# VAR=value or several joined by +: A=1+B=1); AB_DEPTHS (the depths of DECODE_AB's settings after
+# the first, default 0); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
+# PROFILE_COUNT (the profile at a depth, of some kernels); BASE_LONG; STALL_KERNELS (regexes of
+# kernel names); STAGES (bits tests decode mtp small; also probes base profile stalls); OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
