@@ -104,78 +104,66 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     if (row0 < rows && blockIdx.y == 0 && prefetch_before_input(gq)) {
         prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
     }
+#if REDLITE_Q8_LOADS_AHEAD
+    constexpr int AHEAD = Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, ROWS);
+#else
+    constexpr int AHEAD = 0;
+#endif
     // Under PDL, with x already quantized (`gq`), the lane's first weight items are loaded
     // before the wait, while the previous kernel still runs (nothing of the step writes
     // weights); else x comes first (the items would stay live across its quantization).
-    const bool early = REDLITE_PDL != 0 && gq != nullptr;
-    if (!early) {
+    const bool early = REDLITE_PDL != 0 && AHEAD > 0 && gq != nullptr;
+    // x after the wait; false when the warp has no rows.
+    const auto take_input = [&] {
         pdl_begin();
         q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
-        if (row0 >= rows) return;
-    }
+        return row0 < rows;
+    };
+    if (!early && !take_input()) return;
     const int items = cols / B::VALUES * B::ITEMS;
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     int first = lane;
-#if REDLITE_Q8_LOADS_AHEAD
     // The lane's first items of each row loaded before any of them is used: one wait on
     // DRAM for all of them instead of one per item (the compiler issued the second item's
     // loads after the first item's lookups). Summed in the loop's order.
-    {
-        constexpr int AHEAD = Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, ROWS);
-        if constexpr (AHEAD > 0) {
-            if (early) {
-                // The rest of the warp's rows (contiguous) asked of L2 before the wait too.
-                const i64 ahead_bytes = i64(AHEAD * WARP_SIZE / B::ITEMS) * B::BYTES;
-                if (row0 < rows && blockIdx.y == 0 && ahead_bytes < row_bytes) {
-                    prefetch_l2(w + ahead_bytes, valid * row_bytes - ahead_bytes, lane, WARP_SIZE);
+    if constexpr (AHEAD > 0) {
+        if (early) {
+            // The rest of the warp's rows (contiguous) asked of L2 before the wait too.
+            const i64 ahead_bytes = i64(AHEAD * WARP_SIZE / B::ITEMS) * B::BYTES;
+            if (row0 < rows && blockIdx.y == 0 && ahead_bytes < row_bytes) {
+                prefetch_l2(w + ahead_bytes, valid * row_bytes - ahead_bytes, lane, WARP_SIZE);
+            }
+        }
+        typename Q8Dot<B>::Raw raw[AHEAD][ROWS];
+#pragma unroll
+        for (int p = 0; p < AHEAD; ++p) {
+            const int i = lane + p * WARP_SIZE;
+            const u8* wb = w + i64(i / B::ITEMS) * B::BYTES;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                if (i < items && r < valid) {
+                    raw[p][r] = Q8Dot<B>::load(wb + r * row_bytes, i % B::ITEMS);
                 }
             }
-            typename Q8Dot<B>::Raw raw[AHEAD][ROWS];
+        }
+        if (early && !take_input()) return;
 #pragma unroll
-            for (int p = 0; p < AHEAD; ++p) {
-                const int i = lane + p * WARP_SIZE;
-                const u8* wb = w + i64(i / B::ITEMS) * B::BYTES;
+        for (int p = 0; p < AHEAD; ++p) {
+            const int i = lane + p * WARP_SIZE;
+            if (i < items) {
+                const int block = i / B::ITEMS, item = i % B::ITEMS;
+                const i8* qb = xq + block * B::VALUES;
+                const float db = xd[block];
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
-                    if (i < items && r < valid) {
-                        raw[p][r] = Q8Dot<B>::load(wb + r * row_bytes, i % B::ITEMS);
-                    }
+                    if (r < valid) acc[r] += Q8Dot<B>::dot(raw[p][r], item, qb, db);
                 }
             }
-            if (early) {
-                pdl_begin();
-                q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
-                if (row0 >= rows) return;
-            }
-#pragma unroll
-            for (int p = 0; p < AHEAD; ++p) {
-                const int i = lane + p * WARP_SIZE;
-                if (i < items) {
-                    const int block = i / B::ITEMS, item = i % B::ITEMS;
-                    const i8* qb = xq + block * B::VALUES;
-                    const float db = xd[block];
-#pragma unroll
-                    for (int r = 0; r < ROWS; ++r) {
-                        if (r < valid) acc[r] += Q8Dot<B>::dot(raw[p][r], item, qb, db);
-                    }
-                }
-            }
-            first = lane + AHEAD * WARP_SIZE;
-        } else if (early) {
-            pdl_begin();
-            q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
-            if (row0 >= rows) return;
         }
+        first = lane + AHEAD * WARP_SIZE;
     }
-#else
-    if (early) {
-        pdl_begin();
-        q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
-        if (row0 >= rows) return;
-    }
-#endif
 #pragma unroll 2
     for (int i = first; i < items; i += WARP_SIZE) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;

@@ -5,12 +5,39 @@
 
 use redlite_cuda::{
     matmul, moe_route, moe_route_gate, moe_route_gate_takes, moe_route_skew, router_topk,
-    skew_permutation, Dots, RouteSkew, WeightMatrix,
+    skew_permutation, CudaSlice, Device, Dots, RouteSkew, WeightMatrix,
 };
 use redlite_gguf::GgmlType;
 
 mod common;
 use common::{device, random_matrix, Rng};
+
+/// A buffer's values as bits (for comparisons that must be exact, NaN included).
+fn bits(device: &Device, buffer: &CudaSlice<f32>) -> Vec<u32> {
+    let values = device.download(buffer).unwrap();
+    values.into_iter().map(f32::to_bits).collect()
+}
+
+/// A routing's outputs (expert ids, weights, shared expert's weight): the same bits.
+fn assert_same_routing(
+    device: &Device,
+    case: &str,
+    want: (&CudaSlice<i32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    found: (&CudaSlice<i32>, &CudaSlice<f32>, &CudaSlice<f32>),
+) {
+    let ids = |b| device.download(b).unwrap();
+    assert_eq!(ids(want.0), ids(found.0), "{case}: ids");
+    assert_eq!(
+        bits(device, want.1),
+        bits(device, found.1),
+        "{case}: weights"
+    );
+    assert_eq!(
+        bits(device, want.2),
+        bits(device, found.2),
+        "{case}: shared weight"
+    );
+}
 
 /// The fused decode router (router rows and the shared gate row reduced a CTA per row, the
 /// last CTA routing) against the split-K matmul then the routing kernel, bit for bit: logits,
@@ -67,16 +94,13 @@ fn fused_router_equals_matmul_then_routing() {
             )
             .unwrap();
             let case = format!("{n_expert} experts x {cols}, top {used}, round {round}");
-            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-            let get = |b: &redlite_cuda::CudaSlice<f32>| bits(device.download(b).unwrap());
-            assert_eq!(get(&logits), get(&fused_logits), "{case}: logits");
             assert_eq!(
-                device.download(&want_ids).unwrap(),
-                device.download(&ids).unwrap(),
-                "{case}: ids"
+                bits(&device, &logits),
+                bits(&device, &fused_logits),
+                "{case}: logits"
             );
-            assert_eq!(get(&want_w), get(&w), "{case}: weights");
-            assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
+            let want = (&want_ids, &want_w, &want_shared);
+            assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
         }
     }
@@ -209,15 +233,8 @@ fn routing_with_the_gate_row_equals_matmul_then_routing() {
                     &mut shared.as_view_mut(),
                 )
                 .unwrap();
-                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-                let get = |b: &redlite_cuda::CudaSlice<f32>| bits(device.download(b).unwrap());
-                assert_eq!(
-                    device.download(&want_ids).unwrap(),
-                    device.download(&ids).unwrap(),
-                    "{case}: ids"
-                );
-                assert_eq!(get(&want_w), get(&w), "{case}: weights");
-                assert_eq!(get(&want_shared), get(&shared), "{case}: shared weight");
+                let want = (&want_ids, &want_w, &want_shared);
+                assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             }
         }
     }

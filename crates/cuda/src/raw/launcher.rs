@@ -46,20 +46,18 @@ pub fn pdl_enabled() -> bool {
     pdl_requested() && DEVICE_HAS_PDL.load(Ordering::Relaxed)
 }
 
-enum Param {
-    /// Index into `Launch::addresses`: a buffer's device address.
-    Address(usize),
-    /// A scalar argument, borrowed for the builder's lifetime.
-    Value(*const c_void),
-}
-
 /// One kernel launch being built: arguments in the kernel's order, then [`Launch::launch`].
+/// Fixed arrays, no allocation per launch.
 pub(crate) struct Launch<'a> {
     stream: &'a CudaStream,
     kernel: &'a CudaFunction,
-    /// The parameter array points into this at launch time; `&mut self` keeps it in place.
+    /// Slot i's scalar, borrowed for 'a; null where slot i is a buffer, whose device address
+    /// is `addresses[i]` (the parameter array points into it at launch time, `&mut self`
+    /// keeping it in place).
+    values: [*const c_void; MAX_ARGS],
     addresses: [u64; MAX_ARGS],
-    params: Vec<Param>,
+    /// Arguments pushed (past MAX_ARGS: refused at launch).
+    count: usize,
 }
 
 impl<'a> Launch<'a> {
@@ -67,18 +65,23 @@ impl<'a> Launch<'a> {
         Launch {
             stream,
             kernel,
+            values: [std::ptr::null(); MAX_ARGS],
             addresses: [0; MAX_ARGS],
-            params: Vec::with_capacity(24),
+            count: 0,
         }
     }
 
-    fn push_address(&mut self, address: u64) -> &mut Self {
-        let slot = self.params.len();
-        if slot < MAX_ARGS {
-            self.addresses[slot] = address;
+    fn push(&mut self, value: *const c_void, address: u64) -> &mut Self {
+        if self.count < MAX_ARGS {
+            self.values[self.count] = value;
+            self.addresses[self.count] = address;
         }
-        self.params.push(Param::Address(slot));
+        self.count += 1;
         self
+    }
+
+    fn push_address(&mut self, address: u64) -> &mut Self {
+        self.push(std::ptr::null(), address)
     }
 
     /// Launches the kernel with the pushed arguments. Returns no events (the signature is
@@ -93,18 +96,17 @@ impl<'a> Launch<'a> {
         &mut self,
         cfg: LaunchConfig,
     ) -> Result<Option<(CudaEvent, CudaEvent)>, DriverError> {
-        if self.params.len() > MAX_ARGS {
+        if self.count > MAX_ARGS {
             return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
         }
         self.stream.context().bind_to_thread()?;
-        let mut pointers: Vec<*mut c_void> = self
-            .params
-            .iter()
-            .map(|param| match *param {
-                Param::Address(slot) => (&self.addresses[slot]) as *const u64 as *mut c_void,
-                Param::Value(value) => value as *mut c_void,
-            })
-            .collect();
+        let mut pointers = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (i, pointer) in pointers.iter_mut().enumerate().take(self.count) {
+            *pointer = match self.values[i].is_null() {
+                true => (&self.addresses[i]) as *const u64 as *mut c_void,
+                false => self.values[i] as *mut c_void,
+            };
+        }
         let mut attribute = CUlaunchAttribute {
             id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
@@ -150,8 +152,7 @@ macro_rules! scalar_args {
     ($($scalar:ty),*) => {$(
         unsafe impl<'a, 'b: 'a> PushKernelArg<&'b $scalar> for Launch<'a> {
             fn arg(&mut self, arg: &'b $scalar) -> &mut Self {
-                self.params.push(Param::Value(arg as *const $scalar as *const c_void));
-                self
+                self.push(arg as *const $scalar as *const c_void, 0)
             }
         }
     )*};
