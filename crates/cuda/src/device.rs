@@ -20,6 +20,8 @@ pub struct Device {
     stream: Arc<CudaStream>,
     /// Work beside the main stream (the expert cache's prefetch): see [`Device::on_side`].
     side: SideStream,
+    /// Products of a layer that need nothing of each other: see [`Device::on_branch`].
+    branch: SideStream,
     arch: String,
     multiprocessors: u32,
     /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
@@ -76,6 +78,7 @@ impl Device {
         // One stream of our own (the legacy default stream cannot be captured into a graph).
         let stream = raw::single_stream(&context)?;
         let side = SideStream::new(&context)?;
+        let branch = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
         let modules = modules();
         for compiled in compile_modules_cached(&modules, &arch)? {
@@ -95,6 +98,7 @@ impl Device {
         Ok(Device {
             stream,
             side,
+            branch,
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
@@ -176,17 +180,19 @@ impl Device {
     /// With `--profile` (`enable_components`): `component`'s launches start here on the
     /// stream. Nothing otherwise.
     pub fn mark(&self, component: &'static str) {
-        // Side work is not a component of the main stream's timeline.
-        if !self.side.is_active() {
+        // Side and branch work is not a component of the main stream's timeline.
+        if !self.side.is_active() && !self.branch.is_active() {
             crate::profile::mark(self.stream(), component);
         }
     }
 
-    /// The stream the ops of this device are queued on: the main stream, or the side stream
-    /// inside [`Device::on_side`].
+    /// The stream the ops of this device are queued on: the main stream, the side stream
+    /// inside [`Device::on_side`], or the branch stream inside [`Device::on_branch`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         if self.side.is_active() {
             &self.side.stream
+        } else if self.branch.is_active() {
+            &self.branch.stream
         } else {
             &self.stream
         }
@@ -202,17 +208,41 @@ impl Device {
         &self,
         work: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        let side = &self.side;
-        side.fork
+        self.fork_onto(&self.side, work)
+    }
+
+    /// Queues the launches of `work` on the branch stream, after everything queued on the
+    /// main stream so far, until [`Device::join_branch`]: a layer's products that read the
+    /// same input and write different buffers run beside each other instead of one after the
+    /// other (inside a capture, as a parallel branch of the graph). A stream of its own, so
+    /// that joining it never waits for the expert cache's prefetch on the side stream.
+    pub fn on_branch<T, E: From<CudaError>>(
+        &self,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.fork_onto(&self.branch, work)
+    }
+
+    /// The main stream waits for all the branch stream's work (nothing when there is none).
+    pub fn join_branch(&self) -> Result<(), CudaError> {
+        self.join_from(&self.branch)
+    }
+
+    fn fork_onto<T, E: From<CudaError>>(
+        &self,
+        lane: &SideStream,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        lane.fork
             .record(&self.stream)
             .map_err(CudaError::driver("cuEventRecord"))?;
-        side.stream
-            .wait(&side.fork)
+        lane.stream
+            .wait(&lane.fork)
             .map_err(CudaError::driver("cuStreamWaitEvent"))?;
-        side.pending.store(true, Ordering::Relaxed);
-        side.active.store(this_thread(), Ordering::Relaxed);
+        lane.pending.store(true, Ordering::Relaxed);
+        lane.active.store(this_thread(), Ordering::Relaxed);
         let result = work();
-        side.active.store(0, Ordering::Relaxed);
+        lane.active.store(0, Ordering::Relaxed);
         result
     }
 
@@ -234,15 +264,18 @@ impl Device {
     /// The main stream waits for all the side stream's work (nothing when there is none
     /// since the last join). A capture must join before it ends.
     pub fn join_side(&self) -> Result<(), CudaError> {
-        let side = &self.side;
-        if !side.pending.swap(false, Ordering::Relaxed) {
+        self.join_from(&self.side)
+    }
+
+    fn join_from(&self, lane: &SideStream) -> Result<(), CudaError> {
+        if !lane.pending.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        side.join
-            .record(&side.stream)
+        lane.join
+            .record(&lane.stream)
             .map_err(CudaError::driver("cuEventRecord"))?;
         self.stream
-            .wait(&side.join)
+            .wait(&lane.join)
             .map_err(CudaError::driver("cuStreamWaitEvent"))
     }
 
@@ -325,8 +358,8 @@ impl Device {
     }
 }
 
-/// A second stream for work beside the main one, and the events that order the two; made
-/// once (no event is created during a capture).
+/// A stream for work beside the main one, and the events that order the two; made once (no
+/// event is created during a capture).
 struct SideStream {
     stream: Arc<CudaStream>,
     /// The thread ([`this_thread`]) whose launches go to the side stream, inside

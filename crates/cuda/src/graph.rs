@@ -33,9 +33,10 @@ impl Device {
     }
 
     /// Stops recording and instantiates what was recorded (`None`: nothing was), after
-    /// joining the side stream's branch if one is open.
+    /// joining the side and branch streams' work if any is open.
     pub fn end_capture(&self) -> Result<Option<Graph>, CudaError> {
         self.join_side()?;
+        self.join_branch()?;
         let graph = self
             .stream()
             .end_capture(CUgraphInstantiate_flags(0))

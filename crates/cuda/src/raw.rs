@@ -29,8 +29,8 @@ pub(crate) fn single_stream(
     context: &std::sync::Arc<cudarc::driver::CudaContext>,
 ) -> Result<std::sync::Arc<CudaStream>, CudaError> {
     // SAFETY: called before any buffer of the freshly created context exists, so no buffer
-    // carries events. The one other stream (`Device::on_side`) is ordered against this one
-    // by explicit events, and its callers keep the buffers it touches apart.
+    // carries events. The other streams (`Device::on_side`, `Device::on_branch`) are ordered
+    // against this one by explicit events, and their callers keep the buffers they touch apart.
     unsafe { context.disable_event_tracking() };
     context
         .new_stream()

@@ -7,6 +7,7 @@ use redlite_cuda::{
     CudaViewMut, Device, KvElement, Position, Q8Rows,
 };
 
+use crate::backend::cuda::beside;
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::state::LayerKv;
 use crate::backend::cuda::weights::AttentionWeights;
@@ -35,9 +36,15 @@ pub fn forward(
     let mut k = s.k.slice_mut(..t * kv_width);
     let mut v = s.v.slice_mut(..t * kv_width);
     device.mark("attention projections");
-    matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?;
-    matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?;
-    matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?;
+    beside::products(
+        device,
+        t,
+        || Ok(matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?),
+        || {
+            matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?;
+            Ok(matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?)
+        },
+    )?;
     let shape = AttentionShape {
         tokens: t,
         pos0: b.pos0,

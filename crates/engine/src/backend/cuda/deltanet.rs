@@ -17,6 +17,7 @@ use redlite_cuda::{
     StepRecord, TokenWalk, Q8_BLOCK_VALUES, SMALL_BATCH_MAX_TOKENS,
 };
 
+use crate::backend::cuda::beside;
 use crate::backend::cuda::scratch::Scratch;
 use crate::backend::cuda::state::{DeltaState, RecordedRows};
 use crate::backend::cuda::weights::DeltaNetWeights;
@@ -49,20 +50,43 @@ pub fn forward(
     let (channels, inner) = (shape.channels(), shape.inner());
     let mut qkv = s.qkv.slice_mut(..t * channels);
     let mut z = s.z.slice_mut(..t * inner);
+    let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
     device.mark("DeltaNet projections");
     match &w.gate_proj {
-        Some(gate) => {
-            matmul_quantized(device, &w.in_proj.view(), (h, h_q8), &mut qkv)?;
-            matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
-        }
+        Some(gate) => beside::products(
+            device,
+            t,
+            || {
+                Ok(matmul_quantized(
+                    device,
+                    &w.in_proj.view(),
+                    (h, h_q8),
+                    &mut qkv,
+                )?)
+            },
+            || {
+                matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
+                Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?)
+            },
+        )?,
         None => {
             let mut p = s.proj.slice_mut(..t * (channels + inner));
-            matmul_quantized(device, &w.in_proj.view(), (h, h_q8), &mut p)?;
+            beside::products(
+                device,
+                t,
+                || {
+                    Ok(matmul_quantized(
+                        device,
+                        &w.in_proj.view(),
+                        (h, h_q8),
+                        &mut p,
+                    )?)
+                },
+                || Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?),
+            )?;
             deltanet_split(device, &shape, &p.as_view(), &mut qkv, &mut z)?;
         }
     }
-    let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
-    matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?;
     let mut o = s.o.slice_mut(..t * inner);
     device.mark("DeltaNet recurrence and tail");
     if t <= SMALL_BATCH_MAX_TOKENS && fused() {

@@ -13,6 +13,7 @@
 
 mod act;
 mod attention;
+mod beside;
 mod deltanet;
 mod experts;
 mod forward_ops;
