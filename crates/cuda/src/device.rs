@@ -246,6 +246,13 @@ impl Device {
         result
     }
 
+    /// Whether the launches this thread queues from now on may overlap the kernel before
+    /// them (programmatic dependent launch, where the device and `REDLITE_PDL` allow it):
+    /// on for batches of decode size, off for a prompt's (see `raw::overlap_launches`).
+    pub fn overlap_launches(&self, on: bool) {
+        raw::overlap_launches(on);
+    }
+
     /// Marks the side stream's work queued so far, for [`Device::wait_side`].
     pub fn mark_side(&self) -> Result<(), CudaError> {
         self.side

@@ -10,6 +10,7 @@
 //! On by default (H200: tg128 +7.8 %, the same bits); `REDLITE_PDL=0` makes every launch a
 //! plain one and compiles the kernels without their wait.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -44,6 +45,25 @@ pub fn pdl_requested() -> bool {
 /// Whether launches carry the PDL attribute: requested and the device has it (sm_90+).
 pub fn pdl_enabled() -> bool {
     pdl_requested() && DEVICE_HAS_PDL.load(Ordering::Relaxed)
+}
+
+thread_local! {
+    /// Whether this thread's launches may take PDL: see [`overlap_launches`].
+    static OVERLAP: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether this thread's next launches carry the PDL attribute (where [`pdl_enabled`]). The
+/// backend turns it off for a prompt's batch: there the next kernel's early CTAs sit on the
+/// multiprocessors, waiting, while the current one still has waves of CTAs to place (H200,
+/// full IQ2_XXS file: pp512 5,367 t/s with PDL against 5,878 without). Either way is
+/// correct: a kernel launched without the attribute waits in `griddepcontrol.wait` for
+/// nothing, the previous kernel having finished before it starts.
+pub fn overlap_launches(on: bool) {
+    OVERLAP.with(|o| o.set(on));
+}
+
+fn pdl_for_this_launch() -> bool {
+    pdl_enabled() && OVERLAP.with(Cell::get)
 }
 
 /// One kernel launch being built: arguments in the kernel's order, then [`Launch::launch`].
@@ -124,7 +144,7 @@ impl<'a> Launch<'a> {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attribute,
-            numAttrs: u32::from(pdl_enabled()),
+            numAttrs: u32::from(pdl_for_this_launch()),
         };
         // SAFETY: `config` and `attribute` live across the call; `pointers` holds one valid
         // pointer per kernel parameter (the caller's contract), each to a value that outlives

@@ -81,6 +81,7 @@ impl Backend for CudaBackend {
             return Err(EngineError::BadToken { id, n_vocab });
         }
         let mut scratch = self.scratch(tokens.len())?;
+        self.overlap_for(tokens.len());
         let mut graphs = graph::lock(&self.graphs)?;
         match self.graphable(tokens.len()) {
             true => graphs.arm(),
@@ -357,6 +358,7 @@ impl Backend for CudaBackend {
         }
         // Eager, like the trunk's embedding: the block's layer may then be recorded.
         let n = tokens.len();
+        self.overlap_for(n);
         let mut graphs = graph::lock(&self.graphs)?;
         match self.graphable(n) {
             true => graphs.arm(),

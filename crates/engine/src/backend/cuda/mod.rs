@@ -293,6 +293,13 @@ impl CudaBackend {
         })
     }
 
+    /// A forward pass of `tokens` rows launches its kernels overlapping the previous one
+    /// (PDL) where it is of decode size; a prompt's launches wait as plain launches do.
+    fn overlap_for(&self, tokens: usize) {
+        self.device
+            .overlap_launches(tokens <= redlite_cuda::ONE_TOKEN_KERNELS_MAX_TOKENS);
+    }
+
     /// Whether a batch of `tokens` may be recorded as a graph: one token, or a small batch
     /// when every expert is resident (a cache's misses and the CPU's experts need the host
     /// in the middle of a batch of several tokens).
