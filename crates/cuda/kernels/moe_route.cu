@@ -276,26 +276,36 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
 }
 
 // One decode token's router and routing in one launch (`REDLITE_ROUTER_TOPK=0`: the
-// router's split-K matmul, then moe_route_v2_kernel). `w`: the F32 router with the
-// shared expert's gate row after its n_expert rows; grid n_expert + 1 CTAs of WARPS warps,
-// CTA r reducing row r as matmul_splitk_kernel<F32x4, WARPS> does (same lanes, same order)
-// into logits[r]. The last CTA to finish (a ticket counter that it resets for the next
-// launch) copies the logits to shared memory and its first warp routes as
-// moe_route_v2_kernel does: the same bits as the two launches.
-template <int PER, int WARPS>
+// router's split-K matmul, then the routing with the gate row, moe_route_gate_kernel). `w`:
+// the F32 router's n_expert rows; `gate_w`: the shared expert's gate row, in blocks GB (F32
+// rows stored after the router's, or an F16 row of its own as the real files have). Grid
+// n_expert + 1 CTAs of WARPS warps, CTA r reducing row r as matmul_splitk_kernel<F32x4,
+// WARPS> (the gate row: <GB, WARPS>) does (same lanes, same order) into logits[r]. Under PDL
+// each CTA asks L2 for its row before the wait, as the split-K matmul does. The last CTA to
+// finish (a ticket counter that it resets for the next launch) copies the logits to shared
+// memory and its first warp routes as moe_route_v2_kernel does: the same bits as the split-K
+// launches and the routing.
+template <int PER, int WARPS, class GB>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
-router_topk_kernel(const u8* __restrict__ w, const float* __restrict__ x,
-                   float* __restrict__ logits, int* __restrict__ ticket, int* __restrict__ ids,
-                   float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
-                   int n_expert, int used) {
-    pdl_begin();
+router_topk_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
+                   const float* __restrict__ x, float* __restrict__ logits,
+                   int* __restrict__ ticket, int* __restrict__ ids, float* __restrict__ weights,
+                   float* __restrict__ shared_weight, int cols, int n_expert, int used) {
     __shared__ float scratch[32];
     __shared__ float l[32 * PER + 1];
     __shared__ bool last;
     const int row = blockIdx.x;
+    const bool gate_row = row == n_expert;
     const i64 row_bytes = i64(cols / F32x4::VALUES) * F32x4::BYTES;
-    const float part =
-        row_dot_lane<F32x4, WARPS * WARP_SIZE>(w + row * row_bytes, x, cols, threadIdx.x);
+    const u8* r = gate_row ? gate_w : w + row * row_bytes;
+#if REDLITE_PDL
+    // The row asked of L2 while the previous kernel still runs.
+    prefetch_l2(r, gate_row ? i64(cols / GB::VALUES) * GB::BYTES : row_bytes, threadIdx.x,
+                WARPS * WARP_SIZE);
+#endif
+    pdl_begin();
+    const float part = gate_row ? row_dot_lane<GB, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x)
+                                : row_dot_lane<F32x4, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
     if (threadIdx.x == 0) {
         logits[row] = sum;

@@ -394,6 +394,21 @@ fn attention_heads_per_cta(d: &AttnDims) -> usize {
         .unwrap_or(1)
 }
 
+/// Warps per CTA of the grouped split kernel: `REDLITE_ATTN_SPLIT_WARPS` (one of
+/// `ATTENTION_SPLIT_WARPS`), default `ATTENTION_WARPS`. An A/B: more warps walk a split's
+/// positions in shorter chains (the split CTAs hold ~8 warps a multiprocessor at depth 4096),
+/// but the positions each warp sums and the merge of the warps change, so the bits do too.
+fn attention_split_warps() -> u32 {
+    static WARPS: OnceLock<u32> = OnceLock::new();
+    *WARPS.get_or_init(|| {
+        std::env::var("REDLITE_ATTN_SPLIT_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| source::ATTENTION_SPLIT_WARPS.contains(w))
+            .unwrap_or(ATTENTION_WARPS)
+    })
+}
+
 /// Splits launched when the position is read from device memory (a graph replayed at any
 /// position): every split the partials hold, the kernel leaving the unneeded ones empty.
 fn device_pos_splits(d: &AttnDims, partials_len: usize) -> usize {
@@ -434,13 +449,18 @@ pub(crate) fn attention<T: DeviceRepr>(
     };
     if splits > 1 {
         let hpc = heads_per_cta.unwrap_or_else(|| attention_heads_per_cta(d));
-        let split = match hpc {
-            1 => device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?,
-            _ => device.kernel(&source::attention_split_heads_kernel(
-                kv_type, d.head_dim, hpc,
-            ))?,
+        let (split, warps) = match hpc {
+            1 => (
+                device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?,
+                ATTENTION_WARPS,
+            ),
+            _ => {
+                let warps = attention_split_warps();
+                let name = source::attention_split_heads_kernel(kv_type, d.head_dim, hpc, warps);
+                (device.kernel(&name)?, warps)
+            }
         };
-        let cfg = config((d.tokens, d.heads / hpc, splits), ATTENTION_WARPS * 32, 0);
+        let cfg = config((d.tokens, d.heads / hpc, splits), warps * 32, 0);
         let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
         raw::launch_attention_split(
             device.stream(),

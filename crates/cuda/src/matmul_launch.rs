@@ -277,7 +277,12 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         return r;
     }
     if q8 {
-        return 1;
+        return match one_wave()
+            && rows / MATMUL_V2_WARPS as usize > ONE_WAVE_CTAS_PER_SM * multiprocessors
+        {
+            true => 2,
+            false => 1,
+        };
     }
     let ctas = |per_warp: usize| rows / (MATMUL_V2_WARPS as usize * per_warp);
     MATMUL_V2_ROWS
@@ -287,6 +292,20 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         .find(|&r| ctas(r) >= 2 * multiprocessors)
         .unwrap_or(1)
 }
+
+/// `REDLITE_MATMUL_ONE_WAVE=1` (an A/B, not the default): two rows a warp in the one-token q8
+/// products whose one row a warp would take more CTAs than `ONE_WAVE_CTAS_PER_SM` a
+/// multiprocessor (the 8,192-row DeltaNet qkv and attention q, the LM head), so that their
+/// CTAs are all resident at once and all load their first items before the PDL wait (the
+/// same bits: a warp's rows are each summed in one order).
+fn one_wave() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_ONE_WAVE").as_deref() == Ok("1"))
+}
+
+/// CTAs of the one-token q8 product a multiprocessor holds at once (62-64 registers a thread,
+/// 256 threads: 4 on sm_90).
+const ONE_WAVE_CTAS_PER_SM: usize = 4;
 
 /// Small batches' q8 products with all their tokens in each CTA, unless
 /// `REDLITE_SMALL_BATCH_MATVEC=0` (the 8-token tiles then; the same bits either way).

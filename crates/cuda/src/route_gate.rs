@@ -35,13 +35,21 @@ fn gate_block(gate: &WeightMatrix<'_>, tokens: usize, n_expert: usize) -> Option
     if !(1..=ONE_TOKEN_KERNELS_MAX_TOKENS).contains(&tokens)
         || n_expert == 0
         || n_expert > 32 * ROUTE_V2_PER_LANE
-        || gate.dots.quantizes(gate.ty)
     {
         return None;
     }
-    match gate.ty {
-        GgmlType::F32 if gate.cols.is_multiple_of(WIDE_F32.1) => Some(WIDE_F32.0),
-        GgmlType::F16 if gate.cols.is_multiple_of(WIDE_F16.1) => Some(WIDE_F16.0),
+    wide_float_block(gate)
+}
+
+/// The wide block the split-K matmul reads a float matrix with (F32 or F16 rows in whole
+/// wide blocks, not quantized by its dots), or `None`.
+pub(crate) fn wide_float_block(m: &WeightMatrix<'_>) -> Option<&'static str> {
+    if m.dots.quantizes(m.ty) {
+        return None;
+    }
+    match m.ty {
+        GgmlType::F32 if m.cols.is_multiple_of(WIDE_F32.1) => Some(WIDE_F32.0),
+        GgmlType::F16 if m.cols.is_multiple_of(WIDE_F16.1) => Some(WIDE_F16.0),
         _ => None,
     }
 }

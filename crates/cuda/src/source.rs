@@ -416,9 +416,10 @@ pub(crate) fn route_gate_kernel(block: &str) -> String {
     format!("moe_route_gate_kernel<{ROUTE_V2_PER_LANE}, {block}, {MATMUL_SPLITK_WARPS}>")
 }
 
-/// The fused decode router and routing (`router_topk.rs`).
-pub(crate) fn router_topk_kernel() -> String {
-    format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}>")
+/// The fused decode router and routing (`router_topk.rs`), for a shared-expert gate row in
+/// the split-K matmul's wide float block `gate_block`.
+pub(crate) fn router_topk_kernel(gate_block: &str) -> String {
+    format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}, {gate_block}>")
 }
 
 /// Warps (rows) per CTA of the version-3 expert matvecs.
@@ -478,9 +479,18 @@ pub(crate) fn attention_kernel(kv: &str, head_dim: usize) -> String {
 /// Query heads of one KV head per CTA the grouped split kernel is built for.
 pub(crate) const ATTENTION_HEADS_PER_CTA: [usize; 3] = [2, 4, 8];
 
-pub(crate) fn attention_split_heads_kernel(kv: &str, head_dim: usize, hpc: usize) -> String {
+/// Warps per CTA the grouped split kernel is built for (`REDLITE_ATTN_SPLIT_WARPS`; the first
+/// is the default, `ATTENTION_WARPS`).
+pub(crate) const ATTENTION_SPLIT_WARPS: [u32; 2] = [ATTENTION_WARPS, 8];
+
+pub(crate) fn attention_split_heads_kernel(
+    kv: &str,
+    head_dim: usize,
+    hpc: usize,
+    warps: u32,
+) -> String {
     format!(
-        "attention_split_heads_kernel<{kv}, {}, {ATTENTION_WARPS}, {hpc}>",
+        "attention_split_heads_kernel<{kv}, {}, {warps}, {hpc}>",
         head_dim / 32
     )
 }
@@ -719,7 +729,8 @@ fn module_families() -> Vec<ModuleSource> {
                     route_v2_kernel(),
                     route_gate_kernel(WIDE_F32.0),
                     route_gate_kernel(WIDE_F16.0),
-                    router_topk_kernel(),
+                    router_topk_kernel(WIDE_F32.0),
+                    router_topk_kernel(WIDE_F16.0),
                     MOE_ROUTE_SKEW_KERNEL.to_string(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
@@ -772,9 +783,11 @@ fn module_families() -> Vec<ModuleSource> {
                             ]
                             .into_iter()
                             .chain(
-                                ATTENTION_HEADS_PER_CTA
-                                    .iter()
-                                    .map(move |&hpc| attention_split_heads_kernel(kv, hd, hpc)),
+                                ATTENTION_HEADS_PER_CTA.iter().flat_map(move |&hpc| {
+                                    ATTENTION_SPLIT_WARPS.map(|warps| {
+                                        attention_split_heads_kernel(kv, hd, hpc, warps)
+                                    })
+                                }),
                             )
                         }),
                     )

@@ -5,7 +5,8 @@
 
 use redlite_cuda::{
     matmul, moe_route, moe_route_gate, moe_route_gate_takes, moe_route_skew, router_topk,
-    skew_permutation, CudaSlice, Device, Dots, RouteSkew, WeightMatrix,
+    router_topk_takes, skew_permutation, CudaSlice, Device, Dots, RouteSkew, RouterRows,
+    WeightMatrix,
 };
 use redlite_gguf::GgmlType;
 
@@ -39,6 +40,41 @@ fn assert_same_routing(
     );
 }
 
+/// Zeroed buffers for one token's routing: expert ids, weights, the shared expert's weight.
+type RoutingBuffers = (CudaSlice<i32>, CudaSlice<f32>, CudaSlice<f32>);
+
+fn routing_buffers(device: &Device, used: usize) -> RoutingBuffers {
+    (
+        device.alloc_zeros::<i32>(used).unwrap(),
+        device.alloc_zeros::<f32>(used).unwrap(),
+        device.alloc_zeros::<f32>(1).unwrap(),
+    )
+}
+
+/// The fused router of `rows` for one token `x`: its n_expert + 1 logits and its routing.
+fn fused_routing(
+    device: &Device,
+    rows: RouterRows<'_, '_>,
+    x: &CudaSlice<f32>,
+    (n_expert, used): (usize, usize),
+    ticket: &mut CudaSlice<i32>,
+) -> (CudaSlice<f32>, RoutingBuffers) {
+    let mut logits = device.alloc_zeros::<f32>(n_expert + 1).unwrap();
+    let (mut ids, mut w, mut shared) = routing_buffers(device, used);
+    router_topk(
+        device,
+        rows,
+        &x.as_view(),
+        &mut logits.as_view_mut(),
+        &mut ticket.as_view_mut(),
+        &mut ids.as_view_mut(),
+        &mut w.as_view_mut(),
+        &mut shared.as_view_mut(),
+    )
+    .unwrap();
+    (logits, (ids, w, shared))
+}
+
 /// The fused decode router (router rows and the shared gate row reduced a CTA per row, the
 /// last CTA routing) against the split-K matmul then the routing kernel, bit for bit: logits,
 /// expert ids, weights and the shared expert's weight; three launches in a row, so the
@@ -66,9 +102,7 @@ fn fused_router_equals_matmul_then_routing() {
             let x = device.upload(&x).unwrap();
             let mut logits = device.alloc_zeros::<f32>(rows).unwrap();
             matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
-            let mut want_ids = device.alloc_zeros::<i32>(used).unwrap();
-            let mut want_w = device.alloc_zeros::<f32>(used).unwrap();
-            let mut want_shared = device.alloc_zeros::<f32>(1).unwrap();
+            let (mut want_ids, mut want_w, mut want_shared) = routing_buffers(&device, used);
             moe_route(
                 &device,
                 &logits.slice(..n_expert),
@@ -78,27 +112,93 @@ fn fused_router_equals_matmul_then_routing() {
                 &mut want_shared.as_view_mut(),
             )
             .unwrap();
-            let mut fused_logits = device.alloc_zeros::<f32>(rows).unwrap();
-            let mut ids = device.alloc_zeros::<i32>(used).unwrap();
-            let mut w = device.alloc_zeros::<f32>(used).unwrap();
-            let mut shared = device.alloc_zeros::<f32>(1).unwrap();
-            router_topk(
+            let (fused_logits, (ids, w, shared)) = fused_routing(
                 &device,
-                &router,
-                &x.as_view(),
-                &mut fused_logits.as_view_mut(),
-                &mut ticket.as_view_mut(),
-                &mut ids.as_view_mut(),
-                &mut w.as_view_mut(),
-                &mut shared.as_view_mut(),
-            )
-            .unwrap();
+                RouterRows::Merged(&router),
+                &x,
+                (n_expert, used),
+                &mut ticket,
+            );
             let case = format!("{n_expert} experts x {cols}, top {used}, round {round}");
             assert_eq!(
                 bits(&device, &logits),
                 bits(&device, &fused_logits),
                 "{case}: logits"
             );
+            let want = (&want_ids, &want_w, &want_shared);
+            assert_same_routing(&device, &case, want, (&ids, &w, &shared));
+            assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
+        }
+    }
+}
+
+/// The fused decode router with the gate row apart (an F32 router and an F16 gate row, as the
+/// real files have) against the split-K router matmul then the routing with the gate row
+/// (the path of batches of decode size), bit for bit: router logits, expert ids, weights and
+/// the shared expert's weight; three launches in a row (the ticket resets). Also an F32 gate
+/// row apart. The model's shape (512 experts, top 10) and a small one.
+#[test]
+fn fused_router_with_the_gate_apart_equals_router_then_routing_with_gate() {
+    let Some(device) =
+        device("fused_router_with_the_gate_apart_equals_router_then_routing_with_gate")
+    else {
+        return;
+    };
+    let mut rng = Rng(11);
+    for (n_expert, cols, used, gate_ty) in [
+        (512, 2048, 10, GgmlType::F16),
+        (40, 256, 3, GgmlType::F16),
+        (40, 256, 3, GgmlType::F32),
+    ] {
+        let router_bytes = device
+            .upload(&random_matrix(GgmlType::F32, n_expert, cols, &mut rng))
+            .unwrap();
+        let gate_bytes = device
+            .upload(&random_matrix(gate_ty, 1, cols, &mut rng))
+            .unwrap();
+        let router = WeightMatrix {
+            ty: GgmlType::F32,
+            rows: n_expert,
+            cols,
+            bytes: router_bytes.as_view(),
+            dots: Dots::Q8K,
+        };
+        let gate = WeightMatrix {
+            ty: gate_ty,
+            rows: 1,
+            cols,
+            bytes: gate_bytes.as_view(),
+            dots: Dots::Q8K,
+        };
+        let rows = RouterRows::Apart {
+            router: &router,
+            gate: &gate,
+        };
+        assert!(router_topk_takes(&rows), "{n_expert} experts: not taken");
+        assert!(moe_route_gate_takes(&gate, 1, n_expert));
+        let mut ticket = device.alloc_zeros::<i32>(1).unwrap();
+        for round in 0..3 {
+            let x: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
+            let x = device.upload(&x).unwrap();
+            let mut logits = device.alloc_zeros::<f32>(n_expert).unwrap();
+            matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
+            let (mut want_ids, mut want_w, mut want_shared) = routing_buffers(&device, used);
+            moe_route_gate(
+                &device,
+                &logits.as_view(),
+                &gate,
+                &x.as_view(),
+                &mut want_ids.as_view_mut(),
+                &mut want_w.as_view_mut(),
+                &mut want_shared.as_view_mut(),
+            )
+            .unwrap();
+            let (fused_logits, (ids, w, shared)) =
+                fused_routing(&device, rows, &x, (n_expert, used), &mut ticket);
+            let case = format!("{n_expert} experts x {cols}, {gate_ty:?} gate, round {round}");
+            let mut fused = bits(&device, &fused_logits);
+            fused.truncate(n_expert);
+            assert_eq!(bits(&device, &logits), fused, "{case}: router logits");
             let want = (&want_ids, &want_w, &want_shared);
             assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");

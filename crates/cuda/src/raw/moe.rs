@@ -66,14 +66,14 @@ pub(crate) fn launch_moe_route_gate(
     })
 }
 
-/// `router_topk_kernel(w, x, logits, ticket, ids, weights, shared_weight, cols, n_expert,
-/// used)`, one CTA per router row.
+/// `router_topk_kernel(w, gate_w, x, logits, ticket, ids, weights, shared_weight, cols,
+/// n_expert, used)`, one CTA per router row and one for the gate row.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_router_topk(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
-    (w, x): (&CudaView<'_, u8>, &CudaView<'_, f32>),
+    (w, gate_w, x): (&CudaView<'_, u8>, &CudaView<'_, u8>, &CudaView<'_, f32>),
     logits: &mut CudaViewMut<'_, f32>,
     ticket: &mut CudaViewMut<'_, i32>,
     (ids, weights, shared_weight): (
@@ -86,6 +86,7 @@ pub(crate) fn launch_router_topk(
     let mut launch = builder(stream, kernel);
     launch
         .arg(w)
+        .arg(gate_w)
         .arg(x)
         .arg(logits)
         .arg(ticket)
@@ -95,9 +96,10 @@ pub(crate) fn launch_router_topk(
         .arg(&cols)
         .arg(&n_expert)
         .arg(&used);
-    // SAFETY: arguments match the signature; w holds grid.x = n_expert + 1 F32 rows of cols
-    // (a multiple of 4, 16-byte aligned rows), x cols values, logits n_expert + 1, ticket one
-    // (zero between launches), ids/weights `used` (≤ n_expert ≤ 32 x PER), shared_weight one.
+    // SAFETY: arguments match the signature; w holds n_expert F32 rows of cols (a multiple
+    // of 4, 16-byte aligned rows) and gate_w one row of cols in the kernel's gate block, x
+    // cols values, logits n_expert + 1 (= grid.x), ticket one (zero between launches),
+    // ids/weights `used` (≤ n_expert ≤ 32 x PER), shared_weight one.
     launched(stream, "cuLaunchKernel(router_topk)", unsafe {
         launch.launch(config)
     })

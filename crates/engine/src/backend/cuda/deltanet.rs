@@ -51,41 +51,33 @@ pub fn forward(
     let mut qkv = s.qkv.slice_mut(..t * channels);
     let mut z = s.z.slice_mut(..t * inner);
     let mut ba = s.ba.slice_mut(..t * 2 * c.ssm_v_heads);
+    // A legacy file's combined qkvz product, split after it.
+    let mut proj = s.proj.slice_mut(..t * (channels + inner));
     device.mark("DeltaNet projections");
-    match &w.gate_proj {
-        Some(gate) => beside::products(
-            device,
-            t,
-            || {
-                Ok(matmul_quantized(
-                    device,
-                    &w.in_proj.view(),
-                    (h, h_q8),
-                    &mut qkv,
-                )?)
-            },
-            || {
-                matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
-                Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?)
-            },
-        )?,
-        None => {
-            let mut p = s.proj.slice_mut(..t * (channels + inner));
-            beside::products(
+    let first = match w.gate_proj {
+        Some(_) => &mut qkv,
+        None => &mut proj,
+    };
+    beside::products(
+        device,
+        t,
+        || {
+            Ok(matmul_quantized(
                 device,
-                t,
-                || {
-                    Ok(matmul_quantized(
-                        device,
-                        &w.in_proj.view(),
-                        (h, h_q8),
-                        &mut p,
-                    )?)
-                },
-                || Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?),
-            )?;
-            deltanet_split(device, &shape, &p.as_view(), &mut qkv, &mut z)?;
-        }
+                &w.in_proj.view(),
+                (h, h_q8),
+                first,
+            )?)
+        },
+        || {
+            if let Some(gate) = &w.gate_proj {
+                matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
+            }
+            Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?)
+        },
+    )?;
+    if w.gate_proj.is_none() {
+        deltanet_split(device, &shape, &proj.as_view(), &mut qkv, &mut z)?;
     }
     let mut o = s.o.slice_mut(..t * inner);
     device.mark("DeltaNet recurrence and tail");

@@ -30,7 +30,7 @@ use redlite_cuda::{
     moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_gate,
     moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, CacheCopies, CudaSlice,
     CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew,
-    SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    RouterRows, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -101,16 +101,27 @@ fn block(
     let mut weights = s.weights.slice_mut(..t * used);
     let mut shared_weight = s.shared_weight.slice_mut(..t);
     // One token: the router and the shared expert's gate row (stored together,
-    // `DeviceMatrix::router`) in one launch, with the routing in its last CTA where the
-    // router is F32; each row's dot and the routing are the same, so are the bits.
+    // `DeviceMatrix::router`, or apart: an F32 router and an F16 gate, as the real files
+    // have) in one launch, with the routing in its last CTA where the router is F32; each
+    // row's dot and the routing are the same, so are the bits.
     let merged = w
         .router
         .view_with_extra_rows()
         .filter(|_| t == 1 && router_with_shared_row());
-    if let Some(both) = merged.as_ref().filter(|m| router_topk_takes(m)) {
+    let (router_view, gate_view) = (w.router.view(), w.shared_gate_inp.view());
+    let fused = match merged.as_ref() {
+        Some(both) => Some(RouterRows::Merged(both)),
+        None if t == 1 && router_topk_apart() => Some(RouterRows::Apart {
+            router: &router_view,
+            gate: &gate_view,
+        }),
+        None => None,
+    }
+    .filter(router_topk_takes);
+    if let Some(rows) = fused {
         router_topk(
             device,
-            both,
+            rows,
             h,
             &mut s.router.slice_mut(..c.n_expert + 1),
             &mut s.route_ticket.slice_mut(..1),
@@ -589,6 +600,16 @@ fn fold_shared(w: &MoeWeights, small: bool) -> Fold {
 fn fold_gate_up_alone() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_MOE_FOLD_GATE_UP").as_deref() == Ok("1"))
+}
+
+/// `REDLITE_ROUTER_TOPK_APART=1`: one-token steps of a file whose shared-expert gate row is
+/// apart from the router (an F32 router and an F16 gate, as real files have) take the fused
+/// router too, the gate row reduced by a CTA of its own; by default they take the split-K
+/// router and then the routing with the gate row. Written without a GPU (the fifteenth session
+/// lost its device); opt-in until a GPU test and an A/B have run.
+fn router_topk_apart() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_TOPK_APART").as_deref() == Ok("1"))
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch
