@@ -101,9 +101,9 @@ fn block(
     let mut weights = s.weights.slice_mut(..t * used);
     let mut shared_weight = s.shared_weight.slice_mut(..t);
     // One token: the router and the shared expert's gate row (stored together,
-    // `DeviceMatrix::router`, or apart: an F32 router and an F16 gate, as the real files
-    // have) in one launch, with the routing in its last CTA where the router is F32; each
-    // row's dot and the routing are the same, so are the bits.
+    // `DeviceMatrix::router`, or with `REDLITE_ROUTER_TOPK_APART=1` apart: an F32 router and
+    // an F16 gate, as the real files have) in one launch, with the routing in its last CTA
+    // where the router is F32; each row's dot and the routing are the same, so are the bits.
     let merged = w
         .router
         .view_with_extra_rows()
