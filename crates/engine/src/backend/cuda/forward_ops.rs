@@ -426,6 +426,7 @@ impl CudaBackend {
                 .copy_to_host(&logits.as_view(), &mut out[start..])?;
             i = j;
         }
+        graph::lock(&self.graphs)?.times.logits_back();
         Ok(())
     }
 }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use redlite_cuda::{CudaSlice, CudaView, Device, Graph};
 
+use crate::backend::cuda::step_times::StepTimes;
 use crate::backend::Norm;
 use crate::error::{EngineError, Result};
 
@@ -86,6 +87,8 @@ pub struct DecodeGraphs {
     pos: usize,
     mode: Mode,
     captured: Vec<Captured>,
+    /// `REDLITE_STEP_TIMES=1`: the host's share of replayed steps.
+    pub times: StepTimes,
 }
 
 /// The recorder, shared by the backend (ops) and every sequence state it made (`set_pos`).
@@ -115,6 +118,7 @@ impl DecodeGraphs {
             pos: 0,
             mode: Mode::Idle,
             captured: Vec::new(),
+            times: StepTimes::from_env(),
         })))
     }
 
@@ -149,6 +153,7 @@ impl DecodeGraphs {
     /// A batch of one token, or a small one, was embedded (eagerly): its first mixer decides.
     pub fn arm(&mut self) {
         self.abandon();
+        self.times.armed();
         if self.enabled {
             self.mode = Mode::Armed;
         }
@@ -230,6 +235,7 @@ impl DecodeGraphs {
                 }
                 let captured = self.captured.remove(graph);
                 let launched = self.launch(&captured.graph);
+                self.times.replayed();
                 self.captured.push(captured);
                 launched
             }

@@ -26,6 +26,7 @@ mod prefetch;
 mod q8_buffers;
 mod scratch;
 mod state;
+mod step_times;
 mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
