@@ -74,6 +74,8 @@ enum Mode {
     Replaying {
         graph: usize,
         next: usize,
+        /// Launched at the step's first mixer already (`REDLITE_GRAPH_EARLY_LAUNCH=1`).
+        launched: bool,
     },
     /// A capture ended early (`interrupt`): the rest of this step runs eagerly.
     Eager,
@@ -98,6 +100,16 @@ pub fn lock(graphs: &SharedGraphs) -> Result<MutexGuard<'_, DecodeGraphs>> {
     graphs
         .lock()
         .map_err(|_| EngineError::Cuda("decode-graph lock poisoned by a panic".into()))
+}
+
+/// `REDLITE_GRAPH_EARLY_LAUNCH=1` (an A/B, not the default): a replayed step launches its graph
+/// at its first mixer, so the GPU runs it while the host walks the rest of the step's ops,
+/// instead of after the walk. The walk still checks every op against the recording; but a
+/// step that then differs has already run the recorded layers (its state advanced) where the
+/// default would have run nothing before its error.
+fn early_launch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_GRAPH_EARLY_LAUNCH").as_deref() == Ok("1"))
 }
 
 /// Off with `REDLITE_CUDA_GRAPH=0`, and while profiling (`REDLITE_CUDA_PROFILE=1` synchronizes
@@ -172,7 +184,19 @@ impl DecodeGraphs {
         }
         self.pos = pos;
         if let Some(graph) = self.captured.iter().position(|c| c.ops[0] == key) {
-            self.mode = Mode::Replaying { graph, next: 1 };
+            let launched = early_launch();
+            if launched {
+                let captured = self.captured.remove(graph);
+                let result = self.launch(&captured.graph);
+                self.captured.insert(graph, captured);
+                result?;
+                self.times.replayed();
+            }
+            self.mode = Mode::Replaying {
+                graph,
+                next: 1,
+                launched,
+            };
             return Ok(Gate::Skip);
         }
         if self.device.begin_capture().is_err() {
@@ -193,7 +217,7 @@ impl DecodeGraphs {
                 ops.push(key);
                 Ok(Gate::Capture)
             }
-            Mode::Replaying { graph, next } => {
+            Mode::Replaying { graph, next, .. } => {
                 let recorded = self.captured[*graph].ops.get(*next).copied();
                 if recorded == Some(key) {
                     *next += 1;
@@ -225,7 +249,11 @@ impl DecodeGraphs {
                 self.captured.push(Captured { ops, graph });
                 Ok(())
             }
-            Mode::Replaying { graph, next } => {
+            Mode::Replaying {
+                graph,
+                next,
+                launched,
+            } => {
                 if next != self.captured[graph].ops.len() {
                     self.enabled = false;
                     return Err(EngineError::Cuda(format!(
@@ -234,10 +262,15 @@ impl DecodeGraphs {
                     )));
                 }
                 let captured = self.captured.remove(graph);
-                let launched = self.launch(&captured.graph);
-                self.times.replayed();
+                let result = match launched {
+                    true => Ok(()),
+                    false => self.launch(&captured.graph),
+                };
+                if !launched {
+                    self.times.replayed();
+                }
                 self.captured.push(captured);
-                launched
+                result
             }
         }
     }
