@@ -6,7 +6,7 @@
 #   cuda_mtp         the engine's MTP GPU tests (test binary)
 #   cuda_serve       the serving scheduler on the GPU, batched against alone (test binary)
 #   cuda_expert_cache  the expert cache's GPU tests (test binary)
-#   kernels, routing, mma, attention, deltanet, preload, q8_input  the cuda crate's GPU tests
+#   kernels, routing, greedy, mma, attention, deltanet, preload, q8_input  the cuda crate's GPU tests
 #                    (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
 #   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
@@ -34,6 +34,7 @@ cp "$(test_binary --features cuda -p redlite-engine --test cuda_serve)" "$D/cuda
 cp "$(test_binary --features cuda -p redlite-engine --test cuda_expert_cache)" "$D/cuda_expert_cache"
 cp "$(test_binary -p redlite-cuda --test kernels)" "$D/kernels"
 cp "$(test_binary -p redlite-cuda --test routing)" "$D/routing"
+cp "$(test_binary -p redlite-cuda --test greedy)" "$D/greedy"
 cp "$(test_binary -p redlite-cuda --test mma)" "$D/mma"
 cp "$(test_binary -p redlite-cuda --test attention)" "$D/attention"
 cp "$(test_binary -p redlite-cuda --test deltanet)" "$D/deltanet"

@@ -88,3 +88,14 @@ static __device__ __forceinline__ void pdl_begin() {
         pdl_begin();                                                                         \
         return;                                                                              \
     }
+
+// A float's bits as an unsigned key in the floats' order (-0 just below +0): the routing's
+// and the greedy argmax's comparisons as integer ones.
+static __device__ __forceinline__ u32 float_order_key(float v) {
+    const u32 bits = __float_as_uint(v);
+    return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+static __device__ __forceinline__ float float_of_order_key(u32 key) {
+    return __uint_as_float((key & 0x80000000u) != 0 ? key & 0x7fffffffu : ~key);
+}

@@ -161,3 +161,41 @@ __global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __res
     PROBE_RETURN(PROBE_NORM);
     norm_row_q8(x, y, w, out, d, q, cols, eps);
 }
+
+// Greedy sampling on the device: the largest finite x[i] of x[0..n), ties to the lower i
+// (-0 and +0 equal), NaN and infinities never chosen (the host's `greedy_argmax`). Each candidate is the key
+// order(x[i]) << 32 | (2^32 - 1 - i), so one unsigned maximum picks the value and, among
+// equal values, the lower index; `best` (zeroed before the launch) ends as the largest key,
+// 0 where no value is finite. Grid ceil(n / (blockDim x ARGMAX_PER_THREAD)), blockDim a
+// multiple of 32; one atomicMax a CTA.
+#define ARGMAX_PER_THREAD 8
+__global__ void argmax_kernel(const float* __restrict__ x, int n, u64* __restrict__ best) {
+    pdl_begin();
+    __shared__ u64 warp_best[32];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int base = blockIdx.x * blockDim.x * ARGMAX_PER_THREAD + threadIdx.x;
+    u64 key = 0;
+#pragma unroll
+    for (int k = 0; k < ARGMAX_PER_THREAD; ++k) {
+        const int i = base + k * blockDim.x;
+        if (i < n && isfinite(x[i])) {
+            // -0 as +0: the host compares values, to which they are equal.
+            const float v = x[i] == 0.0f ? 0.0f : x[i];
+            const u64 candidate = (u64(float_order_key(v)) << 32) | u64(0xffffffffu - u32(i));
+            key = candidate > key ? candidate : key;
+        }
+    }
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const u64 other = __shfl_xor_sync(0xffffffffu, key, offset);
+        key = other > key ? other : key;
+    }
+    if (lane == 0) warp_best[warp] = key;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x / WARP_SIZE); ++w) {
+            key = warp_best[w] > key ? warp_best[w] : key;
+        }
+        if (key != 0) atomicMax(best, key);
+    }
+}

@@ -75,16 +75,6 @@ moe_route_skew_kernel(const float* __restrict__ logits, int* __restrict__ ids, i
     }
 }
 
-// A float's bits as an unsigned key in the floats' order (-0 just below +0).
-static __device__ __forceinline__ u32 float_order_key(float v) {
-    const u32 bits = __float_as_uint(v);
-    return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
-}
-
-static __device__ __forceinline__ float float_of_order_key(u32 key) {
-    return __uint_as_float((key & 0x80000000u) != 0 ? key & 0x7fffffffu : ~key);
-}
-
 // The warp's largest (v, index), ties to the lower index; every lane ends with it. Two
 // warp-wide integer reductions (sm_80+) instead of five rounds of two shuffles: the same
 // choice for the values routing compares (no NaN, no -0; an index ≥ 0).

@@ -22,12 +22,14 @@ pub enum CudaOp {
     AttentionPrep,
     Attention,
     ExpertCache,
+    Argmax,
 }
 
 impl fmt::Display for CudaOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             CudaOp::Dequantize => "cuda dequantize",
+            CudaOp::Argmax => "cuda argmax",
             CudaOp::Matvec => "cuda matvec",
             CudaOp::Embed => "cuda embed",
             CudaOp::RmsNorm => "cuda rms_norm",

@@ -32,6 +32,7 @@ mod device;
 mod error;
 mod expert_cache;
 mod graph;
+mod greedy;
 mod launch;
 mod layer_launch;
 mod layer_ops;
@@ -69,6 +70,7 @@ pub use expert_cache::{
     LookupKind, MappedHost, CACHE_MAX_EXPERTS,
 };
 pub use graph::Graph;
+pub use greedy::argmax;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
     embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,

@@ -24,6 +24,10 @@ const EXPERT_COPY: &str = include_str!("../kernels/expert_copy.cuh");
 const EXPERT_CACHE: &str = include_str!("../kernels/expert_cache.cu");
 const MOE_CACHED: &str = include_str!("../kernels/moe_cached.cu");
 
+/// Greedy sampling on the device (`elementwise.cu`, `greedy.rs`), and its values a thread.
+pub(crate) const ARGMAX_KERNEL: &str = "argmax_kernel";
+pub(crate) const ARGMAX_PER_THREAD: usize = 8;
+
 /// The weighted sum of per-pair expert outputs (`moe.cu`).
 pub(crate) const MOE_COMBINE_KERNEL: &str = "moe_combine_kernel";
 /// The GPU expert cache's kernels (`expert_cache.cu`).
@@ -639,6 +643,7 @@ fn module_families() -> Vec<ModuleSource> {
                         "add_rms_norm_kernel",
                         "rms_norm_q8_kernel",
                         "add_rms_norm_q8_kernel",
+                        ARGMAX_KERNEL,
                     ]
                     .map(String::from),
                 )

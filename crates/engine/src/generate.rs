@@ -110,8 +110,15 @@ pub fn generate(
             }
             continue;
         }
-        match session.step(token) {
-            Ok(next) => token = sampler.sample(next)?,
+        // Plain greedy: the backend picks the token (on the GPU: no logits to the host).
+        let next = match sampler.plain_greedy() {
+            true => session.step_greedy(token),
+            false => session
+                .step(token)
+                .and_then(|logits| Ok(sampler.sample(logits)?)),
+        };
+        match next {
+            Ok(next) => token = next,
             Err(EngineError::ContextFull { .. }) => break StopReason::ContextFull,
             Err(e) => return Err(e),
         }

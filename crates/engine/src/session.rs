@@ -4,8 +4,11 @@ use std::time::Instant;
 
 use crate::backend::{Backend, SeqState};
 use crate::error::{EngineError, Result};
-use crate::model::forward::{forward, forward_into, Logits, Output, Workspace};
+use crate::model::forward::{
+    forward, forward_greedy_into, forward_into, Logits, Output, Workspace,
+};
 use crate::model::mtp::{forward_mtp, Hidden};
+use crate::sampling::greedy_argmax;
 use crate::state::KvType;
 
 /// Default prefill chunk (`--chunk`).
@@ -375,6 +378,25 @@ impl<B: Backend> Session<B> {
         self.mtp_pending(&[token]);
         Ok(&self.last.logits)
     }
+
+    /// The greedy token after one more token (what [`Session::step`]'s logits give to
+    /// `sampling::greedy_argmax`): picked on the device where the backend can, so that a
+    /// greedy step copies one id to the host instead of the vocabulary's logits.
+    pub fn step_greedy(&mut self, token: u32) -> Result<u32> {
+        self.mtp_catch_up(token, false)?;
+        forward_greedy_into(
+            &self.backend,
+            &mut self.state,
+            &mut self.work,
+            &[token],
+            &mut self.last,
+        )?;
+        self.mtp_pending(&[token]);
+        match self.last.token {
+            Some(next) => Ok(next),
+            None => Ok(greedy_argmax(&self.last.logits)?),
+        }
+    }
 }
 
 /// A session seen without its backend type: what the generation loop, the benchmarks and
@@ -384,6 +406,8 @@ pub trait Runner {
     fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output>;
     /// Logits after one more token.
     fn step(&mut self, token: u32) -> Result<&[f32]>;
+    /// See [`Session::step_greedy`].
+    fn step_greedy(&mut self, token: u32) -> Result<u32>;
     /// Back to an empty sequence.
     fn reset(&mut self);
     /// Tokens processed so far.
@@ -419,6 +443,9 @@ impl<B: Backend> Runner for Session<B> {
     }
     fn step(&mut self, token: u32) -> Result<&[f32]> {
         Session::step(self, token)
+    }
+    fn step_greedy(&mut self, token: u32) -> Result<u32> {
+        Session::step_greedy(self, token)
     }
     fn reset(&mut self) {
         Session::reset(self)

@@ -315,6 +315,44 @@ fn the_decode_graph_equals_eager_launches() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A greedy step on the GPU (`step_greedy`: the LM head's argmax on the device, one id back)
+/// picks what the host's argmax of the same step's logits picks, through the decode graph
+/// and eagerly, in both precisions.
+#[test]
+fn the_device_argmax_picks_the_host_argmax_of_the_logits() {
+    let Some(device) = device("the_device_argmax_picks_the_host_argmax_of_the_logits") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (p, recipe) in cases(&[Recipe::IQ2XXS, Recipe::Q4KM]) {
+        let gguf = tiny_model(dir.path(), recipe, DeltaNetLayout::Split);
+        let tokens = prompt(40);
+        for graphs in [true, false] {
+            let mut plain = cuda(&device, &gguf, p, KvType::F32, 512);
+            let mut greedy = cuda(&device, &gguf, p, KvType::F32, 512);
+            if !graphs {
+                plain.backend.disable_graphs().unwrap();
+                greedy.backend.disable_graphs().unwrap();
+            }
+            plain.feed(&tokens[..16], false, false).unwrap();
+            greedy.feed(&tokens[..16], false, false).unwrap();
+            for (i, &t) in tokens[16..].iter().enumerate() {
+                let want = redlite_engine::sampling::greedy_argmax(plain.step(t).unwrap()).unwrap();
+                let got = greedy.step_greedy(t).unwrap();
+                if got != want {
+                    failures.push(format!(
+                        "{p:?} {} (graphs {graphs}): step {i} picked {got}, the host {want}",
+                        recipe.name()
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn bad_input_is_refused_on_the_gpu() {
     let Some(device) = device("bad_input_is_refused_on_the_gpu") else {

@@ -145,3 +145,22 @@ fn a_prompt_past_the_context_is_refused() {
     let err = s.feed(&[5000], false, false).unwrap_err().to_string();
     assert!(err.contains("5000"), "{err}");
 }
+
+/// A greedy step (`step_greedy`: the CPU backend hands the logits over, the session takes
+/// their argmax) picks the largest logit of the same step through `step`, and leaves the
+/// session where `step` does.
+#[test]
+fn a_greedy_step_picks_the_argmax_of_a_plain_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = tiny_model(dir.path(), Recipe::IQ2XXS, DeltaNetLayout::Split);
+    let tokens = prompt(24);
+    let mut plain = session(&gguf, 64, KvType::F32, 16);
+    let mut greedy = session(&gguf, 64, KvType::F32, 16);
+    plain.feed(&tokens[..8], false, false).unwrap();
+    greedy.feed(&tokens[..8], false, false).unwrap();
+    for (i, &t) in tokens[8..].iter().enumerate() {
+        let want = redlite_engine::sampling::greedy_argmax(plain.step(t).unwrap()).unwrap();
+        assert_eq!(greedy.step_greedy(t).unwrap(), want, "step {i}");
+    }
+    assert_eq!(plain.pos(), greedy.pos());
+}

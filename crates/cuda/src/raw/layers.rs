@@ -10,7 +10,8 @@ use crate::profile;
 use crate::q8_input::Q8Views;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 
 pub(super) fn launched(
@@ -204,6 +205,24 @@ pub(crate) fn launch_add(
     launch.arg(x).arg(y).arg(&n);
     // SAFETY: arguments match the signature; x and y hold n values; threads past n return.
     launched(stream, "cuLaunchKernel(add)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `argmax_kernel(x, n, best)`: `best` (one u64, zeroed) ends as the largest key of x[0..n).
+pub(crate) fn launch_argmax(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    x: &CudaView<'_, f32>,
+    n: i32,
+    best: &mut CudaSlice<u64>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(x).arg(&n).arg(best);
+    // SAFETY: arguments match the signature; x holds n values (threads past n read none),
+    // best one u64; blockDim is a multiple of 32 (at most 1,024: 32 warp slots).
+    launched(stream, "cuLaunchKernel(argmax)", unsafe {
         launch.launch(config)
     })
 }

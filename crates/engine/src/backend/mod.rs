@@ -160,6 +160,13 @@ pub trait Backend {
     }
     /// LM-head logits of the given rows (ascending), appended to `out` (`[rows][vocab]`).
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
+    /// Row `row`'s greedy token (the largest finite logit, the lower id on ties; an error
+    /// where none is finite) where the backend picks it without handing the logits over;
+    /// `None`: it does not, ask [`Backend::logits`].
+    fn greedy_token(&self, row: usize, x: &Self::Act) -> Result<Option<u32>> {
+        let _ = (row, x);
+        Ok(None)
+    }
     /// The activations of a batch, copied to the host (per-layer parity checks).
     fn to_host(&self, b: Batch, x: &Self::Act) -> Vec<f32>;
 

@@ -46,6 +46,9 @@ pub enum Logits {
 pub struct Output {
     /// `[rows][vocab]` for the rows asked for.
     pub logits: Vec<f32>,
+    /// [`forward_greedy_into`] on a backend that picks the greedy token itself: that token
+    /// (then `logits` is empty).
+    pub token: Option<u32>,
     /// With `capture_hidden`: the residual stream after the embedding and after each layer,
     /// each `[tokens][n_embd]`.
     pub hidden: Vec<Vec<f32>>,
@@ -119,9 +122,44 @@ pub fn forward_into<B: Backend>(
         work,
         tokens,
         &mut segs,
-        logit_rows,
+        (logit_rows, false),
         b,
         capture_hidden,
+        output,
+    )
+}
+
+/// [`forward_into`] for greedy decoding: the last row's most likely token, in
+/// `output.token` where the backend picks it itself (the CUDA backend, on the device: no
+/// logits copied to the host), else the last row's logits in `output.logits` as
+/// [`Logits::Last`] gives them.
+pub fn forward_greedy_into<B: Backend>(
+    backend: &B,
+    state: &mut B::State,
+    work: &mut Workspace<B>,
+    tokens: &[u32],
+    output: &mut Output,
+) -> Result<()> {
+    let n = tokens.len();
+    check_batch(work, n)?;
+    state.check_room(n)?;
+    let b = Batch {
+        tokens: n,
+        pos0: state.pos(),
+    };
+    let mut segs = [Segment {
+        row0: 0,
+        tokens: n,
+        state,
+    }];
+    run(
+        backend,
+        work,
+        tokens,
+        &mut segs,
+        (&[n - 1], true),
+        b,
+        false,
         output,
     )
 }
@@ -188,7 +226,7 @@ pub fn forward_batch<B: Backend>(
         work,
         &ids,
         &mut segs,
-        &logit_rows,
+        (&logit_rows, false),
         b,
         capture_hidden,
         &mut output,
@@ -197,19 +235,21 @@ pub fn forward_batch<B: Backend>(
 }
 
 /// The layers, the final norm and the logits of `logit_rows`, into `output` (cleared
-/// first); every segment's state advances by its tokens.
+/// first); with `greedy` (one row) the backend's greedy token instead where it has one.
+/// Every segment's state advances by its tokens.
 #[allow(clippy::too_many_arguments)]
 fn run<B: Backend>(
     backend: &B,
     work: &mut Workspace<B>,
     ids: &[u32],
     segs: &mut [Segment<'_, B::State>],
-    logit_rows: &[usize],
+    (logit_rows, greedy): (&[usize], bool),
     b: Batch,
     capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
     output.logits.clear();
+    output.token = None;
     output.hidden.clear();
     let keep_normed = work.keep_normed;
     let Workspace { x, h, mix, .. } = work;
@@ -248,6 +288,12 @@ fn run<B: Backend>(
     backend.rms_norm(Norm::Output, b, x, h)?;
     if logit_rows.is_empty() {
         return Ok(());
+    }
+    if let ([row], true) = (logit_rows, greedy) {
+        output.token = backend.greedy_token(*row, h)?;
+        if output.token.is_some() {
+            return Ok(());
+        }
     }
     backend.logits(logit_rows, h, &mut output.logits)
 }

@@ -226,28 +226,20 @@ impl Sampler {
     /// finite one, ties to the lowest id: what `prepare` then `argmax` give), without
     /// copying the vocabulary into candidates. `None` when sampling needs the full path.
     fn plain_argmax(&self, logits: &[f32]) -> Result<Option<u32>, SamplingError> {
+        if !self.plain_greedy() {
+            return Ok(None);
+        }
+        greedy_argmax(logits).map(Some)
+    }
+
+    /// Whether [`Sampler::sample`] now picks the largest logit and nothing else (temperature
+    /// 0, no penalty in effect): the greedy token a backend may pick itself
+    /// (`Session::step_greedy`) is then the one `sample` would pick.
+    pub fn plain_greedy(&self) -> bool {
         let p = &self.params;
         let penalties_off =
             p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
-        let penalties = !(penalties_off || self.counts.is_empty());
-        if p.temperature > 0.0 || penalties {
-            return Ok(None);
-        }
-        if logits.is_empty() {
-            return Err(SamplingError::EmptyLogits);
-        }
-        let mut best: Option<(u32, f32)> = None;
-        for (id, &l) in logits.iter().enumerate() {
-            if l.is_finite() && best.is_none_or(|b| l > b.1) {
-                best = Some((id as u32, l));
-            }
-        }
-        match best {
-            Some((token, _)) => Ok(Some(token)),
-            None => Err(SamplingError::NoFiniteLogit {
-                count: logits.len(),
-            }),
-        }
+        p.temperature <= 0.0 && (penalties_off || self.counts.is_empty())
     }
 
     /// Penalties and the truncations (top-k, top-p, min-p) into `candidates`.
@@ -303,6 +295,26 @@ fn apply_penalties(candidates: &mut [(u32, f32)], counts: &HashMap<u32, u32>, p:
 }
 
 /// The highest logit; ties go to the lowest id.
+/// The greedy token of `logits`: the largest finite logit, the lower id on ties (NaN and
+/// infinities never chosen); an error where none is finite.
+pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
+    if logits.is_empty() {
+        return Err(SamplingError::EmptyLogits);
+    }
+    let mut best: Option<(u32, f32)> = None;
+    for (id, &l) in logits.iter().enumerate() {
+        if l.is_finite() && best.is_none_or(|b| l > b.1) {
+            best = Some((id as u32, l));
+        }
+    }
+    match best {
+        Some((token, _)) => Ok(token),
+        None => Err(SamplingError::NoFiniteLogit {
+            count: logits.len(),
+        }),
+    }
+}
+
 fn argmax(candidates: &[(u32, f32)]) -> u32 {
     candidates
         .iter()

@@ -318,6 +318,31 @@ impl Backend for CudaBackend {
         self.head_logits(&self.weights.output, rows, x, out)
     }
 
+    /// The LM head of row `row` and its argmax on the device: only the token comes back.
+    fn greedy_token(&self, row: usize, x: &CudaAct) -> Result<Option<u32>> {
+        self.device.mark("LM head");
+        graph::lock(&self.graphs)?.interrupt()?;
+        let head = &self.weights.output;
+        let mut scratch = self.scratch(row + 1)?;
+        scratch.reserve_logits(&self.device, &self.config, 1)?;
+        let scratch = &mut *scratch;
+        let mut logits = scratch.logits.slice_mut(..head.rows);
+        let rows = x.row_range(row, row + 1)?;
+        let q8 = x.q8_range(row, row + 1);
+        redlite_cuda::matmul_quantized(
+            &self.device,
+            &head.view(),
+            (&rows, q8.as_ref()),
+            &mut logits,
+        )?;
+        let token = redlite_cuda::argmax(&self.device, &logits.as_view(), &mut scratch.greedy_key)?;
+        graph::lock(&self.graphs)?.times.logits_back();
+        match token {
+            Some(token) => Ok(Some(token)),
+            None => Err(crate::sampling::SamplingError::NoFiniteLogit { count: head.rows }.into()),
+        }
+    }
+
     /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
     fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
         let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt());

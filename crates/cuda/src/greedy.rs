@@ -1,0 +1,71 @@
+//! Greedy sampling on the device (`argmax_kernel`, `elementwise.cu`): the token of a row of
+//! logits without copying the row to the host (151,936 floats a token for Qwen3-Next), only
+//! the 8-byte key of its largest finite value. Ties go to the lower index and NaN and
+//! infinities are never chosen, as on the host (`sampling::greedy_argmax`).
+
+use cudarc::driver::{CudaSlice, CudaView};
+
+use crate::device::Device;
+use crate::error::{CudaError, CudaOp};
+use crate::layer_launch::{config, to_i32};
+use crate::raw;
+use crate::source::{ARGMAX_KERNEL, ARGMAX_PER_THREAD};
+
+/// Threads per CTA of the argmax.
+const ARGMAX_THREADS: u32 = 256;
+
+/// The index of the largest finite value of `x`, the lower on ties; `None` when no value is
+/// finite. `key`: one u64 of scratch. Waits for the work queued before it.
+pub fn argmax(
+    device: &Device,
+    x: &CudaView<'_, f32>,
+    key: &mut CudaSlice<u64>,
+) -> Result<Option<u32>, CudaError> {
+    let n = x.len();
+    if n == 0 || u32::try_from(n).is_err() {
+        return Err(CudaError::Shape {
+            op: CudaOp::Argmax,
+            what: "values (1 to 2^32 - 1)",
+            expected: 1,
+            found: n,
+        });
+    }
+    if key.len() != 1 {
+        return Err(CudaError::Shape {
+            op: CudaOp::Argmax,
+            what: "key length",
+            expected: 1,
+            found: key.len(),
+        });
+    }
+    device.zero(key)?;
+    let kernel = device.kernel(ARGMAX_KERNEL)?;
+    let per_cta = ARGMAX_THREADS as usize * ARGMAX_PER_THREAD;
+    let cfg = config((n.div_ceil(per_cta), 1, 1), ARGMAX_THREADS, 0);
+    raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), key)?;
+    let best = device.download(key)?;
+    Ok(token_of_key(best.first().copied().unwrap_or(0)))
+}
+
+/// The index a key of `argmax_kernel` names (its low half is 2^32 - 1 - index); 0: none.
+fn token_of_key(key: u64) -> Option<u32> {
+    (key != 0).then(|| u32::MAX - (key & 0xffff_ffff) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_of_key;
+
+    #[test]
+    fn a_key_names_its_index() {
+        assert_eq!(token_of_key(0), None);
+        assert_eq!(
+            token_of_key((0x8000_0000u64 << 32) | u64::from(u32::MAX)),
+            Some(0)
+        );
+        assert_eq!(
+            token_of_key((1u64 << 32) | u64::from(u32::MAX - 151_935)),
+            Some(151_935)
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! Greedy sampling on the device (`argmax`) against the host's rule: the largest finite
+//! value, the lower index on ties (-0 and +0 equal), NaN and infinities never chosen, `None`
+//! when no value is finite. GPU tests print a message and pass when no driver, NVRTC or GPU
+//! is present.
+
+use redlite_cuda::argmax;
+
+mod common;
+use common::{device, Rng};
+
+/// The host's greedy rule (`sampling::greedy_argmax` in the engine).
+fn host_argmax(values: &[f32]) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if v.is_finite() && best.is_none_or(|b| v > b.1) {
+            best = Some((i as u32, v));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+#[test]
+fn the_device_argmax_follows_the_host_rule() {
+    let Some(device) = device("the_device_argmax_follows_the_host_rule") else {
+        return;
+    };
+    let mut rng = Rng(3);
+    let mut key = device.alloc_zeros::<u64>(1).unwrap();
+    // Few distinct values, so most lengths hold ties; then NaN, infinities and signed zeros.
+    let pool = [-2.5f32, -0.0, 0.0, 1.0, 3.25];
+    for n in [1usize, 7, 2048, 2049, 151_936] {
+        for case in 0..4 {
+            let mut values: Vec<f32> = (0..n)
+                .map(|_| pool[rng.next() as usize % pool.len()])
+                .collect();
+            if case >= 1 {
+                for _ in 0..n.div_ceil(10) {
+                    let i = rng.next() as usize % n;
+                    values[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][i % 3];
+                }
+            }
+            if case == 2 {
+                // Only negative values and zeros of both signs.
+                values.iter_mut().for_each(|v| *v = -v.abs());
+            }
+            if case == 3 {
+                values.iter_mut().for_each(|v| *v = f32::NAN);
+            }
+            let x = device.upload(&values).unwrap();
+            let got = argmax(&device, &x.as_view(), &mut key).unwrap();
+            assert_eq!(got, host_argmax(&values), "{n} values, case {case}");
+        }
+    }
+}
