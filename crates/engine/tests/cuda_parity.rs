@@ -323,6 +323,8 @@ fn the_device_argmax_picks_the_host_argmax_of_the_logits() {
     let Some(device) = device("the_device_argmax_picks_the_host_argmax_of_the_logits") else {
         return;
     };
+    // The path is opt-in until this test has passed on a GPU.
+    std::env::set_var("REDLITE_DEVICE_GREEDY", "1");
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for (p, recipe) in cases(&[Recipe::IQ2XXS, Recipe::Q4KM]) {

@@ -319,7 +319,11 @@ impl Backend for CudaBackend {
     }
 
     /// The LM head of row `row` and its argmax on the device: only the token comes back.
+    /// Opt-in (`REDLITE_DEVICE_GREEDY=1`) until its GPU tests have run.
     fn greedy_token(&self, row: usize, x: &CudaAct) -> Result<Option<u32>> {
+        if !device_greedy() {
+            return Ok(None);
+        }
         self.device.mark("LM head");
         graph::lock(&self.graphs)?.interrupt()?;
         let head = &self.weights.output;
@@ -454,4 +458,12 @@ impl CudaBackend {
         graph::lock(&self.graphs)?.times.logits_back();
         Ok(())
     }
+}
+
+/// `REDLITE_DEVICE_GREEDY=1`: greedy steps pick their token on the device
+/// (`Backend::greedy_token`). Written without a GPU (fifteenth session); off until
+/// `crates/cuda/tests/greedy.rs` and `cuda_parity`'s device-argmax test have passed on one.
+fn device_greedy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_DEVICE_GREEDY").as_deref() == Ok("1"))
 }
