@@ -9,7 +9,8 @@
 #      cuda_serve, batched serving with and without MTP against each request alone) under
 #      each setting of TEST_AB (default: the defaults alone);
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
-#      setting of DECODE_AB, one process each;
+#      setting of DECODE_AB, one process each; then the host clocks of a replayed step
+#      (REDLITE_STEP_TIMES), with and without REDLITE_GRAPH_EARLY_LAUNCH;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
@@ -110,6 +111,11 @@ if stage decode; then
     note "$v: $(dec "$depths" ${v//+/ })"
   done
   note "defaults again: $(dec 0 REDLITE_UNUSED=0)"
+  # The host's share of a replayed step (REDLITE_STEP_TIMES), with and without the early launch.
+  for v in REDLITE_UNUSED=0 REDLITE_GRAPH_EARLY_LAUNCH=1; do
+    note "host clocks, $v: $(env "$v" REDLITE_STEP_TIMES=1 "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 1 2>&1 \
+      | grep -E '^step times|^\| tg' | tr -s ' ' | tr '\n' ' ')"
+  done
 fi
 
 if stage base && [ -f "$D/redlite-base.xz" ]; then
