@@ -163,11 +163,11 @@ __global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __res
 }
 
 // Greedy sampling on the device: the largest finite x[i] of x[0..n), ties to the lower i
-// (-0 and +0 equal), NaN and infinities never chosen (the host's `greedy_argmax`). Each candidate is the key
-// order(x[i]) << 32 | (2^32 - 1 - i), so one unsigned maximum picks the value and, among
-// equal values, the lower index; `best` (zeroed before the launch) ends as the largest key,
-// 0 where no value is finite. Grid ceil(n / (blockDim x ARGMAX_PER_THREAD)), blockDim a
-// multiple of 32; one atomicMax a CTA.
+// (-0 and +0 equal), NaN and infinities never chosen (the host's `greedy_argmax`). Each
+// candidate is the key order(x[i]) << 32 | (2^32 - 1 - i), so one unsigned maximum picks the
+// value and, among equal values, the lower index; `best` (zeroed before the launch) ends as
+// the largest key, 0 where no value is finite. Grid ceil(n / (blockDim x ARGMAX_PER_THREAD)),
+// blockDim a multiple of 32; one atomicMax a CTA. ARGMAX_PER_THREAD is also in source.rs.
 #define ARGMAX_PER_THREAD 8
 __global__ void argmax_kernel(const float* __restrict__ x, int n, u64* __restrict__ best) {
     pdl_begin();

@@ -848,6 +848,16 @@ mod tests {
     /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
     /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
     /// (the norm kernels through `norm_row`, which does).
+    /// The argmax launch sizes its grid by the kernel's values a thread.
+    #[test]
+    fn the_argmax_grid_matches_the_kernel() {
+        let define = format!("#define ARGMAX_PER_THREAD {ARGMAX_PER_THREAD}\n");
+        assert!(
+            ELEMENTWISE.contains(&define),
+            "elementwise.cu lacks {define:?}"
+        );
+    }
+
     #[test]
     fn every_kernel_waits_for_the_previous_one() {
         let sources = [
