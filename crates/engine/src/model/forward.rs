@@ -96,9 +96,7 @@ pub fn forward_into<B: Backend>(
     output: &mut Output,
 ) -> Result<()> {
     let n = tokens.len();
-    check_batch(work, n)?;
-    state.check_room(n)?;
-    let last = [n - 1];
+    let last = [n.saturating_sub(1)];
     let every: Vec<usize>;
     let logit_rows: &[usize] = match logits {
         Logits::None => &[],
@@ -108,22 +106,10 @@ pub fn forward_into<B: Backend>(
             &every
         }
     };
-    let b = Batch {
-        tokens: n,
-        pos0: state.pos(),
-    };
-    let mut segs = [Segment {
-        row0: 0,
-        tokens: n,
-        state,
-    }];
-    run(
+    one_sequence(
         backend,
-        work,
-        tokens,
-        &mut segs,
+        (state, work, tokens),
         (logit_rows, false),
-        b,
         capture_hidden,
         output,
     )
@@ -138,6 +124,18 @@ pub fn forward_greedy_into<B: Backend>(
     state: &mut B::State,
     work: &mut Workspace<B>,
     tokens: &[u32],
+    output: &mut Output,
+) -> Result<()> {
+    let last = [tokens.len().saturating_sub(1)];
+    one_sequence(backend, (state, work, tokens), (&last, true), false, output)
+}
+
+/// One sequence's forward call (see [`run`]).
+fn one_sequence<B: Backend>(
+    backend: &B,
+    (state, work, tokens): (&mut B::State, &mut Workspace<B>, &[u32]),
+    head: (&[usize], bool),
+    capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
     let n = tokens.len();
@@ -157,9 +155,9 @@ pub fn forward_greedy_into<B: Backend>(
         work,
         tokens,
         &mut segs,
-        (&[n - 1], true),
+        head,
         b,
-        false,
+        capture_hidden,
         output,
     )
 }

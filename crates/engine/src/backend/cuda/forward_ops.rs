@@ -3,12 +3,15 @@
 //! logits and the MTP block's input; each queues kernels (or is skipped when the decode
 //! graph recorded it: `graph`).
 
+use std::sync::MutexGuard;
+
 use redlite_cuda::Position;
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
 use super::moe::{self, LayerSkew};
 use super::prefetch::{self, NextBlock};
+use super::scratch::Scratch;
 use super::state::CudaState;
 use super::weights::{self, Mixer};
 use super::{attention, deltanet, keeps_codes, mtp, CudaBackend, ExpertResidency};
@@ -327,19 +330,10 @@ impl Backend for CudaBackend {
         self.device.mark("LM head");
         graph::lock(&self.graphs)?.interrupt()?;
         let head = &self.weights.output;
-        let mut scratch = self.scratch(row + 1)?;
-        scratch.reserve_logits(&self.device, &self.config, 1)?;
+        let mut scratch = self.head_rows(head, x, (row, 1))?;
         let scratch = &mut *scratch;
-        let mut logits = scratch.logits.slice_mut(..head.rows);
-        let rows = x.row_range(row, row + 1)?;
-        let q8 = x.q8_range(row, row + 1);
-        redlite_cuda::matmul_quantized(
-            &self.device,
-            &head.view(),
-            (&rows, q8.as_ref()),
-            &mut logits,
-        )?;
-        let token = redlite_cuda::argmax(&self.device, &logits.as_view(), &mut scratch.greedy_key)?;
+        let logits = scratch.logits.slice(..head.rows);
+        let token = redlite_cuda::argmax(&self.device, &logits, &mut scratch.greedy_key)?;
         graph::lock(&self.graphs)?.times.logits_back();
         match token {
             Some(token) => Ok(Some(token)),
@@ -438,25 +432,36 @@ impl CudaBackend {
                 j += 1;
             }
             let (first, n) = (rows[i], j - i);
-            let mut scratch = self.scratch(first + n)?;
-            scratch.reserve_logits(&self.device, &self.config, n)?;
-            let mut logits = scratch.logits.slice_mut(..n * vocab);
-            let rows = x.row_range(first, first + n)?;
-            let q8 = x.q8_range(first, first + n);
-            redlite_cuda::matmul_quantized(
-                &self.device,
-                &head.view(),
-                (&rows, q8.as_ref()),
-                &mut logits,
-            )?;
+            let scratch = self.head_rows(head, x, (first, n))?;
+            let logits = scratch.logits.slice(..n * vocab);
             let start = out.len();
             out.resize(start + n * vocab, 0.0);
-            self.device
-                .copy_to_host(&logits.as_view(), &mut out[start..])?;
+            self.device.copy_to_host(&logits, &mut out[start..])?;
             i = j;
         }
         graph::lock(&self.graphs)?.times.logits_back();
         Ok(())
+    }
+
+    /// The LM head `head` of the `n` rows of `x` from `first` into the scratch's logits
+    /// (`[n][vocab]`, queued), and the scratch that holds them.
+    fn head_rows(
+        &self,
+        head: &weights::DeviceMatrix,
+        x: &CudaAct,
+        (first, n): (usize, usize),
+    ) -> Result<MutexGuard<'_, Scratch>> {
+        let mut scratch = self.scratch(first + n)?;
+        scratch.reserve_logits(&self.device, &self.config, n)?;
+        let rows = x.row_range(first, first + n)?;
+        let q8 = x.q8_range(first, first + n);
+        redlite_cuda::matmul_quantized(
+            &self.device,
+            &head.view(),
+            (&rows, q8.as_ref()),
+            &mut scratch.logits.slice_mut(..n * head.rows),
+        )?;
+        Ok(scratch)
     }
 }
 
