@@ -295,9 +295,9 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
 
 /// `REDLITE_MATMUL_ONE_WAVE=1` (an A/B, not the default): two rows a warp in the one-token q8
 /// products whose one row a warp would take more CTAs than `ONE_WAVE_CTAS_PER_SM` a
-/// multiprocessor (the 8,192-row DeltaNet qkv and attention q, the LM head), so that their
-/// CTAs are all resident at once and all load their first items before the PDL wait (the
-/// same bits: a warp's rows are each summed in one order).
+/// multiprocessor: the 8,192-row DeltaNet qkv and attention q, whose CTAs then are all
+/// resident at once and all load their first items before the PDL wait, and the LM head,
+/// whose waves halve (the same bits: a warp's rows are each summed in one order).
 fn one_wave() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_ONE_WAVE").as_deref() == Ok("1"))
