@@ -43,8 +43,10 @@ pub fn argmax(
     let per_cta = ARGMAX_THREADS as usize * ARGMAX_PER_THREAD;
     let cfg = config((n.div_ceil(per_cta), 1, 1), ARGMAX_THREADS, 0);
     raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), key)?;
-    let best = device.download(key)?;
-    Ok(token_of_key(best.first().copied().unwrap_or(0)))
+    // Into an array: a greedy decode step allocates nothing.
+    let mut best = [0u64];
+    device.copy_to_host(&key.as_view(), &mut best)?;
+    Ok(token_of_key(best[0]))
 }
 
 /// The index a key of `argmax_kernel` names (its low half is 2^32 - 1 - index); 0: none.
