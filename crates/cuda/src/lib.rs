@@ -33,6 +33,7 @@ mod error;
 mod expert_cache;
 mod graph;
 mod greedy;
+mod host_stage;
 mod launch;
 mod layer_launch;
 mod layer_ops;
@@ -71,6 +72,7 @@ pub use expert_cache::{
 };
 pub use graph::Graph;
 pub use greedy::argmax;
+pub use host_stage::HostStage;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
     embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,

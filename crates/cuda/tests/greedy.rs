@@ -1,9 +1,10 @@
-//! Greedy sampling on the device (`argmax`) against the host's rule: the largest finite
-//! value, the lower index on ties (-0 and +0 equal), NaN and infinities never chosen, `None`
-//! when no value is finite. GPU tests print a message and pass when no driver, NVRTC or GPU
-//! is present.
+//! What a decode step reads back: greedy sampling on the device (`argmax`) against the
+//! host's rule (the largest finite value, the lower index on ties, -0 and +0 equal, NaN and
+//! infinities never chosen, `None` when no value is finite), and logits through page-locked
+//! memory (`HostStage`) against the plain copy. GPU tests print a message and pass when no
+//! driver, NVRTC or GPU is present.
 
-use redlite_cuda::argmax;
+use redlite_cuda::{argmax, HostStage};
 
 mod common;
 use common::{device, Rng};
@@ -50,5 +51,42 @@ fn the_device_argmax_follows_the_host_rule() {
             let got = argmax(&device, &x.as_view(), &mut key).unwrap();
             assert_eq!(got, host_argmax(&values), "{n} values, case {case}");
         }
+    }
+}
+
+#[test]
+fn the_host_stage_appends_what_the_plain_copy_reads() {
+    let Some(device) = device("the_host_stage_appends_what_the_plain_copy_reads") else {
+        return;
+    };
+    let mut rng = Rng(5);
+    let mut stage = HostStage::new();
+    let mut out = vec![-1.0f32; 3];
+    // Growing, then shrinking, then growing again: each copy appends exactly its values.
+    for n in [1usize, 151_936, 2049, 303_872] {
+        let values: Vec<f32> = (0..n)
+            .map(|_| (rng.next() % 1000) as f32 * 0.5 - 7.0)
+            .collect();
+        let x = device.upload(&values).unwrap();
+        let mut plain = vec![0.0f32; n];
+        device.copy_to_host(&x.as_view(), &mut plain).unwrap();
+        let start = out.len();
+        stage
+            .append_to_host(&device, &x.as_view(), &mut out)
+            .unwrap();
+        assert_eq!(out.len(), start + n, "{n} values");
+        assert!(
+            out[start..]
+                .iter()
+                .zip(&plain)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{n} values differ from the plain copy"
+        );
+        assert_eq!(
+            &out[..3],
+            &[-1.0; 3],
+            "what was in the buffer before is kept"
+        );
+        out.truncate(3);
     }
 }

@@ -434,9 +434,16 @@ impl CudaBackend {
             let (first, n) = (rows[i], j - i);
             let scratch = self.head_rows(head, x, (first, n))?;
             let logits = scratch.logits.slice(..n * vocab);
-            let start = out.len();
-            out.resize(start + n * vocab, 0.0);
-            self.device.copy_to_host(&logits, &mut out[start..])?;
+            if pinned_logits() {
+                self.logits_stage
+                    .lock()
+                    .map_err(|_| EngineError::Cuda("logits stage lock poisoned by a panic".into()))?
+                    .append_to_host(&self.device, &logits, out)?;
+            } else {
+                let start = out.len();
+                out.resize(start + n * vocab, 0.0);
+                self.device.copy_to_host(&logits, &mut out[start..])?;
+            }
             i = j;
         }
         graph::lock(&self.graphs)?.times.logits_back();
@@ -463,6 +470,15 @@ impl CudaBackend {
         )?;
         Ok(scratch)
     }
+}
+
+/// `REDLITE_PINNED_LOGITS=1`: logits come back through page-locked memory
+/// (`redlite_cuda::HostStage`: one DMA, then a host copy) instead of the driver's pageable
+/// path (a zero fill of the output, then a DMA and a host copy in waited-for pieces).
+/// Written without a GPU (sixteenth session); off until an A/B has measured it.
+fn pinned_logits() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_PINNED_LOGITS").as_deref() == Ok("1"))
 }
 
 /// `REDLITE_DEVICE_GREEDY=1`: greedy steps pick their token on the device

@@ -73,6 +73,8 @@ pub struct CudaBackend {
     mtp_buffers: Mutex<mtp::MtpBuffers>,
     /// With an expert cache and `REDLITE_CACHE_PREFETCH=1`: the prefetch's buffers.
     prefetch: Mutex<Option<PrefetchBuffers>>,
+    /// With `REDLITE_PINNED_LOGITS=1`: the page-locked buffer logits come back through.
+    logits_stage: Mutex<redlite_cuda::HostStage>,
 }
 
 impl CudaBackend {
@@ -165,6 +167,7 @@ impl CudaBackend {
             host_moe: None,
             mtp_buffers: Mutex::new(mtp::MtpBuffers::default()),
             prefetch,
+            logits_stage: Mutex::new(redlite_cuda::HostStage::new()),
         })
     }
 
