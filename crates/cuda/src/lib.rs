@@ -95,7 +95,10 @@ pub use q8_input::{
 };
 pub use route_gate::{moe_route_gate, moe_route_gate_takes};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
-pub use router_topk::{router_topk, router_topk_takes, RouterRows};
+pub use router_topk::{
+    router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
+    PostNorm, RouterRows,
+};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
     Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,

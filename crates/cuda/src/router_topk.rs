@@ -3,7 +3,8 @@
 //! own: the F16 row of the real files) reduced a row per CTA as the split-K matmul does, and
 //! the last CTA to finish routing as `moe_route` does, so the bits are those of the split-K
 //! launches and the routing (`moe_route_gate` included). `REDLITE_ROUTER_TOPK=0` keeps the
-//! separate launches.
+//! separate launches. [`router_topk_norm`] also runs the post-mixer add + norm before them
+//! in the same launch (`router_topk_norm_kernel`), the bits of `add_rms_norm_quantized`.
 
 use std::sync::OnceLock;
 
@@ -14,9 +15,12 @@ use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::matmul_launch::{matvec_v1, split_k};
 use crate::ops::{check_matrix, shape, WeightMatrix};
+use crate::q8_input::Q8RowsMut;
 use crate::raw;
 use crate::route_gate::wide_float_block;
-use crate::source::{self, MATMUL_SPLITK_WARPS, ROUTE_V2_PER_LANE, WIDE_F32};
+use crate::source::{
+    self, MATMUL_SPLITK_WARPS, ROUTER_NORM_CHUNKS, ROUTER_NORM_THREADS, ROUTE_V2_PER_LANE, WIDE_F32,
+};
 use redlite_gguf::GgmlType;
 
 /// The rows [`router_topk`] reduces: the F32 router with the shared expert's gate row stored
@@ -138,5 +142,124 @@ pub fn router_topk(
         ticket,
         (ids, weights, shared_weight),
         dims,
+    )
+}
+
+/// The post-mixer add + norm [`router_topk_norm`] runs first: `x += y`, then `h = x / rms(x)
+/// * w` and its Q8_K codes, as [`crate::add_rms_norm_quantized`] does (one token).
+pub struct PostNorm<'v, 'a> {
+    pub x: &'v mut CudaViewMut<'a, f32>,
+    pub y: &'v CudaView<'a, f32>,
+    pub w: &'v CudaView<'a, f32>,
+    pub h: &'v mut CudaViewMut<'a, f32>,
+    pub h_q8: &'v mut Q8RowsMut<'a>,
+    pub eps: f32,
+}
+
+/// `REDLITE_ROUTER_NORM=1` (written without a GPU, sixteenth session; off until measured):
+/// one decode token's post-mixer norm inside the router's launch.
+pub fn router_norm_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_NORM").as_deref() == Ok("1"))
+}
+
+/// Whether [`router_topk_norm`] takes `rows` with a norm of `cols` values: [`router_topk`]
+/// does, and the row is whole Q8_K blocks short enough for the norm kernel's vector path,
+/// with a CTA per block at least. The switch is the caller's ([`router_norm_on`]).
+pub fn router_topk_norm_takes(rows: &RouterRows<'_, '_>, cols: usize) -> bool {
+    router_topk_takes(rows)
+        && rows.router().cols == cols
+        && cols.is_multiple_of(256)
+        && cols / 4 <= ROUTER_NORM_CHUNKS * ROUTER_NORM_THREADS
+        && rows.n_expert() + 1 >= cols / 256
+}
+
+/// One decode token's post-mixer add + norm (`norm`), then [`router_topk`] on the normed
+/// row, in one launch: the bits of [`crate::add_rms_norm_quantized`] then [`router_topk`].
+#[allow(clippy::too_many_arguments)]
+pub fn router_topk_norm(
+    device: &Device,
+    rows: RouterRows<'_, '_>,
+    norm: PostNorm<'_, '_>,
+    logits: &mut CudaViewMut<'_, f32>,
+    ticket: &mut CudaViewMut<'_, i32>,
+    ids: &mut CudaViewMut<'_, i32>,
+    weights: &mut CudaViewMut<'_, f32>,
+    shared_weight: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let op = CudaOp::MoeRoute;
+    let router = rows.router();
+    check_matrix(device, op, router)?;
+    if let RouterRows::Apart { gate, .. } = rows {
+        check_matrix(device, op, gate)?;
+    }
+    let cols = router.cols;
+    let (true, Some(gate_block)) = (router_topk_norm_takes(&rows, cols), rows.gate_block()) else {
+        return Err(CudaError::UnsupportedType { op, ty: router.ty });
+    };
+    let n_expert = rows.n_expert();
+    let used = ids.len();
+    for (what, len) in [
+        ("x length (cols)", norm.x.len()),
+        ("y length (cols)", norm.y.len()),
+        ("norm weight length (cols)", norm.w.len()),
+        ("h length (cols)", norm.h.len()),
+        ("h codes length (cols)", norm.h_q8.codes.len()),
+    ] {
+        shape(op, what, cols, len)?;
+    }
+    shape(op, "h scales length", cols / 256, norm.h_q8.scales.len())?;
+    shape(
+        op,
+        "logits length (n_expert + 1)",
+        n_expert + 1,
+        logits.len(),
+    )?;
+    shape(op, "ticket length", 1, ticket.len())?;
+    shape(op, "weights length", used, weights.len())?;
+    shape(op, "shared_weight length", 1, shared_weight.len())?;
+    if used == 0 || used > n_expert {
+        return Err(CudaError::Shape {
+            op,
+            what: "experts used (1 to n_expert)",
+            expected: n_expert,
+            found: used,
+        });
+    }
+    // The norm kernel's vector path, whose sums the kernel repeats, reads 16-byte chunks.
+    for (what, address) in [
+        ("x", device.address(&*norm.x)),
+        ("y", device.address(norm.y)),
+        ("norm weight", device.address(norm.w)),
+        ("h", device.address(&*norm.h)),
+    ] {
+        if !address.is_multiple_of(16) {
+            return Err(CudaError::Misaligned {
+                op,
+                what,
+                address,
+                alignment: 16,
+            });
+        }
+    }
+    let row_bytes = cols * size_of::<f32>();
+    let gate_w = match rows {
+        RouterRows::Merged(m) => m.bytes.slice(n_expert * row_bytes..),
+        RouterRows::Apart { gate, .. } => gate.bytes.slice(..),
+    };
+    let kernel = device.kernel(&source::router_topk_norm_kernel(gate_block))?;
+    crate::profile::label(|| format!("router_topk_norm {}x{cols}", n_expert + 1));
+    let cfg = config((n_expert + 1, 1, 1), MATMUL_SPLITK_WARPS * 32, row_bytes);
+    raw::launch_router_topk_norm(
+        device.stream(),
+        kernel,
+        cfg,
+        (&router.bytes, &gate_w),
+        (norm.x, norm.y, norm.w),
+        (norm.h, &mut norm.h_q8.scales, &mut norm.h_q8.codes),
+        logits,
+        ticket,
+        (ids, weights, shared_weight),
+        (to_i32(cols), to_i32(n_expert), to_i32(used), norm.eps),
     )
 }

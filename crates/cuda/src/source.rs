@@ -426,6 +426,17 @@ pub(crate) fn router_topk_kernel(gate_block: &str) -> String {
     format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}, {gate_block}>")
 }
 
+/// [`router_topk_kernel`] with the post-mixer add + norm before it in the same launch.
+pub(crate) fn router_topk_norm_kernel(gate_block: &str) -> String {
+    format!("router_topk_norm_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}, {gate_block}>")
+}
+
+/// Threads of the CTA whose norm `router_topk_norm_kernel` reproduces (`ROUTER_NORM_THREADS`
+/// in `moe_route.cu`): the quantizing norms' launch (`layer_launch::ROW_THREADS`).
+pub(crate) const ROUTER_NORM_THREADS: usize = 256;
+/// Float4 chunks a thread of that norm keeps (`ROUTER_NORM_CHUNKS`, norm_row's `NORM_CHUNKS`).
+pub(crate) const ROUTER_NORM_CHUNKS: usize = 4;
+
 /// Warps (rows) per CTA of the version-3 expert matvecs.
 pub(crate) const MOE_V3_WARPS: u32 = 8;
 
@@ -736,6 +747,8 @@ fn module_families() -> Vec<ModuleSource> {
                     route_gate_kernel(WIDE_F16.0),
                     router_topk_kernel(WIDE_F32.0),
                     router_topk_kernel(WIDE_F16.0),
+                    router_topk_norm_kernel(WIDE_F32.0),
+                    router_topk_norm_kernel(WIDE_F16.0),
                     MOE_ROUTE_SKEW_KERNEL.to_string(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
@@ -845,9 +858,6 @@ mod tests {
         assert_eq!(families, split);
     }
 
-    /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
-    /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
-    /// (the norm kernels through `norm_row`, which does).
     /// The argmax launch sizes its grid by the kernel's values a thread.
     #[test]
     fn the_argmax_grid_matches_the_kernel() {
@@ -858,6 +868,28 @@ mod tests {
         );
     }
 
+    /// The router's own norm reproduces the quantizing norms' launch: its thread count and
+    /// chunks a thread must be theirs, or its bits would not be the norm's.
+    #[test]
+    fn the_router_norm_plays_the_norm_kernels_threads() {
+        assert_eq!(
+            ROUTER_NORM_THREADS,
+            crate::layer_launch::ROW_THREADS as usize
+        );
+        for define in [
+            format!("#define ROUTER_NORM_THREADS {ROUTER_NORM_THREADS}\n"),
+            format!("#define ROUTER_NORM_CHUNKS {ROUTER_NORM_CHUNKS} "),
+        ] {
+            assert!(MOE_ROUTE.contains(&define), "moe_route.cu lacks {define:?}");
+        }
+        let norm = format!("#define NORM_CHUNKS {ROUTER_NORM_CHUNKS}\n");
+        assert!(ELEMENTWISE.contains(&norm), "elementwise.cu lacks {norm:?}");
+        assert_eq!(2 * MATMUL_SPLITK_WARPS as usize * 32, ROUTER_NORM_THREADS);
+    }
+
+    /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
+    /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
+    /// (the norm kernels through `norm_row`, which does).
     #[test]
     fn every_kernel_waits_for_the_previous_one() {
         let sources = [

@@ -105,6 +105,61 @@ pub(crate) fn launch_router_topk(
     })
 }
 
+/// `router_topk_norm_kernel`'s launch: `router_topk_kernel`'s arguments with the norm's
+/// between the weights and the logits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_router_topk_norm(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (w, gate_w): (&CudaView<'_, u8>, &CudaView<'_, u8>),
+    (x, y, norm_w): (
+        &mut CudaViewMut<'_, f32>,
+        &CudaView<'_, f32>,
+        &CudaView<'_, f32>,
+    ),
+    (h, hd, hq): (
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, i8>,
+    ),
+    logits: &mut CudaViewMut<'_, f32>,
+    ticket: &mut CudaViewMut<'_, i32>,
+    (ids, weights, shared_weight): (
+        &mut CudaViewMut<'_, i32>,
+        &mut CudaViewMut<'_, f32>,
+        &mut CudaViewMut<'_, f32>,
+    ),
+    (cols, n_expert, used, eps): (i32, i32, i32, f32),
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(w)
+        .arg(gate_w)
+        .arg(x)
+        .arg(y)
+        .arg(norm_w)
+        .arg(h)
+        .arg(hd)
+        .arg(hq)
+        .arg(logits)
+        .arg(ticket)
+        .arg(ids)
+        .arg(weights)
+        .arg(shared_weight)
+        .arg(&cols)
+        .arg(&n_expert)
+        .arg(&used)
+        .arg(&eps);
+    // SAFETY: arguments match the signature; as launch_router_topk for the router's, and x,
+    // y, norm_w and h hold cols values (a multiple of 256, 16-byte aligned), hd cols / 256
+    // and hq cols; grid.x = n_expert + 1 >= cols / 256; the dynamic shared memory holds cols
+    // floats (op entry).
+    launched(stream, "cuLaunchKernel(router_topk_norm)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `moe_route_skew_kernel(logits, ids, tokens, n_expert, used, seed, stride, offset, decay)`,
 /// one thread per token.
 #[allow(clippy::too_many_arguments)]

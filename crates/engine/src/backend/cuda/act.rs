@@ -60,13 +60,17 @@ impl CudaAct {
         Ok((data, q8))
     }
 
+    /// Whether a norm writing `tokens` rows writes their Q8_K codes too.
+    pub(super) fn keeps_codes(&self, tokens: usize) -> bool {
+        self.q8
+            .as_ref()
+            .is_some_and(|q8| q8.fits(tokens, self.width))
+    }
+
     /// A norm writes `tokens` rows (or a replayed graph recorded from that norm does):
     /// whether it writes their codes too, which then count as valid.
     pub(super) fn norm_writes(&mut self, tokens: usize) -> bool {
-        let quantized = self
-            .q8
-            .as_ref()
-            .is_some_and(|q8| q8.fits(tokens, self.width));
+        let quantized = self.keeps_codes(tokens);
         self.q8_valid = if quantized { tokens } else { 0 };
         quantized
     }

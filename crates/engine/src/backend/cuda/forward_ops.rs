@@ -5,7 +5,7 @@
 
 use std::sync::MutexGuard;
 
-use redlite_cuda::Position;
+use redlite_cuda::{Position, PostNorm};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
@@ -219,49 +219,63 @@ impl Backend for CudaBackend {
         if self.gate(Op::Moe(layer), b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
-        if self.residency == ExpertResidency::Cpu {
-            let host = self.host_moe.as_ref().ok_or_else(|| {
-                EngineError::BadConfig(
-                    "experts on the CPU need the host weights (CudaBackend::with_host_experts)"
-                        .into(),
-                )
-            })?;
-            self.device.mark("routed + shared experts (on the CPU)");
-            return host.forward(
-                &self.device,
-                &self.config,
-                layer,
-                b.tokens,
-                &h.rows(b.tokens)?,
-                &mut out.rows_mut(b.tokens)?,
-            );
+        self.moe_launches(layer, b, h, out, false)
+    }
+
+    /// With `REDLITE_ROUTER_NORM=1`, one decode token's post-mixer add + norm runs in the
+    /// router's launch (`moe::route_with_norm`): one launch a layer fewer, the same bits.
+    fn add_norm_moe(
+        &self,
+        layer: usize,
+        b: Batch,
+        x: &mut CudaAct,
+        mix: &mut CudaAct,
+        h: &mut CudaAct,
+    ) -> Result<()> {
+        if !self.router_norm_fits(layer, b, h)? {
+            self.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
+            return self.moe(layer, b, h, mix);
         }
-        let mut scratch = self.scratch(b.tokens)?;
-        let mut caches = self.caches()?;
-        let mut buffers = self
-            .prefetch
-            .lock()
-            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?;
-        let at = (layer, self.config.n_layer);
-        let (cache, next) = prefetch::split_caches(&mut caches, at, buffers.is_some());
-        let next = match (next, buffers.as_mut()) {
-            (Some(cache), Some(buffers)) => {
-                let w = &self.weights.layer(layer + 1)?.moe;
-                Some((NextBlock::of(w, cache), buffers))
+        // Both ops gated as the two calls would be: a graph recorded here is replayed by
+        // either path.
+        let device = &self.device;
+        let norm = [x.address(device)?, mix.address(device)?, h.address(device)?];
+        let norm_gate = self.gate(Op::AddNorm(Norm::Post(layer)), b.tokens, norm)?;
+        let moe = [h.address(device)?, mix.address(device)?, 0];
+        let moe_gate = self.gate(Op::Moe(layer), b.tokens, moe)?;
+        if norm_gate == Gate::Skip || moe_gate == Gate::Skip {
+            if norm_gate != moe_gate {
+                return Err(EngineError::Cuda(format!(
+                    "block {layer}: the post-mixer norm and the MoE are not replayed together"
+                )));
             }
-            _ => None,
-        };
-        let skew = self.route_skew.map(|skew| LayerSkew { skew, layer });
-        moe::forward(
-            &self.device,
-            &self.config,
-            &self.weights.layer(layer)?.moe,
-            (cache, skew),
-            next,
-            &mut scratch,
-            (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
-            &mut out.rows_mut(b.tokens)?,
-        )
+            x.rows_mut(b.tokens)?;
+            h.norm_writes(b.tokens);
+            return Ok(());
+        }
+        self.device.mark("norms and residuals");
+        {
+            let mut scratch = self.scratch(b.tokens)?;
+            let w = &self.weights.layer(layer)?.moe;
+            let norm_w = self.norm_weights(Norm::Post(layer))?.as_view();
+            let y = mix.rows(b.tokens)?;
+            let mut x = x.rows_mut(b.tokens)?;
+            let (mut h, Some(mut h_q8)) = h.rows_mut_quantized(b.tokens)? else {
+                return Err(EngineError::Cuda(format!(
+                    "block {layer}: the normed row keeps no Q8_K codes"
+                )));
+            };
+            let norm = PostNorm {
+                x: &mut x,
+                y: &y,
+                w: &norm_w,
+                h: &mut h,
+                h_q8: &mut h_q8,
+                eps: self.config.rms_eps,
+            };
+            moe::route_with_norm(&self.device, &self.config, w, &mut scratch, norm)?;
+        }
+        self.moe_launches(layer, b, h, mix, true)
     }
 
     fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
@@ -415,6 +429,81 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// The MoE block's launches (its gate passed); `routed`: `route_with_norm` routed the
+    /// token already.
+    fn moe_launches(
+        &self,
+        layer: usize,
+        b: Batch,
+        h: &CudaAct,
+        out: &mut CudaAct,
+        routed: bool,
+    ) -> Result<()> {
+        if self.residency == ExpertResidency::Cpu {
+            let host = self.host_moe.as_ref().ok_or_else(|| {
+                EngineError::BadConfig(
+                    "experts on the CPU need the host weights (CudaBackend::with_host_experts)"
+                        .into(),
+                )
+            })?;
+            self.device.mark("routed + shared experts (on the CPU)");
+            return host.forward(
+                &self.device,
+                &self.config,
+                layer,
+                b.tokens,
+                &h.rows(b.tokens)?,
+                &mut out.rows_mut(b.tokens)?,
+            );
+        }
+        let mut scratch = self.scratch(b.tokens)?;
+        let mut caches = self.caches()?;
+        let mut buffers = self
+            .prefetch
+            .lock()
+            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?;
+        let at = (layer, self.config.n_layer);
+        let (cache, next) = prefetch::split_caches(&mut caches, at, buffers.is_some());
+        let next = match (next, buffers.as_mut()) {
+            (Some(cache), Some(buffers)) => {
+                let w = &self.weights.layer(layer + 1)?.moe;
+                Some((NextBlock::of(w, cache), buffers))
+            }
+            _ => None,
+        };
+        let skew = self.route_skew.map(|skew| LayerSkew { skew, layer });
+        moe::forward(
+            &self.device,
+            &self.config,
+            &self.weights.layer(layer)?.moe,
+            (cache, skew),
+            next,
+            &mut scratch,
+            (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
+            &mut out.rows_mut(b.tokens)?,
+            routed,
+        )
+    }
+
+    /// Whether [`Backend::add_norm_moe`] fuses the norm into the router for this call: one
+    /// token of a decode step, `REDLITE_ROUTER_NORM=1`, the add + norm fused (the default),
+    /// the normed row kept in Q8_K, the experts on the GPU and no prefetch, and the fused
+    /// router taking the block.
+    fn router_norm_fits(&self, layer: usize, b: Batch, h: &CudaAct) -> Result<bool> {
+        if !redlite_cuda::router_norm_on() || b.tokens != 1 || !fuse_add_norm() {
+            return Ok(false);
+        }
+        let prefetching = self
+            .prefetch
+            .lock()
+            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?
+            .is_some();
+        Ok(!prefetching
+            && self.residency != ExpertResidency::Cpu
+            && h.keeps_codes(b.tokens)
+            && moe::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
+    }
+
     /// Logits of `rows` through `head`; runs of consecutive rows each take one product.
     fn head_logits(
         &self,

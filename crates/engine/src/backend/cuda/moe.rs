@@ -28,9 +28,10 @@ use std::sync::OnceLock;
 use redlite_cuda::{
     matmul, mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_cached,
     moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route, moe_route_gate,
-    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, CacheCopies, CudaSlice,
-    CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows, RouteSkew,
-    RouterRows, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    moe_route_gate_takes, moe_route_skew, router_norm_on, router_topk, router_topk_norm,
+    router_topk_norm_takes, router_topk_takes, CacheCopies, CudaSlice, CudaView, CudaViewMut,
+    Device, ExpertTiles, MmaGroups, PostNorm, PrefillKernels, Q8Rows, RouteSkew, RouterRows,
+    SharedGateUp, WeightMatrix, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -54,7 +55,8 @@ pub struct LayerSkew {
 /// in) first and the products read slots; a prompt's experts come through in waves
 /// (`moe_pairs`). With `skew`, the chosen experts are replaced before anything reads them.
 /// With `next` (one token, `REDLITE_CACHE_PREFETCH=1`), the next block's likely experts are
-/// brought into its cache on the side stream meanwhile (`prefetch.rs`).
+/// brought into its cache on the side stream meanwhile (`prefetch.rs`). `routed`:
+/// [`route_with_norm`] has routed the token already (its ids and weights are in `s`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
@@ -65,6 +67,7 @@ pub fn forward(
     s: &mut Scratch,
     (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
+    routed: bool,
 ) -> Result<()> {
     // The previous block's prefetch into this block's cache ends before its lookup.
     device.join_side()?;
@@ -74,51 +77,105 @@ pub fn forward(
         }
         _ => None,
     };
-    block(device, c, w, cache, skew, s, (h, h_q8), out)?;
+    block(device, c, w, (cache, skew), s, (h, h_q8), out, routed)?;
     if let Some(prefetch) = prefetch {
         prefetch.finish(device)?;
     }
     Ok(())
 }
 
-/// [`forward`] without the prefetch.
-#[allow(clippy::too_many_arguments)]
-fn block(
+/// The rows of the fused decode router ([`router_topk`]) for `t` tokens: the router and the
+/// shared expert's gate row stored together (`merged`, `DeviceMatrix::router`), or with
+/// `REDLITE_ROUTER_TOPK_APART=1` apart (an F32 router and an F16 gate, as the real files
+/// have); `None` where it does not take them.
+fn fused_router_rows<'m, 'a>(
+    merged: Option<&'m WeightMatrix<'a>>,
+    (router, gate): (&'m WeightMatrix<'a>, &'m WeightMatrix<'a>),
+    t: usize,
+) -> Option<RouterRows<'m, 'a>> {
+    match merged {
+        Some(both) => Some(RouterRows::Merged(both)),
+        None if t == 1 && router_topk_apart() => Some(RouterRows::Apart { router, gate }),
+        None => None,
+    }
+    .filter(router_topk_takes)
+}
+
+/// Whether [`route_with_norm`] takes block `w` (the switch `REDLITE_ROUTER_NORM=1` is on and
+/// the fused router takes its rows with the norm).
+pub fn takes_route_with_norm(c: &HybridConfig, w: &MoeWeights) -> bool {
+    let merged = w
+        .router
+        .view_with_extra_rows()
+        .filter(|_| router_with_shared_row());
+    let (router, gate) = (w.router.view(), w.shared_gate_inp.view());
+    router_norm_on()
+        && fused_router_rows(merged.as_ref(), (&router, &gate), 1)
+            .is_some_and(|rows| router_topk_norm_takes(&rows, c.n_embd))
+}
+
+/// One decode token's post-mixer add + norm and routing in one launch
+/// ([`router_topk_norm`], where [`takes_route_with_norm`]): the ids and weights in `s` for
+/// [`forward`] with `routed`, the normed row and its codes in `norm.h`; the bits of the
+/// norm, then [`forward`]'s routing.
+pub fn route_with_norm(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
-    mut cache: Option<&mut LayerCache>,
-    skew: Option<LayerSkew>,
     s: &mut Scratch,
-    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
-    out: &mut CudaViewMut<'_, f32>,
+    norm: PostNorm<'_, '_>,
 ) -> Result<()> {
-    let e = c.n_embd;
-    let t = h.len() / e;
+    let merged = w
+        .router
+        .view_with_extra_rows()
+        .filter(|_| router_with_shared_row());
+    let (router, gate) = (w.router.view(), w.shared_gate_inp.view());
+    let Some(rows) = fused_router_rows(merged.as_ref(), (&router, &gate), 1)
+        .filter(|rows| router_norm_on() && router_topk_norm_takes(rows, c.n_embd))
+    else {
+        return Err(crate::error::EngineError::BadConfig(
+            "the router with the post-mixer norm does not take this block".into(),
+        ));
+    };
+    device.mark("router");
+    let used = c.n_expert_used;
+    router_topk_norm(
+        device,
+        rows,
+        norm,
+        &mut s.router.slice_mut(..c.n_expert + 1),
+        &mut s.route_ticket.slice_mut(..1),
+        &mut s.ids.slice_mut(..used),
+        &mut s.weights.slice_mut(..used),
+        &mut s.shared_weight.slice_mut(..1),
+    )?;
+    Ok(())
+}
+
+/// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
+/// weights into `s`, the router's logits at `s.router[t * n_expert..]`.
+fn route(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    s: &mut Scratch,
+    h: &CudaView<'_, f32>,
+    t: usize,
+) -> Result<()> {
     let used = c.n_expert_used;
     device.mark("router");
     let mut ids = s.ids.slice_mut(..t * used);
     let mut weights = s.weights.slice_mut(..t * used);
     let mut shared_weight = s.shared_weight.slice_mut(..t);
-    // One token: the router and the shared expert's gate row (stored together,
-    // `DeviceMatrix::router`, or with `REDLITE_ROUTER_TOPK_APART=1` apart: an F32 router and
-    // an F16 gate, as the real files have) in one launch, with the routing in its last CTA
-    // where the router is F32; each row's dot and the routing are the same, so are the bits.
+    // One token: the router and the shared expert's gate row in one launch, with the routing
+    // in its last CTA where the router is F32; each row's dot and the routing are the same,
+    // so are the bits.
     let merged = w
         .router
         .view_with_extra_rows()
         .filter(|_| t == 1 && router_with_shared_row());
     let (router_view, gate_view) = (w.router.view(), w.shared_gate_inp.view());
-    let fused = match merged.as_ref() {
-        Some(both) => Some(RouterRows::Merged(both)),
-        None if t == 1 && router_topk_apart() => Some(RouterRows::Apart {
-            router: &router_view,
-            gate: &gate_view,
-        }),
-        None => None,
-    }
-    .filter(router_topk_takes);
-    if let Some(rows) = fused {
+    if let Some(rows) = fused_router_rows(merged.as_ref(), (&router_view, &gate_view), t) {
         router_topk(
             device,
             rows,
@@ -173,6 +230,30 @@ fn block(
             &mut shared_weight,
         )?;
     }
+    Ok(())
+}
+
+/// [`forward`] without the prefetch.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    device: &Device,
+    c: &HybridConfig,
+    w: &MoeWeights,
+    (mut cache, skew): (Option<&mut LayerCache>, Option<LayerSkew>),
+    s: &mut Scratch,
+    (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    out: &mut CudaViewMut<'_, f32>,
+    routed: bool,
+) -> Result<()> {
+    let e = c.n_embd;
+    let t = h.len() / e;
+    let used = c.n_expert_used;
+    if !routed {
+        route(device, c, w, s, h, t)?;
+    }
+    let mut ids = s.ids.slice_mut(..t * used);
+    let weights = s.weights.slice_mut(..t * used);
+    let shared_weight = s.shared_weight.slice_mut(..t);
     if let Some(bench) = skew {
         // Every routing path above leaves token t's logits at router[t * n_expert..].
         let logits = s.router.slice(..t * c.n_expert);
