@@ -14,14 +14,16 @@
 # random weights), each optionally with a suffix naming one more setting: -serial
 # (REDLITE_CACHE_OVERLAP=0: the copies before the products, the path before the eleventh
 # session), -lru (REDLITE_CACHE_POLICY=lru), -prefetch (REDLITE_CACHE_PREFETCH=1).
-# Env: NCMOE (26), SKEW_DECAY (0.22), PP (512), TG (128), LIMIT (redlite's --gpu-limit, 24GiB),
+# NCMOE: llama.cpp's --n-cpu-moe values to try (default "24 25 26"); the comparison takes the
+# smallest whose peak GPU memory fits LIMIT (the issue's "smallest value that fits").
+# Env: NCMOE, SKEW_DECAY (0.22), PP (512), TG (128), LIMIT (redlite's --gpu-limit, 24GiB),
 # REDLITE_CACHE_POLICY (default LFU),
 # RUN_TIMEOUT_S (280, each redlite run), TESTS (test binaries of .cache/device run in prep;
 # default none). Logs and summary.txt under $OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 W=/tmp/rl; OUT="${OUT:-$W/results}"; mkdir -p "$W" "$OUT" "$ROOT/target/release"
-NCMOE="${NCMOE:-26}"; SKEW_DECAY="${SKEW_DECAY:-0.22}"; PP="${PP:-512}"; TG="${TG:-128}"
+NCMOE="${NCMOE:-24 25 26}"; SKEW_DECAY="${SKEW_DECAY:-0.22}"; PP="${PP:-512}"; TG="${TG:-128}"
 R="$ROOT/target/release/redlite"; M="$W/full-Q4_K_M.gguf"; SUMMARY="$OUT/summary.txt"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
@@ -65,11 +67,14 @@ prep)
   stamp "waiting for llama.cpp's build"
   while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
   [ -x "$W/llama/build/bin/llama-bench" ] || { tail -20 "$W/llama/build.log" | tee -a "$SUMMARY"; exit 1; }
-  stamp "llama-bench -ncmoe $NCMOE"
-  with_peak "$OUT/peak-llamacpp" "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 \
-    -ncmoe "$NCMOE" -p "$PP" -n "$TG" -r 2 -o json > "$OUT/llamacpp.json" 2> "$OUT/llamacpp.log" \
-    || tail -5 "$OUT/llamacpp.log" | tee -a "$SUMMARY"
-  cp "$OUT/llamacpp.json" "$OUT/peak-llamacpp" "$W/" 2> /dev/null
+  for n in $NCMOE; do
+    stamp "llama-bench -ncmoe $n"
+    with_peak "$OUT/peak-llamacpp-$n" "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 \
+      -ncmoe "$n" -p "$PP" -n "$TG" -r 2 -o json > "$OUT/llamacpp-$n.json" 2> "$OUT/llamacpp-$n.log" \
+      || tail -5 "$OUT/llamacpp-$n.log" | tee -a "$SUMMARY"
+    note "llama.cpp -ncmoe $n: peak $(cat "$OUT/peak-llamacpp-$n" 2> /dev/null) MiB"
+    cp "$OUT/llamacpp-$n.json" "$OUT/peak-llamacpp-$n" "$W/" 2> /dev/null
+  done
   rm -f "$OUT"/*.samples
   stamp "done"
   ;;
@@ -93,22 +98,34 @@ redlite)
       > "$OUT/redlite-$route.json" 2> "$OUT/redlite-$route.log" \
       || tail -5 "$OUT/redlite-$route.log" | tee -a "$SUMMARY"
   done
-  cp "$W/llamacpp.json" "$W/peak-llamacpp" "$OUT/" 2> /dev/null
+  for n in $NCMOE; do cp "$W/llamacpp-$n.json" "$W/peak-llamacpp-$n" "$OUT/" 2> /dev/null; done
   python3 - "$OUT" "$NCMOE" "${LIMIT:-24GiB}" $ROUTES <<'PY' | tee -a "$SUMMARY"
-import json, sys
-out, ncmoe, limit, routes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-def peak(name):
+import json, re, sys
+out, ncmoe, limit, routes = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4:]
+def peak_mib(name):
     try:
-        return f"{int(open(f'{out}/peak-{name}').read().split()[0]) / 1024:.1f} GiB"
+        return int(open(f'{out}/peak-{name}').read().split()[0])
     except Exception:
-        return "?"
+        return None
+def peak(name):
+    mib = peak_mib(name)
+    return "?" if mib is None else f"{mib / 1024:.1f} GiB"
+amount, unit = re.fullmatch(r"([0-9.]+)\s*([GM])iB", limit).groups()
+limit_mib = float(amount) * (1024 if unit == "G" else 1)
+# The issue's peer: the smallest --n-cpu-moe whose peak fits the limit.
+fitting = [n for n in sorted(ncmoe, key=int)
+           if (peak_mib(f"llamacpp-{n}") or float("inf")) <= limit_mib]
+for n in sorted(ncmoe, key=int):
+    print(f"llama.cpp -ncmoe {n}: peak {peak('llamacpp-' + n)}")
+chosen = fitting[0] if fitting else sorted(ncmoe, key=int)[-1]
 llama = {}
 try:
-    for x in json.load(open(f"{out}/llamacpp.json")):
+    for x in json.load(open(f"{out}/llamacpp-{chosen}.json")):
         llama[f"pp{x['n_prompt']}" if x["n_gen"] == 0 else f"tg{x['n_gen']}"] = x["avg_ts"]
 except Exception as e:
     print("llama.cpp unreadable:", e)
-print(f"Q4_K_M, redlite --gpu-limit {limit}; llama.cpp -ncmoe {ncmoe} (peak {peak('llamacpp')})")
+print(f"Q4_K_M, redlite --gpu-limit {limit}; llama.cpp -ncmoe {chosen}, the smallest of {' '.join(ncmoe)} "
+      f"that fits{'' if fitting else ' (none fits: the largest tried)'} (peak {peak('llamacpp-' + chosen)})")
 print("| routing (redlite) | test | llama.cpp t/s | redlite t/s | ratio | hit rate | MiB copied per token | waited ms per token | prefetched per token (used) | redlite peak |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for route in routes:
