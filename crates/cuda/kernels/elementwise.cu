@@ -166,11 +166,14 @@ __global__ void add_rms_norm_q8_kernel(float* __restrict__ x, const float* __res
 // (-0 and +0 equal), NaN and infinities never chosen (the host's `greedy_argmax`). Each
 // candidate is the key order(x[i]) << 32 | (2^32 - 1 - i), so one unsigned maximum picks the
 // value and, among equal values, the lower index; `best` (zeroed before the launch) ends as
-// the largest key, 0 where no value is finite. Grid ceil(n / (blockDim x ARGMAX_PER_THREAD)),
-// blockDim a multiple of 32; one atomicMax a CTA. ARGMAX_PER_THREAD is also in source.rs.
+// the largest key, 0 where no value is finite. Grid (ceil(n / (blockDim x ARGMAX_PER_THREAD)),
+// rows): row r of x (n values from x + r n) into best[r]; blockDim a multiple of 32; one
+// atomicMax a CTA. ARGMAX_PER_THREAD is also in source.rs.
 #define ARGMAX_PER_THREAD 8
 __global__ void argmax_kernel(const float* __restrict__ x, int n, u64* __restrict__ best) {
     pdl_begin();
+    x += i64(blockIdx.y) * n;
+    best += blockIdx.y;
     __shared__ u64 warp_best[32];
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int base = blockIdx.x * blockDim.x * ARGMAX_PER_THREAD + threadIdx.x;

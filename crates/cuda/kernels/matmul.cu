@@ -247,9 +247,6 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                        const float* __restrict__ gd, const i8* __restrict__ gq,
                        float* __restrict__ y, int rows, int cols, int tokens) {
-    pdl_begin();
-    q8_prepare<B>();
-    extern __shared__ float4 q8_shared[];
     const int t0 = blockIdx.y * NT, nt = min(NT, tokens - t0);
     const int nb = cols / Q8K_VALUES;
     const float* xd;
@@ -259,7 +256,12 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
     const int valid = min(ROWS, rows - row0);
     const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
     const u8* w = weights + i64(row0) * row_bytes;
+    // The rows asked of L2 before the wait (no kernel writes weights): under PDL (a small
+    // batch: an MTP verification, serving slots) while the previous kernel still runs.
     if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
+    pdl_begin();
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
     q8_input(x, gd, gq, t0, nt, cols, q8_shared, xd, xq);
     if (row0 >= rows) return;
     const int items = cols / B::VALUES * B::ITEMS;

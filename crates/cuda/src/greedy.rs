@@ -21,33 +21,53 @@ pub fn argmax(
     x: &CudaView<'_, f32>,
     key: &mut CudaSlice<u64>,
 ) -> Result<Option<u32>, CudaError> {
-    let n = x.len();
-    if n == 0 || u32::try_from(n).is_err() {
+    let mut best = [None];
+    argmax_rows(device, x, key, &mut best)?;
+    Ok(best[0])
+}
+
+/// [`argmax`] of each of the `best.len()` rows of `x` (equal lengths) into `best`, in one
+/// launch and one read of their keys. `keys`: at least `best.len()` u64 of scratch.
+pub fn argmax_rows(
+    device: &Device,
+    x: &CudaView<'_, f32>,
+    keys: &mut CudaSlice<u64>,
+    best: &mut [Option<u32>],
+) -> Result<(), CudaError> {
+    let rows = best.len();
+    let n = x.len() / rows.max(1);
+    if rows == 0 || n == 0 || n * rows != x.len() || u32::try_from(n).is_err() {
         return Err(CudaError::Shape {
             op: CudaOp::Argmax,
-            what: "values (1 to 2^32 - 1)",
-            expected: 1,
-            found: n,
+            what: "values a row (1 to 2^32 - 1, equal rows)",
+            expected: n.max(1) * rows.max(1),
+            found: x.len(),
         });
     }
-    if key.len() != 1 {
+    if keys.len() < rows || rows > MAX_ARGMAX_ROWS {
         return Err(CudaError::Shape {
             op: CudaOp::Argmax,
-            what: "key length",
-            expected: 1,
-            found: key.len(),
+            what: "keys (one a row, at most MAX_ARGMAX_ROWS rows)",
+            expected: rows,
+            found: keys.len(),
         });
     }
-    device.zero(key)?;
+    device.zero(keys)?;
     let kernel = device.kernel(ARGMAX_KERNEL)?;
     let per_cta = ARGMAX_THREADS as usize * ARGMAX_PER_THREAD;
-    let cfg = config((n.div_ceil(per_cta), 1, 1), ARGMAX_THREADS, 0);
-    raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), key)?;
+    let cfg = config((n.div_ceil(per_cta), rows, 1), ARGMAX_THREADS, 0);
+    raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), keys)?;
     // Into an array: a greedy decode step allocates nothing.
-    let mut best = [0u64];
-    device.copy_to_host(&key.as_view(), &mut best)?;
-    Ok(token_of_key(best[0]))
+    let mut found = [0u64; MAX_ARGMAX_ROWS];
+    device.copy_to_host(&keys.slice(..rows), &mut found[..rows])?;
+    for (b, &key) in best.iter_mut().zip(&found[..rows]) {
+        *b = token_of_key(key);
+    }
+    Ok(())
 }
+
+/// Most rows [`argmax_rows`] takes at once (an MTP verification has at most 4).
+pub const MAX_ARGMAX_ROWS: usize = 16;
 
 /// The index a key of `argmax_kernel` names (its low half is 2^32 - 1 - index); 0: none.
 fn token_of_key(key: u64) -> Option<u32> {

@@ -4,7 +4,7 @@
 //! memory (`HostStage`) against the plain copy. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
-use redlite_cuda::{argmax, HostStage};
+use redlite_cuda::{argmax, argmax_rows, HostStage, MAX_ARGMAX_ROWS};
 
 mod common;
 use common::{device, Rng};
@@ -51,6 +51,37 @@ fn the_device_argmax_follows_the_host_rule() {
             let got = argmax(&device, &x.as_view(), &mut key).unwrap();
             assert_eq!(got, host_argmax(&values), "{n} values, case {case}");
         }
+    }
+}
+
+/// Several rows in one launch: each row's key is its own (rows with ties, NaN, nothing
+/// finite), the same as one launch per row.
+#[test]
+fn argmax_rows_picks_each_rows_argmax() {
+    let Some(device) = device("argmax_rows_picks_each_rows_argmax") else {
+        return;
+    };
+    let mut rng = Rng(9);
+    let pool = [-1.5f32, 0.0, 2.0, 2.0, 7.5];
+    for (rows, n) in [
+        (1usize, 151_936usize),
+        (2, 151_936),
+        (4, 2049),
+        (MAX_ARGMAX_ROWS, 33),
+    ] {
+        let mut values: Vec<f32> = (0..rows * n)
+            .map(|_| pool[rng.next() as usize % pool.len()])
+            .collect();
+        if rows > 1 {
+            // The second row has nothing finite.
+            values[n..2 * n].iter_mut().for_each(|v| *v = f32::NAN);
+        }
+        let x = device.upload(&values).unwrap();
+        let mut keys = device.alloc_zeros::<u64>(rows).unwrap();
+        let mut best = vec![Some(u32::MAX); rows];
+        argmax_rows(&device, &x.as_view(), &mut keys, &mut best).unwrap();
+        let want: Vec<Option<u32>> = values.chunks(n).map(host_argmax).collect();
+        assert_eq!(best, want, "{rows} rows of {n}");
     }
 }
 

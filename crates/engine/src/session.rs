@@ -129,19 +129,19 @@ impl<B: Backend> Session<B> {
     }
 
     /// Pairs the pending trunk rows with their next tokens (the last one `next`) and runs
-    /// the MTP block over them; returns the draft logits of the last row if `logits`, and
-    /// the rows run (0 when nothing was pending).
-    fn mtp_catch_up(&mut self, next: u32, logits: bool) -> Result<(Vec<f32>, usize)> {
+    /// the MTP block over them (its normed output in its workspace); returns the rows run
+    /// (0 when nothing was pending).
+    fn mtp_catch_up(&mut self, next: u32) -> Result<usize> {
         let Some(mtp) = self.mtp.as_mut() else {
-            return Ok((Vec::new(), 0));
+            return Ok(0);
         };
         if mtp.pending_rows == 0 {
-            return Ok((Vec::new(), 0));
+            return Ok(0);
         }
         let mut tokens = std::mem::take(&mut mtp.pending_next);
         tokens.push(next);
         mtp.pending_rows = 0;
-        let out = forward_mtp(
+        forward_mtp(
             &self.backend,
             &mut mtp.state,
             &mut mtp.work,
@@ -150,9 +150,9 @@ impl<B: Backend> Session<B> {
                 act: &self.work.h,
                 row0: 0,
             },
-            logits,
+            false,
         )?;
-        Ok((out, tokens.len()))
+        Ok(tokens.len())
     }
 
     /// Records the rows of the last forward call as pending for the MTP block.
@@ -172,7 +172,16 @@ impl<B: Backend> Session<B> {
         pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
     ) -> Result<Vec<u32>> {
         let start = Instant::now();
-        let drafts = self.mtp_draft_inner(next, n, pick);
+        let drafts = self.mtp_draft_inner(next, n, DraftPick::Logits(pick));
+        self.timings.draft_seconds += start.elapsed().as_secs_f64();
+        drafts
+    }
+
+    /// [`Session::mtp_draft`] picking the largest logit (greedy sampling without penalties):
+    /// the backend picks where it can, so only the drafts' ids come to the host.
+    pub fn mtp_draft_greedy(&mut self, next: u32, n: usize) -> Result<Vec<u32>> {
+        let start = Instant::now();
+        let drafts = self.mtp_draft_inner(next, n, DraftPick::Greedy);
         self.timings.draft_seconds += start.elapsed().as_secs_f64();
         drafts
     }
@@ -181,7 +190,7 @@ impl<B: Backend> Session<B> {
         &mut self,
         next: u32,
         n: usize,
-        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
+        mut pick: DraftPick<'_>,
     ) -> Result<Vec<u32>> {
         if self.mtp.is_none() {
             return Err(EngineError::NoMtpBlock);
@@ -191,31 +200,31 @@ impl<B: Backend> Session<B> {
                 "drafts per step must be 1 to {MAX_DRAFT}, got {n}"
             )));
         }
-        let (logits, rows) = self.mtp_catch_up(next, true)?;
+        let rows = self.mtp_catch_up(next)?;
         if rows == 0 {
             return Err(EngineError::BadConfig(
                 "MTP draft: the MTP block is out of step with the session (feed a prompt first)"
                     .into(),
             ));
         }
-        let mut drafts = vec![pick(&logits)?];
         let Some(mtp) = self.mtp.as_mut() else {
             return Err(EngineError::NoMtpBlock);
         };
         // The block's own output at its last row feeds the next draft.
         let mut row = rows - 1;
+        let mut drafts = vec![pick.pick(&self.backend, &mtp.work, row)?];
         while drafts.len() < n {
             let prev = drafts[drafts.len() - 1];
-            let logits = forward_mtp(
+            forward_mtp(
                 &self.backend,
                 &mut mtp.state,
                 &mut mtp.work,
                 &[prev],
                 Hidden::Own { row },
-                true,
+                false,
             )?;
-            drafts.push(pick(&logits)?);
             row = 0;
+            drafts.push(pick.pick(&self.backend, &mtp.work, row)?);
         }
         Ok(drafts)
     }
@@ -224,13 +233,28 @@ impl<B: Backend> Session<B> {
     /// follow) and returns the logits of every row; `mtp_accept` then keeps a prefix.
     pub fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let start = Instant::now();
-        let logits = self.mtp_verify_inner(tokens);
+        let logits = self.mtp_verify_inner(tokens, false).map(|out| out.logits);
         self.timings.verify_seconds += start.elapsed().as_secs_f64();
         self.timings.steps += 1;
         logits
     }
 
-    fn mtp_verify_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// [`Session::mtp_verify`] returning each row's greedy token (the largest logit) instead
+    /// of its logits: the backend picks where it can, so only the ids come to the host.
+    pub fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        let start = Instant::now();
+        let vocab = self.n_vocab();
+        let picks = self.mtp_verify_inner(tokens, true).and_then(|out| {
+            let mut picks = Vec::with_capacity(tokens.len());
+            out.greedy_tokens(vocab, &mut picks)?;
+            Ok(picks)
+        });
+        self.timings.verify_seconds += start.elapsed().as_secs_f64();
+        self.timings.steps += 1;
+        picks
+    }
+
+    fn mtp_verify_inner(&mut self, tokens: &[u32], greedy: bool) -> Result<Output> {
         if self.mtp.is_none() {
             return Err(EngineError::NoMtpBlock);
         }
@@ -244,19 +268,17 @@ impl<B: Backend> Session<B> {
         let start = Instant::now();
         self.state.checkpoint()?;
         self.timings.checkpoint_seconds += start.elapsed().as_secs_f64();
-        let out = forward(
-            &self.backend,
-            &mut self.state,
-            &mut self.work,
-            tokens,
-            Logits::All,
-            false,
-        )?;
+        let mut out = Output::default();
+        let (backend, state, work) = (&self.backend, &mut self.state, &mut self.work);
+        match greedy {
+            true => forward_greedy_into(backend, state, work, tokens, Logits::All, &mut out)?,
+            false => forward_into(backend, state, work, tokens, Logits::All, false, &mut out)?,
+        }
         if let Some(mtp) = self.mtp.as_mut() {
             mtp.checkpointed = true;
             mtp.verified = tokens.to_vec();
         }
-        Ok(out.logits)
+        Ok(out)
     }
 
     /// Keeps the first `accepted` drafts of the last verification batch (and the token
@@ -337,7 +359,7 @@ impl<B: Backend> Session<B> {
                 (false, true) => Logits::Last,
                 (false, false) => Logits::None,
             };
-            self.mtp_catch_up(piece[0], false)?;
+            self.mtp_catch_up(piece[0])?;
             let out = forward(
                 &self.backend,
                 &mut self.state,
@@ -365,7 +387,7 @@ impl<B: Backend> Session<B> {
     /// Logits after one more token. The buffer is the session's, reused by the next step:
     /// a decode step allocates nothing once it has grown.
     pub fn step(&mut self, token: u32) -> Result<&[f32]> {
-        self.mtp_catch_up(token, false)?;
+        self.mtp_catch_up(token)?;
         forward_into(
             &self.backend,
             &mut self.state,
@@ -383,17 +405,18 @@ impl<B: Backend> Session<B> {
     /// `sampling::greedy_argmax`): picked on the device where the backend can, so that a
     /// greedy step copies one id to the host instead of the vocabulary's logits.
     pub fn step_greedy(&mut self, token: u32) -> Result<u32> {
-        self.mtp_catch_up(token, false)?;
+        self.mtp_catch_up(token)?;
         forward_greedy_into(
             &self.backend,
             &mut self.state,
             &mut self.work,
             &[token],
+            Logits::Last,
             &mut self.last,
         )?;
         self.mtp_pending(&[token]);
-        match self.last.token {
-            Some(next) => Ok(next),
+        match self.last.tokens.first() {
+            Some(&next) => Ok(next),
             None => Ok(greedy_argmax(&self.last.logits)?),
         }
     }
@@ -427,8 +450,12 @@ pub trait Runner {
         n: usize,
         pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
     ) -> Result<Vec<u32>>;
+    /// See [`Session::mtp_draft_greedy`].
+    fn mtp_draft_greedy(&mut self, next: u32, n: usize) -> Result<Vec<u32>>;
     /// See [`Session::mtp_verify`].
     fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// See [`Session::mtp_verify_greedy`].
+    fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>>;
     /// See [`Session::mtp_accept`].
     fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
     /// See [`Session::take_mtp_timings`].
@@ -476,8 +503,14 @@ impl<B: Backend> Runner for Session<B> {
     ) -> Result<Vec<u32>> {
         Session::mtp_draft(self, next, n, pick)
     }
+    fn mtp_draft_greedy(&mut self, next: u32, n: usize) -> Result<Vec<u32>> {
+        Session::mtp_draft_greedy(self, next, n)
+    }
     fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         Session::mtp_verify(self, tokens)
+    }
+    fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        Session::mtp_verify_greedy(self, tokens)
     }
     fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
         Session::mtp_accept(self, accepted)
@@ -487,5 +520,36 @@ impl<B: Backend> Runner for Session<B> {
     }
     fn expert_cache_counts(&self) -> Result<Vec<crate::backend::ExpertCacheCounts>> {
         self.backend.expert_cache_counts()
+    }
+}
+
+/// How a draft is chosen from the MTP block's output row: by the caller from its logits,
+/// or greedily (the largest logit) by the backend where it can.
+enum DraftPick<'p> {
+    Logits(&'p mut dyn FnMut(&[f32]) -> Result<u32>),
+    Greedy,
+}
+
+impl DraftPick<'_> {
+    /// The draft of row `row` of the block's last output (`work.h`).
+    fn pick<B: Backend>(&mut self, backend: &B, work: &Workspace<B>, row: usize) -> Result<u32> {
+        match self {
+            DraftPick::Logits(pick) => {
+                let mut logits = Vec::new();
+                backend.mtp_logits(&[row], &work.h, &mut logits)?;
+                pick(&logits)
+            }
+            DraftPick::Greedy => {
+                let mut picked = Vec::with_capacity(1);
+                if backend.mtp_greedy_tokens(&[row], &work.h, &mut picked)? {
+                    if let Some(&token) = picked.first() {
+                        return Ok(token);
+                    }
+                }
+                let mut logits = Vec::new();
+                backend.mtp_logits(&[row], &work.h, &mut logits)?;
+                Ok(greedy_argmax(&logits)?)
+            }
+        }
     }
 }

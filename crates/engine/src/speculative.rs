@@ -120,6 +120,9 @@ impl Speculator {
         n: usize,
         on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
     ) -> Result<Step> {
+        if sampler.always_greedy() {
+            return self.greedy_step(session, sampler, token, n, on_token);
+        }
         let mut q: Vec<Vec<(u32, f64)>> = Vec::with_capacity(n);
         let drafts = session.mtp_draft(token, n, &mut |logits| {
             let dist = sampler.distribution(logits)?;
@@ -168,6 +171,57 @@ impl Speculator {
         session.mtp_accept(n)?;
         self.stats.accepted += n;
         Ok(Step::Next(bonus))
+    }
+}
+
+impl Speculator {
+    /// [`Speculator::step`] for a sampler that always picks the largest logit: drafts and
+    /// the trunk's picks travel as ids (the backend picks them where it can, so no row of
+    /// logits comes to the host). The acceptance rule with one-hot `p` and `q`: a draft is
+    /// kept while it is the trunk's pick, the first rejected one is replaced by that pick,
+    /// and the bonus token is the last row's pick: the tokens of [`Speculator::step`].
+    fn greedy_step(
+        &mut self,
+        session: &mut dyn Runner,
+        sampler: &mut Sampler,
+        token: u32,
+        n: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
+    ) -> Result<Step> {
+        let drafts = session.mtp_draft_greedy(token, n)?;
+        let mut batch = Vec::with_capacity(n + 1);
+        batch.push(token);
+        batch.extend_from_slice(&drafts);
+        let picks = session.mtp_verify_greedy(&batch)?;
+        if picks.len() != batch.len() {
+            return Err(EngineError::BadConfig(format!(
+                "a verification of {} rows gave {} tokens",
+                batch.len(),
+                picks.len()
+            )));
+        }
+        self.stats.steps += 1;
+        self.stats.drafted += n;
+        for (i, &d) in drafts.iter().enumerate() {
+            let keep = match self.force_accept {
+                Some(rate) => self.force_rng.next_f64() < rate,
+                None => picks[i] == d,
+            };
+            if !keep {
+                session.mtp_accept(i)?;
+                self.stats.accepted += i;
+                return Ok(Step::Next(picks[i]));
+            }
+            if let Some(reason) = on_token(d)? {
+                session.mtp_accept(i)?;
+                self.stats.accepted += i + 1;
+                return Ok(Step::Stop(reason));
+            }
+            sampler.accept(d);
+        }
+        session.mtp_accept(n)?;
+        self.stats.accepted += n;
+        Ok(Step::Next(picks[n]))
     }
 }
 

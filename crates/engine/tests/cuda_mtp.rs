@@ -243,3 +243,50 @@ fn verification_rows_are_the_bits_of_plain_steps() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The greedy draft and verification (ids only; on the device with REDLITE_DEVICE_GREEDY=1,
+/// which the GPU machine's scripts set for this binary) against the logits API with a greedy
+/// pick on the host, both on the GPU: the same drafts and each row's largest logit, rounds
+/// keeping all, some and none of the drafts.
+#[test]
+fn greedy_drafts_and_picks_equal_the_host_argmax() {
+    let Some(device) = device("greedy_drafts_and_picks_equal_the_host_argmax") else {
+        return;
+    };
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for recipe in RECIPES {
+        let gguf = mtp_model(dir.path(), recipe);
+        let mut by_logits = gpu_session(&device, &gguf, Precision::Ggml);
+        let mut by_ids = gpu_session(&device, &gguf, Precision::Ggml);
+        let p = prompt(20);
+        let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
+        by_ids.feed(&p, false, false).unwrap();
+        for (round, draft) in [3usize, 1, 3, 2].into_iter().enumerate() {
+            let case = format!("{} round {round}", recipe.name());
+            let want = by_logits
+                .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
+                .unwrap();
+            let got = by_ids.mtp_draft_greedy(next, draft).unwrap();
+            if got != want {
+                failures.push(format!("{case}: drafts {got:?}, the host {want:?}"));
+                break;
+            }
+            let mut batch = vec![next];
+            batch.extend_from_slice(&want);
+            let rows = by_logits.mtp_verify(&batch).unwrap();
+            let want_picks: Vec<u32> = rows.chunks(rows.len() / batch.len()).map(argmax).collect();
+            let picks = by_ids.mtp_verify_greedy(&batch).unwrap();
+            if picks != want_picks {
+                failures.push(format!("{case}: picks {picks:?}, the host {want_picks:?}"));
+                break;
+            }
+            let keep = [draft, 0, 1, draft][round];
+            by_logits.mtp_accept(keep).unwrap();
+            by_ids.mtp_accept(keep).unwrap();
+            next = want_picks[keep];
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

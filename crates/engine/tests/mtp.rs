@@ -388,3 +388,53 @@ fn forced_acceptance_sets_the_rate() {
     let m = r.mtp.unwrap();
     assert_eq!(m.stats.accepted, m.stats.drafted);
 }
+
+/// The greedy draft and verification (ids only, picked by the backend where it can) give
+/// what the logits API gives with a greedy pick: the same drafts from the same state, and
+/// each verification row's largest logit; the two sessions then stay in step.
+#[test]
+fn greedy_drafts_and_picks_equal_the_logits_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = tiny_model(dir.path(), true);
+    let p = prompt(12);
+    let (mut by_logits, mut by_ids) = (session(&gguf, true, 16), session(&gguf, true, 16));
+    let first = {
+        let logits = by_logits.feed(&p, false, false).unwrap().logits;
+        by_ids.feed(&p, false, false).unwrap();
+        redlite_engine::sampling::greedy_argmax(&logits).unwrap()
+    };
+    let mut next = first;
+    for (round, draft) in [1usize, 3, 2, 3].into_iter().enumerate() {
+        let want = by_logits
+            .mtp_draft(next, draft, &mut |logits| {
+                Ok(redlite_engine::sampling::greedy_argmax(logits)?)
+            })
+            .unwrap();
+        let got = by_ids.mtp_draft_greedy(next, draft).unwrap();
+        assert_eq!(got, want, "round {round}: drafts");
+        let mut batch = vec![next];
+        batch.extend_from_slice(&want);
+        let rows = by_logits.mtp_verify(&batch).unwrap();
+        let vocab = rows.len() / batch.len();
+        let want_picks: Vec<u32> = rows
+            .chunks(vocab)
+            .map(|row| redlite_engine::sampling::greedy_argmax(row).unwrap())
+            .collect();
+        assert_eq!(
+            by_ids.mtp_verify_greedy(&batch).unwrap(),
+            want_picks,
+            "round {round}"
+        );
+        // Keep a different prefix each round (real drafts of random weights rarely match).
+        let keep = round % (draft + 1);
+        by_logits.mtp_accept(keep).unwrap();
+        by_ids.mtp_accept(keep).unwrap();
+        next = want_picks[keep];
+    }
+    assert_eq!(by_ids.pos(), by_logits.pos());
+    let (a, b) = (
+        by_logits.step(next).unwrap().to_vec(),
+        by_ids.step(next).unwrap().to_vec(),
+    );
+    assert_eq!(a, b, "the sessions' next logits");
+}

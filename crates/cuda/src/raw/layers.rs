@@ -209,7 +209,8 @@ pub(crate) fn launch_add(
     })
 }
 
-/// `argmax_kernel(x, n, best)`: `best` (one u64, zeroed) ends as the largest key of x[0..n).
+/// `argmax_kernel(x, n, best)`: `best[r]` (zeroed) ends as the largest key of row r of x
+/// (n values), for the grid.y rows.
 pub(crate) fn launch_argmax(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -220,8 +221,9 @@ pub(crate) fn launch_argmax(
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(&n).arg(best);
-    // SAFETY: arguments match the signature; x holds n values (threads past n read none),
-    // best one u64; blockDim is a multiple of 32 (at most 1,024: 32 warp slots).
+    // SAFETY: arguments match the signature; x holds grid.y rows of n values (threads past
+    // n read none), best grid.y u64 (op entry); blockDim is a multiple of 32 (at most 1,024:
+    // 32 warp slots).
     launched(stream, "cuLaunchKernel(argmax)", unsafe {
         launch.launch(config)
     })

@@ -174,12 +174,13 @@ pub trait Backend {
     }
     /// LM-head logits of the given rows (ascending), appended to `out` (`[rows][vocab]`).
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
-    /// Row `row`'s greedy token (the largest finite logit, the lower id on ties; an error
-    /// where none is finite) where the backend picks it without handing the logits over;
-    /// `None`: it does not, ask [`Backend::logits`].
-    fn greedy_token(&self, row: usize, x: &Self::Act) -> Result<Option<u32>> {
-        let _ = (row, x);
-        Ok(None)
+    /// The greedy token of each of `rows` (ascending; the largest finite logit, the lower id
+    /// on ties; an error where none is finite), appended to `out`, where the backend picks
+    /// them without handing the logits over; `false` (nothing appended): it does not, ask
+    /// [`Backend::logits`].
+    fn greedy_tokens(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<u32>) -> Result<bool> {
+        let _ = (rows, x, out);
+        Ok(false)
     }
     /// The activations of a batch, copied to the host (per-layer parity checks).
     fn to_host(&self, b: Batch, x: &Self::Act) -> Vec<f32>;
@@ -201,4 +202,9 @@ pub trait Backend {
     /// Logits of the given rows through the MTP block's LM head (the trunk's unless the
     /// file has `nextn.shared_head_head`), appended to `out`.
     fn mtp_logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
+    /// [`Backend::greedy_tokens`] through the MTP block's LM head.
+    fn mtp_greedy_tokens(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<u32>) -> Result<bool> {
+        let _ = (rows, x, out);
+        Ok(false)
+    }
 }

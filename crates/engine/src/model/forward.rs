@@ -5,6 +5,7 @@
 use crate::backend::{Backend, Batch, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::LayerKind;
+use crate::sampling::greedy_argmax;
 
 /// Buffers of one forward call, allocated once for the largest batch and reused.
 pub struct Workspace<B: Backend> {
@@ -46,9 +47,9 @@ pub enum Logits {
 pub struct Output {
     /// `[rows][vocab]` for the rows asked for.
     pub logits: Vec<f32>,
-    /// [`forward_greedy_into`] on a backend that picks the greedy token itself: that token
-    /// (then `logits` is empty).
-    pub token: Option<u32>,
+    /// [`forward_greedy_into`] on a backend that picks the greedy tokens itself: the rows'
+    /// tokens (then `logits` is empty).
+    pub tokens: Vec<u32>,
     /// With `capture_hidden`: the residual stream after the embedding and after each layer,
     /// each `[tokens][n_embd]`.
     pub hidden: Vec<Vec<f32>>,
@@ -95,39 +96,57 @@ pub fn forward_into<B: Backend>(
     capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
-    let n = tokens.len();
-    let last = [n.saturating_sub(1)];
-    let every: Vec<usize>;
-    let logit_rows: &[usize] = match logits {
-        Logits::None => &[],
-        Logits::Last => &last,
-        Logits::All => {
-            every = (0..n).collect();
-            &every
-        }
-    };
-    one_sequence(
-        backend,
-        (state, work, tokens),
-        (logit_rows, false),
-        capture_hidden,
-        output,
-    )
+    with_rows(logits, tokens.len(), |rows| {
+        one_sequence(
+            backend,
+            (state, work, tokens),
+            (rows, false),
+            capture_hidden,
+            output,
+        )
+    })
 }
 
-/// [`forward_into`] for greedy decoding: the last row's most likely token, in
-/// `output.token` where the backend picks it itself (the CUDA backend, on the device: no
-/// logits copied to the host), else the last row's logits in `output.logits` as
-/// [`Logits::Last`] gives them.
+/// [`forward_into`] for greedy decoding: the most likely token of the rows `logits` asks
+/// for, in `output.tokens` where the backend picks them itself (the CUDA backend, on the
+/// device: no logits copied to the host), else their logits in `output.logits`
+/// ([`Output::greedy_tokens`] reads either).
 pub fn forward_greedy_into<B: Backend>(
     backend: &B,
     state: &mut B::State,
     work: &mut Workspace<B>,
     tokens: &[u32],
+    logits: Logits,
     output: &mut Output,
 ) -> Result<()> {
-    let last = [tokens.len().saturating_sub(1)];
-    one_sequence(backend, (state, work, tokens), (&last, true), false, output)
+    with_rows(logits, tokens.len(), |rows| {
+        one_sequence(backend, (state, work, tokens), (rows, true), false, output)
+    })
+}
+
+/// `f` on the rows of `n` that `logits` asks for (no allocation for the last row alone).
+fn with_rows<R>(logits: Logits, n: usize, f: impl FnOnce(&[usize]) -> R) -> R {
+    match logits {
+        Logits::None => f(&[]),
+        Logits::Last => f(&[n.saturating_sub(1)]),
+        Logits::All => f(&(0..n).collect::<Vec<_>>()),
+    }
+}
+
+impl Output {
+    /// The greedy token of each row of a [`forward_greedy_into`] call, into `out`: the
+    /// backend's picks, or the host's from the logits (`vocab` a row).
+    pub fn greedy_tokens(&self, vocab: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        if !self.tokens.is_empty() {
+            out.extend_from_slice(&self.tokens);
+            return Ok(());
+        }
+        for row in self.logits.chunks(vocab.max(1)) {
+            out.push(greedy_argmax(row)?);
+        }
+        Ok(())
+    }
 }
 
 /// One sequence's forward call (see [`run`]).
@@ -247,7 +266,7 @@ fn run<B: Backend>(
     output: &mut Output,
 ) -> Result<()> {
     output.logits.clear();
-    output.token = None;
+    output.tokens.clear();
     output.hidden.clear();
     let keep_normed = work.keep_normed;
     let Workspace { x, h, mix, .. } = work;
@@ -286,11 +305,8 @@ fn run<B: Backend>(
     if logit_rows.is_empty() {
         return Ok(());
     }
-    if let ([row], true) = (logit_rows, greedy) {
-        output.token = backend.greedy_token(*row, h)?;
-        if output.token.is_some() {
-            return Ok(());
-        }
+    if greedy && backend.greedy_tokens(logit_rows, h, &mut output.tokens)? {
+        return Ok(());
     }
     backend.logits(logit_rows, h, &mut output.logits)
 }

@@ -242,6 +242,17 @@ impl Sampler {
         p.temperature <= 0.0 && (penalties_off || self.counts.is_empty())
     }
 
+    /// Whether [`Sampler::sample`] picks the largest logit for every token from here on
+    /// (temperature 0 and no penalty at all, so tokens it accepts change nothing): a
+    /// speculative step may then judge its drafts by ids alone.
+    pub fn always_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && p.repeat_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
     /// Penalties and the truncations (top-k, top-p, min-p) into `candidates`.
     fn prepare(&mut self, logits: &[f32]) -> Result<(), SamplingError> {
         if logits.is_empty() {

@@ -5,7 +5,7 @@
 
 use std::sync::MutexGuard;
 
-use redlite_cuda::{Position, PostNorm};
+use redlite_cuda::{Position, PostNorm, MAX_ARGMAX_ROWS};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
@@ -337,22 +337,13 @@ impl Backend for CudaBackend {
 
     /// The LM head of row `row` and its argmax on the device: only the token comes back.
     /// Opt-in (`REDLITE_DEVICE_GREEDY=1`) until its GPU tests have run.
-    fn greedy_token(&self, row: usize, x: &CudaAct) -> Result<Option<u32>> {
+    fn greedy_tokens(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<u32>) -> Result<bool> {
         if !device_greedy() {
-            return Ok(None);
+            return Ok(false);
         }
         self.device.mark("LM head");
-        graph::lock(&self.graphs)?.interrupt()?;
-        let head = &self.weights.output;
-        let mut scratch = self.head_rows(head, x, (row, 1))?;
-        let scratch = &mut *scratch;
-        let logits = scratch.logits.slice(..head.rows);
-        let token = redlite_cuda::argmax(&self.device, &logits, &mut scratch.greedy_key)?;
-        graph::lock(&self.graphs)?.times.logits_back();
-        match token {
-            Some(token) => Ok(Some(token)),
-            None => Err(crate::sampling::SamplingError::NoFiniteLogit { count: head.rows }.into()),
-        }
+        self.head_greedy(&self.weights.output, rows, x, out)?;
+        Ok(true)
     }
 
     /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
@@ -425,6 +416,15 @@ impl Backend for CudaBackend {
     fn mtp_logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
         self.device.mark("MTP head");
         self.head_logits(self.weights.mtp_head()?, rows, x, out)
+    }
+
+    fn mtp_greedy_tokens(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<u32>) -> Result<bool> {
+        if !device_greedy() {
+            return Ok(false);
+        }
+        self.device.mark("MTP head");
+        self.head_greedy(self.weights.mtp_head()?, rows, x, out)?;
+        Ok(true)
     }
 }
 
@@ -539,6 +539,46 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The greedy token of each of `rows` through `head`, appended to `out`: runs of
+    /// consecutive rows each take one product and one argmax launch, and only the rows'
+    /// keys come back (8 bytes a row instead of the vocabulary's logits).
+    fn head_greedy(
+        &self,
+        head: &weights::DeviceMatrix,
+        rows: &[usize],
+        x: &CudaAct,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt()?;
+        let vocab = head.rows;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 && j - i < MAX_ARGMAX_ROWS {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            let mut scratch = self.head_rows(head, x, (first, n))?;
+            let scratch = &mut *scratch;
+            let logits = scratch.logits.slice(..n * vocab);
+            let mut best = [None; MAX_ARGMAX_ROWS];
+            redlite_cuda::argmax_rows(
+                &self.device,
+                &logits,
+                &mut scratch.greedy_keys,
+                &mut best[..n],
+            )?;
+            for token in &best[..n] {
+                let token =
+                    token.ok_or(crate::sampling::SamplingError::NoFiniteLogit { count: vocab })?;
+                out.push(token);
+            }
+            i = j;
+        }
+        graph::lock(&self.graphs)?.times.logits_back();
+        Ok(())
+    }
+
     /// The LM head `head` of the `n` rows of `x` from `first` into the scratch's logits
     /// (`[n][vocab]`, queued), and the scratch that holds them.
     fn head_rows(
@@ -570,9 +610,10 @@ fn pinned_logits() -> bool {
     *ON.get_or_init(|| std::env::var("REDLITE_PINNED_LOGITS").as_deref() == Ok("1"))
 }
 
-/// `REDLITE_DEVICE_GREEDY=1`: greedy steps pick their token on the device
-/// (`Backend::greedy_token`). Written without a GPU (fifteenth session); off until
-/// `crates/cuda/tests/greedy.rs` and `cuda_parity`'s device-argmax test have passed on one.
+/// `REDLITE_DEVICE_GREEDY=1`: greedy steps, MTP drafts and verifications pick their tokens
+/// on the device (`Backend::greedy_tokens`, `Backend::mtp_greedy_tokens`). Written without
+/// a GPU (fifteenth and sixteenth sessions); off until `crates/cuda/tests/greedy.rs`,
+/// `cuda_parity`'s device-argmax test and `cuda_mtp` have passed on one.
 fn device_greedy() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_DEVICE_GREEDY").as_deref() == Ok("1"))
