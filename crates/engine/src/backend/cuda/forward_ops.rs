@@ -335,7 +335,7 @@ impl Backend for CudaBackend {
         self.head_logits(&self.weights.output, rows, x, out)
     }
 
-    /// The LM head of row `row` and its argmax on the device: only the token comes back.
+    /// The LM head of `rows` and their argmaxes on the device: only the tokens come back.
     /// Opt-in (`REDLITE_DEVICE_GREEDY=1`) until its GPU tests have run.
     fn greedy_tokens(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<u32>) -> Result<bool> {
         if !device_greedy() {

@@ -101,17 +101,26 @@ fn fused_router_rows<'m, 'a>(
     .filter(router_topk_takes)
 }
 
-/// Whether [`route_with_norm`] takes block `w` (the switch `REDLITE_ROUTER_NORM=1` is on and
-/// the fused router takes its rows with the norm).
-pub fn takes_route_with_norm(c: &HybridConfig, w: &MoeWeights) -> bool {
+/// `f` on the fused router's rows of block `w` for one token (their views live here).
+fn with_one_token_router_rows<R>(
+    w: &MoeWeights,
+    f: impl FnOnce(Option<RouterRows<'_, '_>>) -> R,
+) -> R {
     let merged = w
         .router
         .view_with_extra_rows()
         .filter(|_| router_with_shared_row());
     let (router, gate) = (w.router.view(), w.shared_gate_inp.view());
+    f(fused_router_rows(merged.as_ref(), (&router, &gate), 1))
+}
+
+/// Whether [`route_with_norm`] takes block `w` (the switch `REDLITE_ROUTER_NORM=1` is on and
+/// the fused router takes its rows with the norm).
+pub fn takes_route_with_norm(c: &HybridConfig, w: &MoeWeights) -> bool {
     router_norm_on()
-        && fused_router_rows(merged.as_ref(), (&router, &gate), 1)
-            .is_some_and(|rows| router_topk_norm_takes(&rows, c.n_embd))
+        && with_one_token_router_rows(w, |rows| {
+            rows.is_some_and(|rows| router_topk_norm_takes(&rows, c.n_embd))
+        })
 }
 
 /// One decode token's post-mixer add + norm and routing in one launch
@@ -125,31 +134,28 @@ pub fn route_with_norm(
     s: &mut Scratch,
     norm: PostNorm<'_, '_>,
 ) -> Result<()> {
-    let merged = w
-        .router
-        .view_with_extra_rows()
-        .filter(|_| router_with_shared_row());
-    let (router, gate) = (w.router.view(), w.shared_gate_inp.view());
-    let Some(rows) = fused_router_rows(merged.as_ref(), (&router, &gate), 1)
-        .filter(|rows| router_norm_on() && router_topk_norm_takes(rows, c.n_embd))
-    else {
-        return Err(crate::error::EngineError::BadConfig(
-            "the router with the post-mixer norm does not take this block".into(),
-        ));
-    };
-    device.mark("router");
-    let used = c.n_expert_used;
-    router_topk_norm(
-        device,
-        rows,
-        norm,
-        &mut s.router.slice_mut(..c.n_expert + 1),
-        &mut s.route_ticket.slice_mut(..1),
-        &mut s.ids.slice_mut(..used),
-        &mut s.weights.slice_mut(..used),
-        &mut s.shared_weight.slice_mut(..1),
-    )?;
-    Ok(())
+    with_one_token_router_rows(w, |rows| {
+        let Some(rows) =
+            rows.filter(|rows| router_norm_on() && router_topk_norm_takes(rows, c.n_embd))
+        else {
+            return Err(crate::error::EngineError::BadConfig(
+                "the router with the post-mixer norm does not take this block".into(),
+            ));
+        };
+        device.mark("router");
+        let used = c.n_expert_used;
+        router_topk_norm(
+            device,
+            rows,
+            norm,
+            &mut s.router.slice_mut(..c.n_expert + 1),
+            &mut s.route_ticket.slice_mut(..1),
+            &mut s.ids.slice_mut(..used),
+            &mut s.weights.slice_mut(..used),
+            &mut s.shared_weight.slice_mut(..1),
+        )?;
+        Ok(())
+    })
 }
 
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
