@@ -265,6 +265,39 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
     }
 }
 
+// A fused router CTA's end: its row's logit written, a ticket taken; whether it is the last
+// CTA to finish (which then sees every CTA's logit). A barrier for the whole CTA.
+static __device__ __forceinline__ bool last_router_cta(float* logits, int row, float sum,
+                                                       int* ticket) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        logits[row] = sum;
+        __threadfence();
+        last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
+// The last fused router CTA's routing: the n_expert + 1 logits into shared memory `l`, the
+// ticket reset for the next launch, then moe_route_v2_kernel's routing of the one token and
+// the shared expert's weight.
+template <int PER>
+static __device__ __forceinline__ void route_in_last_cta(const float* logits, float* l,
+                                                         int* ticket, int* ids, float* weights,
+                                                         float* shared_weight, int n_expert,
+                                                         int used) {
+    for (int i = threadIdx.x; i <= n_expert; i += blockDim.x) l[i] = __ldcg(logits + i);
+    __syncthreads();
+    if (threadIdx.x == 0) *ticket = 0;
+    if (threadIdx.x < WARP_SIZE) {
+        route_token_v2<PER>(l, ids, weights, n_expert, used, threadIdx.x);
+    }
+    if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
+}
+
 // One decode token's router and routing in one launch (`REDLITE_ROUTER_TOPK=0`: the
 // router's split-K matmul, then the routing with the gate row, moe_route_gate_kernel). `w`:
 // the F32 router's n_expert rows; `gate_w`: the shared expert's gate row, in blocks GB (F32
@@ -283,7 +316,6 @@ router_topk_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
                    float* __restrict__ shared_weight, int cols, int n_expert, int used) {
     __shared__ float scratch[32];
     __shared__ float l[32 * PER + 1];
-    __shared__ bool last;
     const int row = blockIdx.x;
     const bool gate_row = row == n_expert;
     const i64 row_bytes = i64(cols / F32x4::VALUES) * F32x4::BYTES;
@@ -297,21 +329,8 @@ router_topk_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
     const float part = gate_row ? row_dot_lane<GB, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x)
                                 : row_dot_lane<F32x4, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
-    if (threadIdx.x == 0) {
-        logits[row] = sum;
-        __threadfence();
-        last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i <= n_expert; i += blockDim.x) l[i] = __ldcg(logits + i);
-    __syncthreads();
-    if (threadIdx.x == 0) *ticket = 0;
-    if (threadIdx.x < WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, threadIdx.x);
-    }
-    if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
+    if (!last_router_cta(logits, row, sum, ticket)) return;
+    route_in_last_cta<PER>(logits, l, ticket, ids, weights, shared_weight, n_expert, used);
 }
 
 // One decode token's post-mixer add + RMSNorm, router and routing in one launch
@@ -343,7 +362,6 @@ router_topk_norm_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
     static_assert(2 * T == ROUTER_NORM_THREADS, "each thread plays two of the norm kernel's");
     __shared__ float scratch[32];
     __shared__ float l[32 * PER + 1];
-    __shared__ bool last;
     extern __shared__ float4 router_norm_stage[];
     float* stage = reinterpret_cast<float*>(router_norm_stage);
     const int row = blockIdx.x;
@@ -424,14 +442,7 @@ router_topk_norm_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
     const float part = gate_row ? row_dot_lane<GB, T>(r, stage, cols, threadIdx.x)
                                 : row_dot_lane<F32x4, T>(r, stage, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
-    if (threadIdx.x == 0) {
-        logits[row] = sum;
-        __threadfence();
-        last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_router_cta(logits, row, sum, ticket)) return;
     // Every CTA has read x (before its ticket): the residual can move on.
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -441,11 +452,5 @@ router_topk_norm_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
             if (i < chunks) reinterpret_cast<float4*>(x)[i] = v[s][c];
         }
     }
-    for (int i = threadIdx.x; i <= n_expert; i += blockDim.x) l[i] = __ldcg(logits + i);
-    __syncthreads();
-    if (threadIdx.x == 0) *ticket = 0;
-    if (threadIdx.x < WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, threadIdx.x);
-    }
-    if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
+    route_in_last_cta<PER>(logits, l, ticket, ids, weights, shared_weight, n_expert, used);
 }

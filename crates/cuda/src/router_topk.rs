@@ -94,41 +94,17 @@ pub fn router_topk(
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
-    let op = CudaOp::MoeRoute;
     let router = rows.router();
-    check_matrix(device, op, router)?;
-    if let RouterRows::Apart { gate, .. } = rows {
-        check_matrix(device, op, gate)?;
-    }
-    let (true, Some(gate_block)) = (router_topk_takes(&rows), rows.gate_block()) else {
-        return Err(CudaError::UnsupportedType { op, ty: router.ty });
-    };
-    let n_expert = rows.n_expert();
-    let used = ids.len();
-    shape(op, "x length (cols)", router.cols, x.len())?;
-    shape(
-        op,
-        "logits length (n_expert + 1)",
-        n_expert + 1,
+    shape(CudaOp::MoeRoute, "x length (cols)", router.cols, x.len())?;
+    let lengths = [
         logits.len(),
-    )?;
-    shape(op, "ticket length", 1, ticket.len())?;
-    shape(op, "weights length", used, weights.len())?;
-    shape(op, "shared_weight length", 1, shared_weight.len())?;
-    if used == 0 || used > n_expert {
-        return Err(CudaError::Shape {
-            op,
-            what: "experts used (1 to n_expert)",
-            expected: n_expert,
-            found: used,
-        });
-    }
-    // The merged gate row: the router's last row, F32 as its others.
-    let row_bytes = router.cols * size_of::<f32>();
-    let gate_w = match rows {
-        RouterRows::Merged(m) => m.bytes.slice(n_expert * row_bytes..),
-        RouterRows::Apart { gate, .. } => gate.bytes.slice(..),
-    };
+        ticket.len(),
+        ids.len(),
+        weights.len(),
+        shared_weight.len(),
+    ];
+    let (gate_block, gate_w) = checked_rows(device, &rows, router_topk_takes(&rows), lengths)?;
+    let (n_expert, used) = (rows.n_expert(), ids.len());
     let kernel = device.kernel(&source::router_topk_kernel(gate_block))?;
     crate::profile::label(|| format!("router_topk {}x{}", n_expert + 1, router.cols));
     let cfg = config((n_expert + 1, 1, 1), MATMUL_SPLITK_WARPS * 32, 0);
@@ -189,16 +165,17 @@ pub fn router_topk_norm(
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeRoute;
     let router = rows.router();
-    check_matrix(device, op, router)?;
-    if let RouterRows::Apart { gate, .. } = rows {
-        check_matrix(device, op, gate)?;
-    }
     let cols = router.cols;
-    let (true, Some(gate_block)) = (router_topk_norm_takes(&rows, cols), rows.gate_block()) else {
-        return Err(CudaError::UnsupportedType { op, ty: router.ty });
-    };
-    let n_expert = rows.n_expert();
-    let used = ids.len();
+    let lengths = [
+        logits.len(),
+        ticket.len(),
+        ids.len(),
+        weights.len(),
+        shared_weight.len(),
+    ];
+    let takes = router_topk_norm_takes(&rows, cols);
+    let (gate_block, gate_w) = checked_rows(device, &rows, takes, lengths)?;
+    let (n_expert, used) = (rows.n_expert(), ids.len());
     for (what, len) in [
         ("x length (cols)", norm.x.len()),
         ("y length (cols)", norm.y.len()),
@@ -209,23 +186,6 @@ pub fn router_topk_norm(
         shape(op, what, cols, len)?;
     }
     shape(op, "h scales length", cols / 256, norm.h_q8.scales.len())?;
-    shape(
-        op,
-        "logits length (n_expert + 1)",
-        n_expert + 1,
-        logits.len(),
-    )?;
-    shape(op, "ticket length", 1, ticket.len())?;
-    shape(op, "weights length", used, weights.len())?;
-    shape(op, "shared_weight length", 1, shared_weight.len())?;
-    if used == 0 || used > n_expert {
-        return Err(CudaError::Shape {
-            op,
-            what: "experts used (1 to n_expert)",
-            expected: n_expert,
-            found: used,
-        });
-    }
     // The norm kernel's vector path, whose sums the kernel repeats, reads 16-byte chunks.
     for (what, address) in [
         ("x", device.address(&*norm.x)),
@@ -243,10 +203,6 @@ pub fn router_topk_norm(
         }
     }
     let row_bytes = cols * size_of::<f32>();
-    let gate_w = match rows {
-        RouterRows::Merged(m) => m.bytes.slice(n_expert * row_bytes..),
-        RouterRows::Apart { gate, .. } => gate.bytes.slice(..),
-    };
     let kernel = device.kernel(&source::router_topk_norm_kernel(gate_block))?;
     crate::profile::label(|| format!("router_topk_norm {}x{cols}", n_expert + 1));
     let cfg = config((n_expert + 1, 1, 1), MATMUL_SPLITK_WARPS * 32, row_bytes);
@@ -262,4 +218,44 @@ pub fn router_topk_norm(
         (ids, weights, shared_weight),
         (to_i32(cols), to_i32(n_expert), to_i32(used), norm.eps),
     )
+}
+
+/// What both launches check: the matrices of `rows`, that the launch `takes` them (with the
+/// kernel's gate block), and the routing outputs' lengths (logits n_expert + 1, ticket 1, ids
+/// and weights `used` of 1 to n_expert, the shared weight 1); returns the gate block and the
+/// gate row's bytes (the merged router's last row, or the row apart).
+fn checked_rows<'m>(
+    device: &Device,
+    rows: &RouterRows<'m, '_>,
+    takes: bool,
+    [logits, ticket, used, weights, shared_weight]: [usize; 5],
+) -> Result<(&'static str, CudaView<'m, u8>), CudaError> {
+    let op = CudaOp::MoeRoute;
+    let router = rows.router();
+    check_matrix(device, op, router)?;
+    if let RouterRows::Apart { gate, .. } = rows {
+        check_matrix(device, op, gate)?;
+    }
+    let (true, Some(gate_block)) = (takes, rows.gate_block()) else {
+        return Err(CudaError::UnsupportedType { op, ty: router.ty });
+    };
+    let n_expert = rows.n_expert();
+    shape(op, "logits length (n_expert + 1)", n_expert + 1, logits)?;
+    shape(op, "ticket length", 1, ticket)?;
+    shape(op, "weights length", used, weights)?;
+    shape(op, "shared_weight length", 1, shared_weight)?;
+    if used == 0 || used > n_expert {
+        return Err(CudaError::Shape {
+            op,
+            what: "experts used (1 to n_expert)",
+            expected: n_expert,
+            found: used,
+        });
+    }
+    let row_bytes = router.cols * size_of::<f32>();
+    let gate_w = match *rows {
+        RouterRows::Merged(m) => m.bytes.slice(n_expert * row_bytes..),
+        RouterRows::Apart { gate, .. } => gate.bytes.slice(..),
+    };
+    Ok((gate_block, gate_w))
 }

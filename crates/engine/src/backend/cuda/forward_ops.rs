@@ -504,7 +504,7 @@ impl CudaBackend {
             && moe::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
     }
 
-    /// Logits of `rows` through `head`; runs of consecutive rows each take one product.
+    /// Logits of `rows` through `head`, appended to `out`.
     fn head_logits(
         &self,
         head: &weights::DeviceMatrix,
@@ -512,17 +512,8 @@ impl CudaBackend {
         x: &CudaAct,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        graph::lock(&self.graphs)?.interrupt()?;
-        let vocab = head.rows;
-        let mut i = 0;
-        while i < rows.len() {
-            let mut j = i + 1;
-            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
-                j += 1;
-            }
-            let (first, n) = (rows[i], j - i);
-            let scratch = self.head_rows(head, x, (first, n))?;
-            let logits = scratch.logits.slice(..n * vocab);
+        self.head_runs(head, rows, x, usize::MAX, |scratch, n| {
+            let logits = scratch.logits.slice(..n * head.rows);
             if pinned_logits() {
                 self.logits_stage
                     .lock()
@@ -530,18 +521,16 @@ impl CudaBackend {
                     .append_to_host(&self.device, &logits, out)?;
             } else {
                 let start = out.len();
-                out.resize(start + n * vocab, 0.0);
+                out.resize(start + n * head.rows, 0.0);
                 self.device.copy_to_host(&logits, &mut out[start..])?;
             }
-            i = j;
-        }
-        graph::lock(&self.graphs)?.times.logits_back();
-        Ok(())
+            Ok(())
+        })
     }
 
-    /// The greedy token of each of `rows` through `head`, appended to `out`: runs of
-    /// consecutive rows each take one product and one argmax launch, and only the rows'
-    /// keys come back (8 bytes a row instead of the vocabulary's logits).
+    /// The greedy token of each of `rows` through `head`, appended to `out`: each product's
+    /// rows take one argmax launch, and only their keys come back (8 bytes a row instead of
+    /// the vocabulary's logits).
     fn head_greedy(
         &self,
         head: &weights::DeviceMatrix,
@@ -549,18 +538,8 @@ impl CudaBackend {
         x: &CudaAct,
         out: &mut Vec<u32>,
     ) -> Result<()> {
-        graph::lock(&self.graphs)?.interrupt()?;
-        let vocab = head.rows;
-        let mut i = 0;
-        while i < rows.len() {
-            let mut j = i + 1;
-            while j < rows.len() && rows[j] == rows[j - 1] + 1 && j - i < MAX_ARGMAX_ROWS {
-                j += 1;
-            }
-            let (first, n) = (rows[i], j - i);
-            let mut scratch = self.head_rows(head, x, (first, n))?;
-            let scratch = &mut *scratch;
-            let logits = scratch.logits.slice(..n * vocab);
+        self.head_runs(head, rows, x, MAX_ARGMAX_ROWS, |scratch, n| {
+            let logits = scratch.logits.slice(..n * head.rows);
             let mut best = [None; MAX_ARGMAX_ROWS];
             redlite_cuda::argmax_rows(
                 &self.device,
@@ -569,10 +548,32 @@ impl CudaBackend {
                 &mut best[..n],
             )?;
             for token in &best[..n] {
-                let token =
-                    token.ok_or(crate::sampling::SamplingError::NoFiniteLogit { count: vocab })?;
-                out.push(token);
+                let count = head.rows;
+                out.push(token.ok_or(crate::sampling::SamplingError::NoFiniteLogit { count })?);
             }
+            Ok(())
+        })
+    }
+
+    /// The LM head `head` of `rows` (ascending): each run of up to `most` consecutive rows
+    /// takes one product, then `each` reads its `n` rows' logits from the scratch.
+    fn head_runs(
+        &self,
+        head: &weights::DeviceMatrix,
+        rows: &[usize],
+        x: &CudaAct,
+        most: usize,
+        mut each: impl FnMut(&mut Scratch, usize) -> Result<()>,
+    ) -> Result<()> {
+        graph::lock(&self.graphs)?.interrupt()?;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 && j - i < most {
+                j += 1;
+            }
+            let (first, n) = (rows[i], j - i);
+            each(&mut *self.head_rows(head, x, (first, n))?, n)?;
             i = j;
         }
         graph::lock(&self.graphs)?.times.logits_back();
