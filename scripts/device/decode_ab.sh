@@ -9,8 +9,9 @@
 #      cuda_serve, batched serving with and without MTP against each request alone) under
 #      each setting of TEST_AB (default: the defaults alone);
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
-#      setting of DECODE_AB, one process each; then the host clocks of a replayed step
-#      (REDLITE_STEP_TIMES), with and without REDLITE_GRAPH_EARLY_LAUNCH;
+#      setting of DECODE_AB, one process each, then every setting 0.5 % or more above the
+#      defaults at depth 0 together (depths 0 and 4096); then the host clocks of a replayed
+#      step (REDLITE_STEP_TIMES), with and without REDLITE_GRAPH_EARLY_LAUNCH;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
@@ -104,13 +105,23 @@ if stage decode; then
     env "$@" "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "$depths" -r 3 2>&1 \
       | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
   }
-  note "defaults: $(dec 0,4096 REDLITE_UNUSED=0)"
-  first=1
+  tg0() { grep -oE 'tg128 \| [0-9.]+' <<< "$1" | head -1 | awk '{print $3}'; }
+  line="$(dec 0,4096 REDLITE_UNUSED=0)"; note "defaults: $line"; base="$(tg0 "$line")"
+  first=1; winners=()
   for v in $DECODE_AB; do
     depths="${AB_DEPTHS:-0}"; [ "$first" = 1 ] && depths=0,4096; first=0
-    note "$v: $(dec "$depths" ${v//+/ })"
+    line="$(dec "$depths" ${v//+/ })"; note "$v: $line"
+    # A setting 0.5 % or more above the defaults at depth 0 joins the combination below.
+    python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 1.005 * float(sys.argv[2]) else 1)' \
+      "$(tg0 "$line")" "$base" 2> /dev/null && winners+=("${v//+/ }")
   done
   note "defaults again: $(dec 0 REDLITE_UNUSED=0)"
+  if [ "${#winners[@]}" -gt 1 ]; then
+    # shellcheck disable=SC2068
+    combo="$(tr ' ' '\n' <<< "${winners[*]}" | sort -u | tr '\n' ' ')"
+    # shellcheck disable=SC2086
+    note "the winners together ($combo): $(dec 0,4096 $combo)"
+  fi
   # The host's share of a replayed step (REDLITE_STEP_TIMES), with and without the early launch.
   for v in REDLITE_UNUSED=0 REDLITE_GRAPH_EARLY_LAUNCH=1; do
     note "host clocks, $v: $(env "$v" REDLITE_STEP_TIMES=1 "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 1 2>&1 \
