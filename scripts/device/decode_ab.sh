@@ -12,7 +12,8 @@
 #      setting of DECODE_AB, one process each, then every setting 0.5 % or more above the
 #      defaults at depth 0 together (depths 0 and 4096); then the host clocks of a replayed
 #      step (REDLITE_STEP_TIMES), with and without REDLITE_GRAPH_EARLY_LAUNCH;
-#   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`;
+#   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`, with the defaults and each setting of
+#      MTP_AB;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   5b. (stage base, not by default) this build against a carried earlier one,
@@ -28,7 +29,7 @@
 #
 #   bash scripts/device/decode_ab.sh
 #
-# Env: the settings BITS_AB, TEST_AB, DECODE_AB, SMALL_AB, PROFILE_AB (space-separated, each
+# Env: the settings BITS_AB, TEST_AB, DECODE_AB, MTP_AB, SMALL_AB, PROFILE_AB (space-separated, each
 # VAR=value or several joined by +: A=1+B=1); AB_DEPTHS (the depths of DECODE_AB's settings after
 # the first, default 0); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
 # PROFILE_COUNT (the profile at a depth, of some kernels); BASE_LONG; STALL_KERNELS (regexes of
@@ -175,10 +176,14 @@ if stage probes; then
 fi
 if stage mtp; then
   stamp "MTP bench"
-  for k in 1 3; do
-    "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 --mtp --draft "$k" --mtp-accept 0.7,1 \
-      > "$OUT/bench-draft$k.txt" 2>&1
-    note "draft $k: $(grep -E '^\| tg|verify' "$OUT/bench-draft$k.txt" | tr -s ' ' | tr '\n' ' ')"
+  for v in REDLITE_UNUSED=0 ${MTP_AB:-}; do
+    for k in 1 3; do
+      name="${v//[=+]/_}-draft$k"
+      # shellcheck disable=SC2086
+      env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 --mtp --draft "$k" \
+        --mtp-accept 0.7,1 > "$OUT/bench-$name.txt" 2>&1
+      note "$v, draft $k: $(grep -E '^\| tg|verify' "$OUT/bench-$name.txt" | tr -s ' ' | tr '\n' ' ')"
+    done
   done
 fi
 if stage small; then
