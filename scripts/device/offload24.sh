@@ -7,7 +7,9 @@
 #
 #   bash scripts/device/offload24.sh prep     # llama.cpp build, the file, NVRTC caches of
 #                                             # both kernel builds, the GPU tests of TESTS
-#                                             # while llama.cpp builds, llama-bench (~7 min)
+#                                             # while llama.cpp builds (~6 min)
+#   bash scripts/device/offload24.sh llama    # llama-bench at each --n-cpu-moe of NCMOE
+#                                             # (~1 min each)
 #   bash scripts/device/offload24.sh redlite  # redlite under each routing of ROUTES
 #
 # ROUTES (default "uniform skew"): uniform, skew, natural (the router's own choice on the
@@ -46,7 +48,7 @@ with_peak() {
   return $rc
 }
 
-case "${1:?prep or redlite}" in
+case "${1:?prep, llama or redlite}" in
 prep)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
   bash "$ROOT/scripts/bench/vs-llamacpp-cuda.sh" build
@@ -67,6 +69,10 @@ prep)
   stamp "waiting for llama.cpp's build"
   while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
   [ -x "$W/llama/build/bin/llama-bench" ] || { tail -20 "$W/llama/build.log" | tee -a "$SUMMARY"; exit 1; }
+  stamp "done"
+  ;;
+llama)
+  [ -x "$W/llama/build/bin/llama-bench" ] || { echo "llama-bench not built: run prep first" | tee -a "$SUMMARY"; exit 1; }
   for n in $NCMOE; do
     stamp "llama-bench -ncmoe $n"
     with_peak "$OUT/peak-llamacpp-$n" "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 \
