@@ -218,6 +218,9 @@ static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_
 #ifndef REDLITE_Q8_LOADS_AHEAD
 #define REDLITE_Q8_LOADS_AHEAD 1
 #endif
+#ifndef REDLITE_SMALL_LOADS_AHEAD
+#define REDLITE_SMALL_LOADS_AHEAD 0
+#endif
 
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as
 // B::decode) against the block's 256 codes `q` (16-byte aligned) with scale `d8`.
