@@ -53,6 +53,7 @@ mod route_gate;
 mod route_skew;
 mod router_topk;
 mod source;
+mod switch;
 mod tables;
 
 pub use attention_ops::{
@@ -97,12 +98,13 @@ pub use route_gate::{moe_route_gate, moe_route_gate_takes};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{
     router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
-    PostNorm, RouterRows,
+    PostNorm, RouterRows, ROUTER_NORM,
 };
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
     Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
+pub use switch::Switch;
 
 /// Whether this build carries the CUDA backend at all.
 pub const BUILT_WITH_CUDA: bool = true;

@@ -21,6 +21,7 @@ use crate::route_gate::wide_float_block;
 use crate::source::{
     self, MATMUL_SPLITK_WARPS, ROUTER_NORM_CHUNKS, ROUTER_NORM_THREADS, ROUTE_V2_PER_LANE, WIDE_F32,
 };
+use crate::switch::Switch;
 use redlite_gguf::GgmlType;
 
 /// The rows [`router_topk`] reduces: the F32 router with the shared expert's gate row stored
@@ -134,9 +135,11 @@ pub struct PostNorm<'v, 'a> {
 
 /// `REDLITE_ROUTER_NORM=1` (written without a GPU, sixteenth session; off until measured):
 /// one decode token's post-mixer norm inside the router's launch.
+pub static ROUTER_NORM: Switch = Switch::new("REDLITE_ROUTER_NORM", false);
+
+/// Whether [`ROUTER_NORM`] is on.
 pub fn router_norm_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_NORM").as_deref() == Ok("1"))
+    ROUTER_NORM.on()
 }
 
 /// Whether [`router_topk_norm`] takes `rows` with a norm of `cols` values: [`router_topk`]

@@ -15,7 +15,7 @@ use cuda_support::{device, max_rel, prompt, rel_l2, RECIPES};
 use redlite_cuda::Device;
 use redlite_engine::backend::cpu::linear::Precision;
 use redlite_engine::backend::cpu::CpuBackend;
-use redlite_engine::backend::cuda::CudaBackend;
+use redlite_engine::backend::cuda::{switches, CudaBackend};
 use redlite_engine::backend::Backend;
 use redlite_engine::model::forward::{forward, forward_batch, Logits, SeqInput, Workspace};
 use redlite_engine::model::load::config_from_gguf;
@@ -323,8 +323,9 @@ fn the_device_argmax_picks_the_host_argmax_of_the_logits() {
     let Some(device) = device("the_device_argmax_picks_the_host_argmax_of_the_logits") else {
         return;
     };
-    // The path is opt-in until this test has passed on a GPU.
-    std::env::set_var("REDLITE_DEVICE_GREEDY", "1");
+    // The path is opt-in until this test has passed on a GPU (other tests of this process
+    // then take it too: the same tokens).
+    switches::DEVICE_GREEDY.set(true);
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for (p, recipe) in cases(&[Recipe::IQ2XXS, Recipe::Q4KM]) {
@@ -427,6 +428,68 @@ fn a_multi_sequence_batch_matches_the_cpu() {
         println!("{case:<28} max rel L2 {rel:.2e}");
         if !within(p, rel) {
             failures.push(format!("{case}: {rel:.2e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The paths written without a GPU behind switches keep the logits' bits: decode steps after
+/// a prompt, through the decode graph and eagerly, with each switch on against all off (the
+/// router with the post-mixer norm and the fused router with the gate row apart; logits
+/// through page-locked memory). Other tests of this process may meet a switch on meanwhile:
+/// they must get the same bits as well.
+#[test]
+fn switches_written_without_a_gpu_keep_the_logits_bits() {
+    use redlite_cuda::Switch;
+    let Some(device) = device("switches_written_without_a_gpu_keep_the_logits_bits") else {
+        return;
+    };
+    let settings: [(&str, &[&Switch]); 3] = [
+        (
+            "router norm",
+            &[&switches::ROUTER_NORM, &switches::ROUTER_TOPK_APART],
+        ),
+        ("fused router apart", &[&switches::ROUTER_TOPK_APART]),
+        ("pinned logits", &[&switches::PINNED_LOGITS]),
+    ];
+    let all: [&Switch; 3] = [
+        &switches::ROUTER_NORM,
+        &switches::ROUTER_TOPK_APART,
+        &switches::PINNED_LOGITS,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt(24);
+    let run = |gguf: &GgufModel, graphs: bool| -> Vec<u32> {
+        let mut s = cuda(&device, gguf, Precision::Ggml, KvType::F32, 512);
+        if !graphs {
+            s.backend.disable_graphs().unwrap();
+        }
+        let mut bits = Vec::new();
+        let first = s.feed(&tokens[..8], false, false).unwrap().logits;
+        bits.extend(first.iter().map(|v| v.to_bits()));
+        for &t in &tokens[8..] {
+            bits.extend(s.step(t).unwrap().iter().map(|v| v.to_bits()));
+        }
+        bits
+    };
+    let mut failures = Vec::new();
+    for recipe in [Recipe::F32, Recipe::IQ2XXS, Recipe::Q4KM] {
+        let gguf = tiny_model(dir.path(), recipe, DeltaNetLayout::Split);
+        for graphs in [true, false] {
+            all.iter().for_each(|s| s.set(false));
+            let want = run(&gguf, graphs);
+            for (name, on) in settings {
+                on.iter().for_each(|s| s.set(true));
+                let got = run(&gguf, graphs);
+                on.iter().for_each(|s| s.set(false));
+                if got != want {
+                    let at = got.iter().zip(&want).position(|(a, b)| a != b);
+                    failures.push(format!(
+                        "{} (graphs {graphs}), {name}: logits differ from value {at:?} on",
+                        recipe.name()
+                    ));
+                }
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

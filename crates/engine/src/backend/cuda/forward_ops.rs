@@ -5,7 +5,7 @@
 
 use std::sync::MutexGuard;
 
-use redlite_cuda::{Position, PostNorm, MAX_ARGMAX_ROWS};
+use redlite_cuda::{Position, PostNorm, Switch, MAX_ARGMAX_ROWS};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
@@ -606,16 +606,18 @@ impl CudaBackend {
 /// (`redlite_cuda::HostStage`: one DMA, then a host copy) instead of the driver's pageable
 /// path (a zero fill of the output, then a DMA and a host copy in waited-for pieces).
 /// Written without a GPU (sixteenth session); off until an A/B has measured it.
+pub static PINNED_LOGITS: Switch = Switch::new("REDLITE_PINNED_LOGITS", false);
+
 fn pinned_logits() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_PINNED_LOGITS").as_deref() == Ok("1"))
+    PINNED_LOGITS.on()
 }
 
 /// `REDLITE_DEVICE_GREEDY=1`: greedy steps, MTP drafts and verifications pick their tokens
 /// on the device (`Backend::greedy_tokens`, `Backend::mtp_greedy_tokens`). Written without
 /// a GPU (fifteenth and sixteenth sessions); off until `crates/cuda/tests/greedy.rs`,
 /// `cuda_parity`'s device-argmax test and `cuda_mtp` have passed on one.
+pub static DEVICE_GREEDY: Switch = Switch::new("REDLITE_DEVICE_GREEDY", false);
+
 fn device_greedy() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_DEVICE_GREEDY").as_deref() == Ok("1"))
+    DEVICE_GREEDY.on()
 }

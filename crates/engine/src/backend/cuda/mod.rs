@@ -39,6 +39,13 @@ use crate::backend::Norm;
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 pub use act::CudaAct;
+/// Switches of paths written without a GPU, which GPU tests set to compare them with the
+/// default paths in one process.
+pub mod switches {
+    pub use super::forward_ops::{DEVICE_GREEDY, PINNED_LOGITS};
+    pub use super::moe::ROUTER_TOPK_APART;
+    pub use redlite_cuda::ROUTER_NORM;
+}
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
 use graph::{DecodeGraphs, Gate, Op, OpKey, SharedGraphs};

@@ -31,7 +31,7 @@ use redlite_cuda::{
     moe_route_gate_takes, moe_route_skew, router_norm_on, router_topk, router_topk_norm,
     router_topk_norm_takes, router_topk_takes, CacheCopies, CudaSlice, CudaView, CudaViewMut,
     Device, ExpertTiles, MmaGroups, PostNorm, PrefillKernels, Q8Rows, RouteSkew, RouterRows,
-    SharedGateUp, WeightMatrix, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    SharedGateUp, Switch, WeightMatrix, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -694,9 +694,10 @@ fn fold_gate_up_alone() -> bool {
 /// router too, the gate row reduced by a CTA of its own; by default they take the split-K
 /// router and then the routing with the gate row. Written without a GPU (the fifteenth session
 /// lost its device); opt-in until a GPU test and an A/B have run.
+pub static ROUTER_TOPK_APART: Switch = Switch::new("REDLITE_ROUTER_TOPK_APART", false);
+
 fn router_topk_apart() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_TOPK_APART").as_deref() == Ok("1"))
+    ROUTER_TOPK_APART.on()
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch
