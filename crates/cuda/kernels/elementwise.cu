@@ -202,3 +202,13 @@ __global__ void argmax_kernel(const float* __restrict__ x, int n, u64* __restric
         if (key != 0) atomicMax(best, key);
     }
 }
+
+// Chained greedy steps: the token each argmax key names (2^32 - 1 - its low half), as the
+// ids a following embedding reads without the host seeing them; 0 where the key is 0 (no
+// finite logit: the host reports that when it reads the keys, the embedding of token 0 in
+// the meantime reads nothing out of bounds). One thread a key.
+__global__ void ids_of_keys_kernel(const u64* __restrict__ keys, int n, u32* __restrict__ ids) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) ids[i] = keys[i] == 0 ? 0u : ~u32(keys[i]);
+}

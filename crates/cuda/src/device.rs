@@ -8,7 +8,7 @@ use crate::source::modules;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DeviceRepr, ValidAsZeroBits,
+    DevicePtrMut, DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -344,7 +344,7 @@ impl Device {
     /// Sets a device buffer to zero bits (queued on the stream).
     pub fn zero<T: DeviceRepr + ValidAsZeroBits>(
         &self,
-        dst: &mut CudaSlice<T>,
+        dst: &mut impl DevicePtrMut<T>,
     ) -> Result<(), CudaError> {
         self.stream
             .memset_zeros(dst)

@@ -3,13 +3,13 @@
 //! the 8-byte key of its largest finite value. Ties go to the lower index and NaN and
 //! infinities are never chosen, as on the host (`sampling::greedy_argmax`).
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::raw;
-use crate::source::{ARGMAX_KERNEL, ARGMAX_PER_THREAD};
+use crate::source::{ARGMAX_KERNEL, ARGMAX_PER_THREAD, IDS_OF_KEYS_KERNEL};
 
 /// Threads per CTA of the argmax.
 const ARGMAX_THREADS: u32 = 256;
@@ -35,6 +35,29 @@ pub fn argmax_rows(
     best: &mut [Option<u32>],
 ) -> Result<(), CudaError> {
     let rows = best.len();
+    if keys.len() < rows {
+        return Err(keys_too_few(rows, keys.len()));
+    }
+    let mut keys = keys.slice_mut(..rows);
+    argmax_rows_queued(device, x, &mut keys)?;
+    // Into an array: a greedy decode step allocates nothing.
+    let mut found = [0u64; MAX_ARGMAX_ROWS];
+    device.copy_to_host(&keys.as_view(), &mut found[..rows])?;
+    for (b, &key) in best.iter_mut().zip(&found[..rows]) {
+        *b = token_of_key(key);
+    }
+    Ok(())
+}
+
+/// The argmax keys of the `keys.len()` rows of `x` (equal lengths) into `keys`, queued: the
+/// host reads them later ([`token_of_key`]), or [`ids_of_keys`] hands the tokens on to a
+/// kernel without the host (chained greedy steps).
+pub fn argmax_rows_queued(
+    device: &Device,
+    x: &CudaView<'_, f32>,
+    keys: &mut CudaViewMut<'_, u64>,
+) -> Result<(), CudaError> {
+    let rows = keys.len();
     let n = x.len() / rows.max(1);
     if rows == 0 || n == 0 || n * rows != x.len() || u32::try_from(n).is_err() {
         return Err(CudaError::Shape {
@@ -44,33 +67,51 @@ pub fn argmax_rows(
             found: x.len(),
         });
     }
-    if keys.len() < rows || rows > MAX_ARGMAX_ROWS {
-        return Err(CudaError::Shape {
-            op: CudaOp::Argmax,
-            what: "keys (one a row, at most MAX_ARGMAX_ROWS rows)",
-            expected: rows,
-            found: keys.len(),
-        });
+    if rows > MAX_ARGMAX_ROWS {
+        return Err(keys_too_few(rows, MAX_ARGMAX_ROWS));
     }
     device.zero(keys)?;
     let kernel = device.kernel(ARGMAX_KERNEL)?;
     let per_cta = ARGMAX_THREADS as usize * ARGMAX_PER_THREAD;
     let cfg = config((n.div_ceil(per_cta), rows, 1), ARGMAX_THREADS, 0);
-    raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), keys)?;
-    // Into an array: a greedy decode step allocates nothing.
-    let mut found = [0u64; MAX_ARGMAX_ROWS];
-    device.copy_to_host(&keys.slice(..rows), &mut found[..rows])?;
-    for (b, &key) in best.iter_mut().zip(&found[..rows]) {
-        *b = token_of_key(key);
+    raw::launch_argmax(device.stream(), kernel, cfg, x, to_i32(n), keys)
+}
+
+/// The token each of `keys` names (0 where a key is 0: no finite value) into `ids` (as
+/// many), queued: the ids of an embedding that follows a greedy pick on the device.
+pub fn ids_of_keys(
+    device: &Device,
+    keys: &CudaView<'_, u64>,
+    ids: &mut CudaViewMut<'_, u32>,
+) -> Result<(), CudaError> {
+    if keys.len() != ids.len() || keys.is_empty() {
+        return Err(CudaError::Shape {
+            op: CudaOp::Argmax,
+            what: "ids (one a key)",
+            expected: keys.len().max(1),
+            found: ids.len(),
+        });
     }
-    Ok(())
+    let kernel = device.kernel(IDS_OF_KEYS_KERNEL)?;
+    let n = keys.len();
+    let cfg = config((n.div_ceil(32), 1, 1), 32, 0);
+    raw::launch_ids_of_keys(device.stream(), kernel, cfg, keys, to_i32(n), ids)
+}
+
+fn keys_too_few(rows: usize, found: usize) -> CudaError {
+    CudaError::Shape {
+        op: CudaOp::Argmax,
+        what: "keys (one a row, at most MAX_ARGMAX_ROWS rows)",
+        expected: rows,
+        found,
+    }
 }
 
 /// Most rows [`argmax_rows`] takes at once (an MTP verification has at most 4).
 pub const MAX_ARGMAX_ROWS: usize = 16;
 
 /// The index a key of `argmax_kernel` names (its low half is 2^32 - 1 - index); 0: none.
-fn token_of_key(key: u64) -> Option<u32> {
+pub fn token_of_key(key: u64) -> Option<u32> {
     (key != 0).then(|| u32::MAX - (key & 0xffff_ffff) as u32)
 }
 

@@ -72,7 +72,9 @@ pub use expert_cache::{
     LookupKind, MappedHost, CACHE_MAX_EXPERTS,
 };
 pub use graph::Graph;
-pub use greedy::{argmax, argmax_rows, MAX_ARGMAX_ROWS};
+pub use greedy::{
+    argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
+};
 pub use host_stage::HostStage;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,

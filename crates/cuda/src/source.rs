@@ -26,6 +26,7 @@ const MOE_CACHED: &str = include_str!("../kernels/moe_cached.cu");
 
 /// Greedy sampling on the device (`elementwise.cu`, `greedy.rs`), and its values a thread.
 pub(crate) const ARGMAX_KERNEL: &str = "argmax_kernel";
+pub(crate) const IDS_OF_KEYS_KERNEL: &str = "ids_of_keys_kernel";
 pub(crate) const ARGMAX_PER_THREAD: usize = 8;
 
 /// The weighted sum of per-pair expert outputs (`moe.cu`).
@@ -655,6 +656,7 @@ fn module_families() -> Vec<ModuleSource> {
                         "rms_norm_q8_kernel",
                         "add_rms_norm_q8_kernel",
                         ARGMAX_KERNEL,
+                        IDS_OF_KEYS_KERNEL,
                     ]
                     .map(String::from),
                 )

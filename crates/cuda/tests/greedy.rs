@@ -4,7 +4,9 @@
 //! memory (`HostStage`) against the plain copy. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
-use redlite_cuda::{argmax, argmax_rows, HostStage, MAX_ARGMAX_ROWS};
+use redlite_cuda::{
+    argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, HostStage, MAX_ARGMAX_ROWS,
+};
 
 mod common;
 use common::{device, Rng};
@@ -83,6 +85,47 @@ fn argmax_rows_picks_each_rows_argmax() {
         let want: Vec<Option<u32>> = values.chunks(n).map(host_argmax).collect();
         assert_eq!(best, want, "{rows} rows of {n}");
     }
+}
+
+/// Chained greedy steps: keys queued into slots of a larger buffer (the slots before them
+/// kept), then the tokens they name written on the device for an embedding to read; a row
+/// with nothing finite gives id 0 there and no token on the host.
+#[test]
+fn queued_keys_hand_their_tokens_on_without_the_host() {
+    let Some(device) = device("queued_keys_hand_their_tokens_on_without_the_host") else {
+        return;
+    };
+    let mut rng = Rng(11);
+    let n = 151_936;
+    let mut keys = device.alloc_zeros::<u64>(MAX_ARGMAX_ROWS).unwrap();
+    let mut want = Vec::new();
+    // Slot 0 alone (a draft), then slots 1..4 (a verification of three rows).
+    for (first, rows) in [(0usize, 1usize), (1, 3)] {
+        let mut values: Vec<f32> = (0..rows * n)
+            .map(|_| (rng.next() % 100_000) as f32 * 0.25 - 9.0)
+            .collect();
+        if rows == 3 {
+            values[n..2 * n].iter_mut().for_each(|v| *v = f32::NAN);
+        }
+        let x = device.upload(&values).unwrap();
+        let mut slots = keys.slice_mut(first..first + rows);
+        argmax_rows_queued(&device, &x.as_view(), &mut slots).unwrap();
+        want.extend(values.chunks(n).map(host_argmax));
+    }
+    let slots = want.len();
+    let mut ids = device.upload(&vec![u32::MAX; slots + 1]).unwrap();
+    let mut into = ids.slice_mut(1..slots + 1);
+    ids_of_keys(&device, &keys.slice(..slots), &mut into).unwrap();
+    let mut read = vec![0u64; slots];
+    device
+        .copy_to_host(&keys.slice(..slots), &mut read)
+        .unwrap();
+    let got: Vec<Option<u32>> = read.iter().map(|&k| token_of_key(k)).collect();
+    assert_eq!(got, want, "the keys read on the host");
+    let ids = device.download(&ids).unwrap();
+    assert_eq!(ids[0], u32::MAX, "ids before the slots are kept");
+    let on_device: Vec<u32> = want.iter().map(|t| t.unwrap_or(0)).collect();
+    assert_eq!(&ids[1..], &on_device[..], "the ids written on the device");
 }
 
 #[test]

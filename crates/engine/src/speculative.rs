@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::error::{EngineError, Result};
 use crate::generate::StopReason;
 use crate::sampling::{Rng, Sampler};
-use crate::session::{Runner, MAX_DRAFT};
+use crate::session::{GreedyStep, Runner, MAX_DRAFT};
 
 /// Environment variable of the forced acceptance rate (benchmarks only).
 pub const FORCE_ACCEPT_ENV: &str = "REDLITE_MTP_FORCE_ACCEPT";
@@ -188,15 +188,11 @@ impl Speculator {
         n: usize,
         on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
     ) -> Result<Step> {
-        let drafts = session.mtp_draft_greedy(token, n)?;
-        let mut batch = Vec::with_capacity(n + 1);
-        batch.push(token);
-        batch.extend_from_slice(&drafts);
-        let picks = session.mtp_verify_greedy(&batch)?;
-        if picks.len() != batch.len() {
+        let GreedyStep { drafts, picks } = session.mtp_greedy_step(token, n)?;
+        if picks.len() != n + 1 || drafts.len() != n {
             return Err(EngineError::BadConfig(format!(
-                "a verification of {} rows gave {} tokens",
-                batch.len(),
+                "a greedy step of {n} drafts gave {} drafts and {} picks",
+                drafts.len(),
                 picks.len()
             )));
         }

@@ -438,3 +438,44 @@ fn greedy_drafts_and_picks_equal_the_logits_api() {
     );
     assert_eq!(a, b, "the sessions' next logits");
 }
+
+/// A chained greedy step (`mtp_greedy_step`: the CPU backend keeps its picks, the drafts
+/// reach the next draft and the verification as stand-ins replaced by the backend) against
+/// the logits API picking on the host: the same drafts, picks and, after rounds keeping all,
+/// some and none of the drafts, the same next logits.
+#[test]
+fn a_chained_greedy_step_picks_what_the_logits_api_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = tiny_model(dir.path(), true);
+    let p = prompt(12);
+    let (mut by_logits, mut chained) = (session(&gguf, true, 16), session(&gguf, true, 16));
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
+    chained.feed(&p, false, false).unwrap();
+    for (round, draft) in [3usize, 1, 2, 3, 1].into_iter().enumerate() {
+        let drafts = by_logits
+            .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
+            .unwrap();
+        let mut batch = vec![next];
+        batch.extend_from_slice(&drafts);
+        let rows = by_logits.mtp_verify(&batch).unwrap();
+        let picks: Vec<u32> = rows.chunks(rows.len() / batch.len()).map(argmax).collect();
+        let step = chained.mtp_greedy_step(next, draft).unwrap();
+        assert_eq!(step.drafts, drafts, "round {round}: drafts");
+        assert_eq!(step.picks, picks, "round {round}: picks");
+        let keep = [draft, 0, 1, 2, 0][round].min(draft);
+        by_logits.mtp_accept(keep).unwrap();
+        chained.mtp_accept(keep).unwrap();
+        next = picks[keep];
+    }
+    assert_eq!(chained.pos(), by_logits.pos());
+    let (a, b) = (
+        by_logits.step(next).unwrap().to_vec(),
+        chained.step(next).unwrap().to_vec(),
+    );
+    assert_eq!(a, b, "the sessions' next logits");
+    // A step the session refuses leaves nothing kept behind: the next one is whole.
+    assert!(chained.mtp_greedy_step(next, 4).is_err());
+    let step = chained.mtp_greedy_step(next, 1).unwrap();
+    assert_eq!((step.drafts.len(), step.picks.len()), (1, 2));
+}

@@ -10,8 +10,7 @@ use crate::profile;
 use crate::q8_input::Q8Views;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 pub(super) fn launched(
@@ -217,7 +216,7 @@ pub(crate) fn launch_argmax(
     config: LaunchConfig,
     x: &CudaView<'_, f32>,
     n: i32,
-    best: &mut CudaSlice<u64>,
+    best: &mut CudaViewMut<'_, u64>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(x).arg(&n).arg(best);
@@ -225,6 +224,24 @@ pub(crate) fn launch_argmax(
     // n read none), best grid.y u64 (op entry); blockDim is a multiple of 32 (at most 1,024:
     // 32 warp slots).
     launched(stream, "cuLaunchKernel(argmax)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `ids_of_keys_kernel(keys, n, ids)`: the token of each of the n keys into ids.
+pub(crate) fn launch_ids_of_keys(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    keys: &CudaView<'_, u64>,
+    n: i32,
+    ids: &mut CudaViewMut<'_, u32>,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(keys).arg(&n).arg(ids);
+    // SAFETY: arguments match the signature; keys and ids hold n values each (op entry);
+    // threads past n return.
+    launched(stream, "cuLaunchKernel(ids_of_keys)", unsafe {
         launch.launch(config)
     })
 }

@@ -6,7 +6,9 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-use crate::error::Result;
+use std::ops::Range;
+
+use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
 
@@ -101,6 +103,19 @@ pub struct ExpertCacheCounts {
     /// first use).
     pub prefetched: u64,
     pub prefetch_hits: u64,
+}
+
+/// Which LM head a greedy pick goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LmHead {
+    /// The trunk's (`output`).
+    Trunk,
+    /// The MTP block's (the trunk's unless the file has `nextn.shared_head_head`).
+    Mtp,
+}
+
+fn no_kept_picks() -> EngineError {
+    EngineError::BadConfig("this backend keeps no greedy picks on its device".into())
 }
 
 pub trait Backend {
@@ -206,5 +221,35 @@ pub trait Backend {
     fn mtp_greedy_tokens(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<u32>) -> Result<bool> {
         let _ = (rows, x, out);
         Ok(false)
+    }
+
+    // Chained greedy steps: an MTP step's drafts feed the next draft and the verification
+    // on the device, and the host reads every pick of the step once, after the verification
+    // (no host round trip between the step's forward calls). Backends that do not chain say
+    // so in `keeps_greedy_tokens` and the session takes the picks one call at a time.
+
+    /// Whether the backend keeps greedy picks on the device ([`Backend::keep_greedy_tokens`]).
+    fn keeps_greedy_tokens(&self) -> bool {
+        false
+    }
+    /// The greedy token of each of `rows` (ascending) through `head`, kept in the next pick
+    /// slots on the device in row order; nothing comes to the host.
+    fn keep_greedy_tokens(&self, head: LmHead, rows: &[usize], x: &Self::Act) -> Result<()> {
+        let _ = (head, rows, x);
+        Err(no_kept_picks())
+    }
+    /// The next embedding ([`Backend::embed`] or [`Backend::mtp_input`]) takes its tokens
+    /// `at..at + picks.len()` from the kept pick slots `picks`, whatever ids it is given
+    /// there.
+    fn embed_kept(&self, at: usize, picks: Range<usize>) -> Result<()> {
+        let _ = (at, picks);
+        Err(no_kept_picks())
+    }
+    /// Every kept pick in slot order, read to the host (after the work queued before it),
+    /// into `out`; the slots and a pending [`Backend::embed_kept`] are dropped, also when the
+    /// read fails (an error where a row had no finite logit).
+    fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! diagram: per layer, norm → mixer (DeltaNet or attention) → residual → norm → MoE →
 //! residual; then the final norm and the LM head.
 
-use crate::backend::{Backend, Batch, Norm, Segment, SeqState};
+use crate::backend::{Backend, Batch, LmHead, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::LayerKind;
 use crate::sampling::greedy_argmax;
@@ -100,7 +100,7 @@ pub fn forward_into<B: Backend>(
         one_sequence(
             backend,
             (state, work, tokens),
-            (rows, false),
+            (rows, Picks::Logits),
             capture_hidden,
             output,
         )
@@ -120,8 +120,47 @@ pub fn forward_greedy_into<B: Backend>(
     output: &mut Output,
 ) -> Result<()> {
     with_rows(logits, tokens.len(), |rows| {
-        one_sequence(backend, (state, work, tokens), (rows, true), false, output)
+        one_sequence(
+            backend,
+            (state, work, tokens),
+            (rows, Picks::Greedy),
+            false,
+            output,
+        )
     })
+}
+
+/// [`forward_greedy_into`] whose greedy tokens stay on the device, in the backend's next
+/// pick slots ([`Backend::keep_greedy_tokens`]; an error where it keeps none): a chained
+/// greedy step reads them with the rest of its picks.
+pub fn forward_kept<B: Backend>(
+    backend: &B,
+    state: &mut B::State,
+    work: &mut Workspace<B>,
+    tokens: &[u32],
+    logits: Logits,
+) -> Result<()> {
+    let mut output = Output::default();
+    with_rows(logits, tokens.len(), |rows| {
+        one_sequence(
+            backend,
+            (state, work, tokens),
+            (rows, Picks::Kept),
+            false,
+            &mut output,
+        )
+    })
+}
+
+/// What the LM head gives for the rows asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Picks {
+    /// Their logits.
+    Logits,
+    /// Their greedy tokens where the backend picks them itself, else their logits.
+    Greedy,
+    /// Their greedy tokens, kept on the device.
+    Kept,
 }
 
 /// `f` on the rows of `n` that `logits` asks for (no allocation for the last row alone).
@@ -153,7 +192,7 @@ impl Output {
 fn one_sequence<B: Backend>(
     backend: &B,
     (state, work, tokens): (&mut B::State, &mut Workspace<B>, &[u32]),
-    head: (&[usize], bool),
+    head: (&[usize], Picks),
     capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
@@ -243,7 +282,7 @@ pub fn forward_batch<B: Backend>(
         work,
         &ids,
         &mut segs,
-        (&logit_rows, false),
+        (&logit_rows, Picks::Logits),
         b,
         capture_hidden,
         &mut output,
@@ -251,16 +290,15 @@ pub fn forward_batch<B: Backend>(
     Ok(output)
 }
 
-/// The layers, the final norm and the logits of `logit_rows`, into `output` (cleared
-/// first); with `greedy` (one row) the backend's greedy token instead where it has one.
-/// Every segment's state advances by its tokens.
+/// The layers, the final norm and what `picks` asks of the LM head for `logit_rows`, into
+/// `output` (cleared first). Every segment's state advances by its tokens.
 #[allow(clippy::too_many_arguments)]
 fn run<B: Backend>(
     backend: &B,
     work: &mut Workspace<B>,
     ids: &[u32],
     segs: &mut [Segment<'_, B::State>],
-    (logit_rows, greedy): (&[usize], bool),
+    (logit_rows, picks): (&[usize], Picks),
     b: Batch,
     capture_hidden: bool,
     output: &mut Output,
@@ -305,8 +343,9 @@ fn run<B: Backend>(
     if logit_rows.is_empty() {
         return Ok(());
     }
-    if greedy && backend.greedy_tokens(logit_rows, h, &mut output.tokens)? {
-        return Ok(());
+    match picks {
+        Picks::Kept => backend.keep_greedy_tokens(LmHead::Trunk, logit_rows, h),
+        Picks::Greedy if backend.greedy_tokens(logit_rows, h, &mut output.tokens)? => Ok(()),
+        Picks::Greedy | Picks::Logits => backend.logits(logit_rows, h, &mut output.logits),
     }
-    backend.logits(logit_rows, h, &mut output.logits)
 }

@@ -3,6 +3,7 @@
 mod attention;
 pub mod delta_rule;
 mod deltanet;
+mod kept;
 pub mod linear;
 pub(crate) mod moe;
 mod moe_decode;
@@ -12,13 +13,14 @@ mod pool;
 mod scratch;
 pub mod weights;
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use arrayvec::ArrayVec;
 
 use redlite_gguf::GgufModel;
 
-use crate::backend::{segment_rows, Backend, Batch, Norm, Segment, SeqState};
+use crate::backend::{segment_rows, Backend, Batch, LmHead, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::{KvCache, KvType, SequenceState, Snapshot};
@@ -29,6 +31,8 @@ pub struct CpuBackend {
     config: HybridConfig,
     weights: CpuWeights,
     precision: Precision,
+    /// Chained greedy steps: the picks kept (`kept.rs`).
+    kept: Mutex<kept::KeptPicks>,
 }
 
 impl CpuBackend {
@@ -47,6 +51,7 @@ impl CpuBackend {
             config,
             weights,
             precision,
+            kept: Mutex::default(),
         })
     }
 
@@ -114,6 +119,8 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<()> {
+        let mut buf = Vec::new();
+        let tokens = self.kept()?.substitute(tokens, &mut buf)?;
         self.embed_with(&self.weights.model.token_embd, tokens, x)
     }
 
@@ -243,6 +250,8 @@ impl Backend for CpuBackend {
                 "MTP input: {n} rows from row {hidden_row0} exceed the activation buffers"
             )));
         }
+        let mut buf = Vec::new();
+        let tokens = self.kept()?.substitute(tokens, &mut buf)?;
         let mut embedded = vec![0f32; n * e];
         self.embed_with(self.weights.model.mtp_embed()?, tokens, &mut embedded)?;
         let mut concat = vec![0f32; n * 2 * e];
@@ -258,6 +267,24 @@ impl Backend for CpuBackend {
 
     fn mtp_logits(&self, rows: &[usize], x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         self.head_logits(self.weights.model.mtp_head()?, rows, x, out)
+    }
+
+    /// Always (`kept.rs` says why).
+    fn keeps_greedy_tokens(&self) -> bool {
+        true
+    }
+
+    fn keep_greedy_tokens(&self, head: LmHead, rows: &[usize], x: &Vec<f32>) -> Result<()> {
+        self.keep_picks(head, rows, x)
+    }
+
+    fn embed_kept(&self, at: usize, picks: Range<usize>) -> Result<()> {
+        self.kept()?.embed_next(at, picks)
+    }
+
+    fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
+        self.kept()?.take(out);
+        Ok(())
     }
 }
 

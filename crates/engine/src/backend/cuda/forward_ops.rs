@@ -15,7 +15,7 @@ use super::scratch::Scratch;
 use super::state::CudaState;
 use super::weights::{self, Mixer};
 use super::{attention, deltanet, keeps_codes, mtp, CudaBackend, ExpertResidency};
-use crate::backend::{Backend, Batch, ExpertCacheCounts, Norm, Segment};
+use crate::backend::{Backend, Batch, ExpertCacheCounts, LmHead, Norm, Segment};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
@@ -94,6 +94,7 @@ impl Backend for CudaBackend {
         self.device.mark("embedding");
         let mut ids = scratch.token_ids.slice_mut(..tokens.len());
         self.device.copy_to_device(tokens, &mut ids)?;
+        self.kept()?.substitute(&self.device, &mut ids)?;
         let mut out = x.rows_mut(tokens.len())?;
         redlite_cuda::embed(
             &self.device,
@@ -397,6 +398,7 @@ impl Backend for CudaBackend {
         self.device.mark("MTP block");
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
+        self.kept()?.substitute(&self.device, &mut ids)?;
         let mut buffers = self
             .mtp_buffers
             .lock()
@@ -425,6 +427,24 @@ impl Backend for CudaBackend {
         self.device.mark("MTP head");
         self.head_greedy(self.weights.mtp_head()?, rows, x, out)?;
         Ok(true)
+    }
+
+    /// With the device argmax (`REDLITE_DEVICE_GREEDY=1`): `kept.rs`.
+    fn keeps_greedy_tokens(&self) -> bool {
+        device_greedy()
+    }
+
+    fn keep_greedy_tokens(&self, head: LmHead, rows: &[usize], x: &CudaAct) -> Result<()> {
+        self.keep_picks(head, rows, x)
+    }
+
+    fn embed_kept(&self, at: usize, picks: std::ops::Range<usize>) -> Result<()> {
+        self.kept()?.embed_next(at, picks)
+    }
+
+    fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
+        self.kept()?
+            .take(&self.device, self.weights.output.rows, out)
     }
 }
 
@@ -557,7 +577,7 @@ impl CudaBackend {
 
     /// The LM head `head` of `rows` (ascending): each run of up to `most` consecutive rows
     /// takes one product, then `each` reads its `n` rows' logits from the scratch.
-    fn head_runs(
+    pub(super) fn head_runs(
         &self,
         head: &weights::DeviceMatrix,
         rows: &[usize],

@@ -19,6 +19,7 @@ mod experts;
 mod forward_ops;
 mod graph;
 mod host_moe;
+mod kept;
 mod moe;
 mod moe_pairs;
 mod mtp;
@@ -82,6 +83,8 @@ pub struct CudaBackend {
     prefetch: Mutex<Option<PrefetchBuffers>>,
     /// With `REDLITE_PINNED_LOGITS=1`: the page-locked buffer logits come back through.
     logits_stage: Mutex<redlite_cuda::HostStage>,
+    /// Chained greedy steps: the picks kept on the device.
+    kept: Mutex<kept::KeptPicks>,
 }
 
 impl CudaBackend {
@@ -173,6 +176,7 @@ impl CudaBackend {
             route_skew,
             host_moe: None,
             mtp_buffers: Mutex::new(mtp::MtpBuffers::default()),
+            kept: Mutex::new(kept::KeptPicks::default()),
             prefetch,
             logits_stage: Mutex::new(redlite_cuda::HostStage::new()),
         })

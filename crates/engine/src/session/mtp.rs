@@ -1,60 +1,23 @@
-//! One sequence on one backend: prefill in chunks, decode token by token, reset, snapshot.
+//! The session's MTP block: drafting, verifying a batch of drafts, keeping a prefix of it
+//! (speculative decoding; `speculative.rs` holds the acceptance rule).
 
 use std::time::Instant;
 
-use crate::backend::{Backend, SeqState};
+use super::{MtpTimings, Session, MAX_DRAFT};
+use crate::backend::{Backend, LmHead, SeqState};
 use crate::error::{EngineError, Result};
 use crate::model::forward::{
-    forward, forward_greedy_into, forward_into, Logits, Output, Workspace,
+    forward_greedy_into, forward_into, forward_kept, Logits, Output, Workspace,
 };
 use crate::model::mtp::{forward_mtp, Hidden};
 use crate::sampling::greedy_argmax;
-use crate::state::KvType;
-
-/// Default prefill chunk (`--chunk`).
-pub const DEFAULT_CHUNK: usize = 512;
-
-/// Most tokens the MTP block drafts per step (`--draft`).
-pub const MAX_DRAFT: usize = 3;
-
-pub struct Session<B: Backend> {
-    pub backend: B,
-    pub state: B::State,
-    work: Workspace<B>,
-    chunk: usize,
-    /// Positions of the KV cache, and its type (the MTP block's cache matches them).
-    context: usize,
-    kv_type: KvType,
-    /// The MTP block's state, once `enable_mtp` was called.
-    mtp: Option<MtpState<B>>,
-    timings: MtpTimings,
-    /// The last decode step's output, its buffer reused by the next step.
-    last: Output,
-}
-
-/// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
-/// no copy waits for (the rollback's copies) finish during, and are counted in, the next
-/// part that reads results (the next draft).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct MtpTimings {
-    /// Verification batches run.
-    pub steps: usize,
-    /// The MTP block: catching up on the trunk's rows and drafting (LM head included).
-    pub draft_seconds: f64,
-    /// The verification forward (all rows' logits), recording the DeltaNet state per row.
-    pub verify_seconds: f64,
-    /// Of which arming the recording.
-    pub checkpoint_seconds: f64,
-    /// Rolling back to the last kept row after a rejection.
-    pub accept_seconds: f64,
-}
 
 /// The MTP block next to a session (speculative decoding). Invariant between calls: the
 /// block has processed every position whose next token the session knows, except the last
 /// `pending_rows` positions, whose trunk outputs are rows `0..pending_rows` of the
 /// session's workspace (`h`, kept normed) and whose next tokens are `pending_next` (one
 /// fewer: the last one's next token comes with the next call).
-struct MtpState<B: Backend> {
+pub(super) struct MtpState<B: Backend> {
     state: B::State,
     work: Workspace<B>,
     pending_rows: usize,
@@ -65,29 +28,18 @@ struct MtpState<B: Backend> {
     verified: Vec<u32>,
 }
 
-impl<B: Backend> Session<B> {
-    /// A session with a KV cache of `context` positions, prefilling `chunk` tokens at a time.
-    pub fn new(backend: B, context: usize, kv_type: KvType, chunk: usize) -> Result<Session<B>> {
-        if chunk == 0 {
-            return Err(EngineError::BadConfig(
-                "the prefill chunk must be at least 1 token".into(),
-            ));
-        }
-        let state = backend.new_state(context, kv_type);
-        let work = Workspace::new(&backend, chunk);
-        Ok(Session {
-            backend,
-            state,
-            work,
-            chunk,
-            context,
-            kv_type,
-            mtp: None,
-            timings: MtpTimings::default(),
-            last: Output::default(),
-        })
+impl<B: Backend> MtpState<B> {
+    /// Back to an empty sequence, like the session's.
+    pub(super) fn reset(&mut self) {
+        self.state.reset_state();
+        self.pending_rows = 0;
+        self.pending_next.clear();
+        self.checkpointed = false;
+        self.verified.clear();
     }
+}
 
+impl<B: Backend> Session<B> {
     /// Turns on the MTP block (its weights must be loaded into the backend) for
     /// speculative decoding; the session must be empty.
     pub fn enable_mtp(&mut self) -> Result<()> {
@@ -131,7 +83,7 @@ impl<B: Backend> Session<B> {
     /// Pairs the pending trunk rows with their next tokens (the last one `next`) and runs
     /// the MTP block over them (its normed output in its workspace); returns the rows run
     /// (0 when nothing was pending).
-    fn mtp_catch_up(&mut self, next: u32) -> Result<usize> {
+    pub(super) fn mtp_catch_up(&mut self, next: u32) -> Result<usize> {
         let Some(mtp) = self.mtp.as_mut() else {
             return Ok(0);
         };
@@ -156,7 +108,7 @@ impl<B: Backend> Session<B> {
     }
 
     /// Records the rows of the last forward call as pending for the MTP block.
-    fn mtp_pending(&mut self, tokens: &[u32]) {
+    pub(super) fn mtp_pending(&mut self, tokens: &[u32]) {
         if let Some(mtp) = self.mtp.as_mut() {
             mtp.pending_rows = tokens.len();
             mtp.pending_next = tokens[1..].to_vec();
@@ -215,6 +167,10 @@ impl<B: Backend> Session<B> {
         let mut drafts = vec![pick.pick(&self.backend, &mtp.work, row)?];
         while drafts.len() < n {
             let prev = drafts[drafts.len() - 1];
+            if let DraftPick::Kept = pick {
+                // `prev` is a stand-in: the draft is in its slot on the device.
+                self.backend.embed_kept(0, drafts.len() - 1..drafts.len())?;
+            }
             forward_mtp(
                 &self.backend,
                 &mut mtp.state,
@@ -233,7 +189,9 @@ impl<B: Backend> Session<B> {
     /// follow) and returns the logits of every row; `mtp_accept` then keeps a prefix.
     pub fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let start = Instant::now();
-        let logits = self.mtp_verify_inner(tokens, false).map(|out| out.logits);
+        let logits = self
+            .mtp_verify_inner(tokens, Verify::Logits)
+            .map(|out| out.logits);
         self.timings.verify_seconds += start.elapsed().as_secs_f64();
         self.timings.steps += 1;
         logits
@@ -244,17 +202,74 @@ impl<B: Backend> Session<B> {
     pub fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
         let start = Instant::now();
         let vocab = self.n_vocab();
-        let picks = self.mtp_verify_inner(tokens, true).and_then(|out| {
-            let mut picks = Vec::with_capacity(tokens.len());
-            out.greedy_tokens(vocab, &mut picks)?;
-            Ok(picks)
-        });
+        let picks = self
+            .mtp_verify_inner(tokens, Verify::Greedy)
+            .and_then(|out| {
+                let mut picks = Vec::with_capacity(tokens.len());
+                out.greedy_tokens(vocab, &mut picks)?;
+                Ok(picks)
+            });
         self.timings.verify_seconds += start.elapsed().as_secs_f64();
         self.timings.steps += 1;
         picks
     }
 
-    fn mtp_verify_inner(&mut self, tokens: &[u32], greedy: bool) -> Result<Output> {
+    /// [`Session::mtp_draft_greedy`] then [`Session::mtp_verify_greedy`] of `[next,
+    /// drafts...]` in one call; [`Session::mtp_accept`] then keeps a prefix. On a backend that
+    /// keeps greedy picks on its device (the CUDA backend with `REDLITE_DEVICE_GREEDY=1`) each
+    /// draft feeds the next draft and the verification there and the host reads the step's
+    /// picks once, after the verification, so the device never waits for the host within a
+    /// step; the same tokens either way.
+    pub fn mtp_greedy_step(&mut self, next: u32, n: usize) -> Result<GreedyStep> {
+        if !self.backend.keeps_greedy_tokens() {
+            let drafts = self.mtp_draft_greedy(next, n)?;
+            let mut batch = Vec::with_capacity(n + 1);
+            batch.push(next);
+            batch.extend_from_slice(&drafts);
+            let picks = self.mtp_verify_greedy(&batch)?;
+            return Ok(GreedyStep { drafts, picks });
+        }
+        let step = self.mtp_chained_step(next, n);
+        if step.is_err() {
+            // Drop what the failed step kept; its own error is the one to report.
+            let _ = self.backend.take_kept_tokens(&mut Vec::new());
+        }
+        step
+    }
+
+    fn mtp_chained_step(&mut self, next: u32, n: usize) -> Result<GreedyStep> {
+        let start = Instant::now();
+        let drafted = self.mtp_draft_inner(next, n, DraftPick::Kept);
+        self.timings.draft_seconds += start.elapsed().as_secs_f64();
+        drafted?;
+        let start = Instant::now();
+        // Stand-ins after `next`: the drafts are in slots 0..n on the device.
+        let mut batch = vec![0; n + 1];
+        batch[0] = next;
+        let mut ids = Vec::with_capacity(2 * n + 1);
+        let verified = self
+            .backend
+            .embed_kept(1, 0..n)
+            .and_then(|()| self.mtp_verify_inner(&batch, Verify::Kept))
+            .and_then(|_| self.backend.take_kept_tokens(&mut ids));
+        self.timings.verify_seconds += start.elapsed().as_secs_f64();
+        self.timings.steps += 1;
+        verified?;
+        if ids.len() != 2 * n + 1 {
+            return Err(EngineError::BadConfig(format!(
+                "a chained step of {n} drafts kept {} picks, not {}",
+                ids.len(),
+                2 * n + 1
+            )));
+        }
+        let picks = ids.split_off(n);
+        if let Some(mtp) = self.mtp.as_mut() {
+            mtp.verified[1..].copy_from_slice(&ids);
+        }
+        Ok(GreedyStep { drafts: ids, picks })
+    }
+
+    fn mtp_verify_inner(&mut self, tokens: &[u32], verify: Verify) -> Result<Output> {
         if self.mtp.is_none() {
             return Err(EngineError::NoMtpBlock);
         }
@@ -270,9 +285,14 @@ impl<B: Backend> Session<B> {
         self.timings.checkpoint_seconds += start.elapsed().as_secs_f64();
         let mut out = Output::default();
         let (backend, state, work) = (&self.backend, &mut self.state, &mut self.work);
-        match greedy {
-            true => forward_greedy_into(backend, state, work, tokens, Logits::All, &mut out)?,
-            false => forward_into(backend, state, work, tokens, Logits::All, false, &mut out)?,
+        match verify {
+            Verify::Logits => {
+                forward_into(backend, state, work, tokens, Logits::All, false, &mut out)?
+            }
+            Verify::Greedy => {
+                forward_greedy_into(backend, state, work, tokens, Logits::All, &mut out)?
+            }
+            Verify::Kept => forward_kept(backend, state, work, tokens, Logits::All)?,
         }
         if let Some(mtp) = self.mtp.as_mut() {
             mtp.checkpointed = true;
@@ -322,205 +342,6 @@ impl<B: Backend> Session<B> {
         self.mtp_pending(kept);
         Ok(())
     }
-
-    pub fn n_vocab(&self) -> usize {
-        self.backend.config().n_vocab
-    }
-
-    /// Back to an empty sequence (the cache keeps its size).
-    pub fn reset(&mut self) {
-        self.state.reset_state();
-        if let Some(mtp) = self.mtp.as_mut() {
-            mtp.state.reset_state();
-            mtp.pending_rows = 0;
-            mtp.pending_next.clear();
-            mtp.checkpointed = false;
-            mtp.verified.clear();
-        }
-    }
-
-    /// Tokens processed so far.
-    pub fn pos(&self) -> usize {
-        self.state.pos()
-    }
-
-    /// Feeds `tokens` in chunks; returns the logits of the last one (or of all with `all`),
-    /// and with `capture_hidden` the per-layer residual stream of every chunk, concatenated.
-    pub fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output> {
-        if tokens.is_empty() {
-            return Err(EngineError::BadConfig("no tokens to process".into()));
-        }
-        self.state.check_room(tokens.len())?;
-        let mut total = Output::default();
-        let n_chunks = tokens.len().div_ceil(self.chunk);
-        for (i, piece) in tokens.chunks(self.chunk).enumerate() {
-            let want = match (all, i + 1 == n_chunks) {
-                (true, _) => Logits::All,
-                (false, true) => Logits::Last,
-                (false, false) => Logits::None,
-            };
-            self.mtp_catch_up(piece[0])?;
-            let out = forward(
-                &self.backend,
-                &mut self.state,
-                &mut self.work,
-                piece,
-                want,
-                capture_hidden,
-            )?;
-            self.mtp_pending(piece);
-            total.logits.extend_from_slice(&out.logits);
-            if total.hidden.is_empty() {
-                total.hidden = out.hidden;
-            } else {
-                for (acc, layer) in total.hidden.iter_mut().zip(out.hidden) {
-                    acc.extend_from_slice(&layer);
-                }
-            }
-        }
-        if tokens.len() > 1 {
-            self.backend.release_prompt_memory();
-        }
-        Ok(total)
-    }
-
-    /// Logits after one more token. The buffer is the session's, reused by the next step:
-    /// a decode step allocates nothing once it has grown.
-    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
-        self.mtp_catch_up(token)?;
-        forward_into(
-            &self.backend,
-            &mut self.state,
-            &mut self.work,
-            &[token],
-            Logits::Last,
-            false,
-            &mut self.last,
-        )?;
-        self.mtp_pending(&[token]);
-        Ok(&self.last.logits)
-    }
-
-    /// The greedy token after one more token (what [`Session::step`]'s logits give to
-    /// `sampling::greedy_argmax`): picked on the device where the backend can, so that a
-    /// greedy step copies one id to the host instead of the vocabulary's logits.
-    pub fn step_greedy(&mut self, token: u32) -> Result<u32> {
-        self.mtp_catch_up(token)?;
-        forward_greedy_into(
-            &self.backend,
-            &mut self.state,
-            &mut self.work,
-            &[token],
-            Logits::Last,
-            &mut self.last,
-        )?;
-        self.mtp_pending(&[token]);
-        match self.last.tokens.first() {
-            Some(&next) => Ok(next),
-            None => Ok(greedy_argmax(&self.last.logits)?),
-        }
-    }
-}
-
-/// A session seen without its backend type: what the generation loop, the benchmarks and
-/// the CLI need, so one code path drives any backend.
-pub trait Runner {
-    /// See [`Session::feed`].
-    fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output>;
-    /// Logits after one more token.
-    fn step(&mut self, token: u32) -> Result<&[f32]>;
-    /// See [`Session::step_greedy`].
-    fn step_greedy(&mut self, token: u32) -> Result<u32>;
-    /// Back to an empty sequence.
-    fn reset(&mut self);
-    /// Tokens processed so far.
-    fn pos(&self) -> usize;
-    /// Positions the context holds.
-    fn capacity(&self) -> usize;
-    fn n_vocab(&self) -> usize;
-    /// See [`Session::enable_mtp`].
-    fn enable_mtp(&mut self) -> Result<()>;
-    fn mtp_enabled(&self) -> bool;
-    /// See [`Session::disable_mtp`].
-    fn disable_mtp(&mut self);
-    /// See [`Session::mtp_draft`].
-    fn mtp_draft(
-        &mut self,
-        next: u32,
-        n: usize,
-        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
-    ) -> Result<Vec<u32>>;
-    /// See [`Session::mtp_draft_greedy`].
-    fn mtp_draft_greedy(&mut self, next: u32, n: usize) -> Result<Vec<u32>>;
-    /// See [`Session::mtp_verify`].
-    fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
-    /// See [`Session::mtp_verify_greedy`].
-    fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>>;
-    /// See [`Session::mtp_accept`].
-    fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
-    /// See [`Session::take_mtp_timings`].
-    fn take_mtp_timings(&mut self) -> MtpTimings;
-    /// See [`Backend::expert_cache_counts`].
-    fn expert_cache_counts(&self) -> Result<Vec<crate::backend::ExpertCacheCounts>>;
-}
-
-impl<B: Backend> Runner for Session<B> {
-    fn feed(&mut self, tokens: &[u32], all: bool, capture_hidden: bool) -> Result<Output> {
-        Session::feed(self, tokens, all, capture_hidden)
-    }
-    fn step(&mut self, token: u32) -> Result<&[f32]> {
-        Session::step(self, token)
-    }
-    fn step_greedy(&mut self, token: u32) -> Result<u32> {
-        Session::step_greedy(self, token)
-    }
-    fn reset(&mut self) {
-        Session::reset(self)
-    }
-    fn pos(&self) -> usize {
-        Session::pos(self)
-    }
-    fn capacity(&self) -> usize {
-        self.context
-    }
-    fn n_vocab(&self) -> usize {
-        Session::n_vocab(self)
-    }
-    fn enable_mtp(&mut self) -> Result<()> {
-        Session::enable_mtp(self)
-    }
-    fn mtp_enabled(&self) -> bool {
-        Session::mtp_enabled(self)
-    }
-    fn disable_mtp(&mut self) {
-        Session::disable_mtp(self)
-    }
-    fn mtp_draft(
-        &mut self,
-        next: u32,
-        n: usize,
-        pick: &mut dyn FnMut(&[f32]) -> Result<u32>,
-    ) -> Result<Vec<u32>> {
-        Session::mtp_draft(self, next, n, pick)
-    }
-    fn mtp_draft_greedy(&mut self, next: u32, n: usize) -> Result<Vec<u32>> {
-        Session::mtp_draft_greedy(self, next, n)
-    }
-    fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        Session::mtp_verify(self, tokens)
-    }
-    fn mtp_verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
-        Session::mtp_verify_greedy(self, tokens)
-    }
-    fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
-        Session::mtp_accept(self, accepted)
-    }
-    fn take_mtp_timings(&mut self) -> MtpTimings {
-        Session::take_mtp_timings(self)
-    }
-    fn expert_cache_counts(&self) -> Result<Vec<crate::backend::ExpertCacheCounts>> {
-        self.backend.expert_cache_counts()
-    }
 }
 
 /// How a draft is chosen from the MTP block's output row: by the caller from its logits,
@@ -528,6 +349,27 @@ impl<B: Backend> Runner for Session<B> {
 enum DraftPick<'p> {
     Logits(&'p mut dyn FnMut(&[f32]) -> Result<u32>),
     Greedy,
+    /// Greedily, kept in the backend's next pick slot (a chained step); the draft returned
+    /// is a stand-in (0).
+    Kept,
+}
+
+/// What a verification gives for its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verify {
+    Logits,
+    Greedy,
+    /// Greedy picks kept on the device.
+    Kept,
+}
+
+/// One greedy speculative step's picks ([`Session::mtp_greedy_step`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GreedyStep {
+    /// The drafts, in order.
+    pub drafts: Vec<u32>,
+    /// The trunk's greedy token after each row of the verification `[next, drafts...]`.
+    pub picks: Vec<u32>,
 }
 
 impl DraftPick<'_> {
@@ -549,6 +391,10 @@ impl DraftPick<'_> {
                 let mut logits = Vec::new();
                 backend.mtp_logits(&[row], &work.h, &mut logits)?;
                 Ok(greedy_argmax(&logits)?)
+            }
+            DraftPick::Kept => {
+                backend.keep_greedy_tokens(LmHead::Mtp, &[row], &work.h)?;
+                Ok(0)
             }
         }
     }
