@@ -429,9 +429,10 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
-    /// With the device argmax (`REDLITE_DEVICE_GREEDY=1`): `kept.rs`.
+    /// With the device argmax (`REDLITE_DEVICE_GREEDY=1`) unless `REDLITE_CHAINED_GREEDY=0`:
+    /// `kept.rs`.
     fn keeps_greedy_tokens(&self) -> bool {
-        device_greedy()
+        device_greedy() && CHAINED_GREEDY.on()
     }
 
     fn keep_greedy_tokens(&self, head: LmHead, rows: &[usize], x: &CudaAct) -> Result<()> {
@@ -637,6 +638,11 @@ fn pinned_logits() -> bool {
 /// a GPU (fifteenth and sixteenth sessions); off until `crates/cuda/tests/greedy.rs`,
 /// `cuda_parity`'s device-argmax test and `cuda_mtp` have passed on one.
 pub static DEVICE_GREEDY: Switch = Switch::new("REDLITE_DEVICE_GREEDY", false);
+
+/// `REDLITE_CHAINED_GREEDY=0`: with `DEVICE_GREEDY`, a greedy speculative step reads each
+/// draft before the next forward call (separate calls) instead of keeping its picks on the
+/// device until the verification has run (`kept.rs`); the same tokens.
+pub static CHAINED_GREEDY: Switch = Switch::new("REDLITE_CHAINED_GREEDY", true);
 
 fn device_greedy() -> bool {
     DEVICE_GREEDY.on()

@@ -43,7 +43,7 @@ pub use act::CudaAct;
 /// Switches of paths written without a GPU, which GPU tests set to compare them with the
 /// default paths in one process.
 pub mod switches {
-    pub use super::forward_ops::{DEVICE_GREEDY, PINNED_LOGITS};
+    pub use super::forward_ops::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
     pub use super::moe::ROUTER_TOPK_APART;
     pub use redlite_cuda::ROUTER_NORM;
 }
