@@ -245,8 +245,11 @@ fn verification_rows_are_the_bits_of_plain_steps() {
 }
 
 /// The greedy draft and verification (ids only, picked on the device: the test turns
-/// `DEVICE_GREEDY` on) against the logits API with a greedy pick on the host, both on the GPU: the same drafts and each row's largest logit, rounds
-/// keeping all, some and none of the drafts.
+/// `DEVICE_GREEDY` on), and the chained step (`mtp_greedy_step`: the drafts reach the next
+/// draft and the verification on the device, the host reads the step's ids once), against
+/// the logits API with a greedy pick on the host, all on the GPU: the same drafts and each
+/// row's largest logit over rounds keeping all, some and none of 1 to 3 drafts, then the same
+/// next logits, bit for bit.
 #[test]
 fn greedy_drafts_and_picks_equal_the_host_argmax() {
     let Some(device) = device("greedy_drafts_and_picks_equal_the_host_argmax") else {
@@ -261,10 +264,12 @@ fn greedy_drafts_and_picks_equal_the_host_argmax() {
         let gguf = mtp_model(dir.path(), recipe);
         let mut by_logits = gpu_session(&device, &gguf, Precision::Ggml);
         let mut by_ids = gpu_session(&device, &gguf, Precision::Ggml);
+        let mut chained = gpu_session(&device, &gguf, Precision::Ggml);
         let p = prompt(20);
         let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
         by_ids.feed(&p, false, false).unwrap();
-        for (round, draft) in [3usize, 1, 3, 2].into_iter().enumerate() {
+        chained.feed(&p, false, false).unwrap();
+        for (round, draft) in [3usize, 1, 3, 2, 1].into_iter().enumerate() {
             let case = format!("{} round {round}", recipe.name());
             let want = by_logits
                 .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
@@ -283,69 +288,26 @@ fn greedy_drafts_and_picks_equal_the_host_argmax() {
                 failures.push(format!("{case}: picks {picks:?}, the host {want_picks:?}"));
                 break;
             }
-            let keep = [draft, 0, 1, draft][round];
-            by_logits.mtp_accept(keep).unwrap();
-            by_ids.mtp_accept(keep).unwrap();
-            next = want_picks[keep];
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// A chained greedy step (`mtp_greedy_step`: the drafts reach the next draft and the
-/// verification on the device, the host reads the step's picks once) against the same step
-/// in separate calls that read each pick (`mtp_draft_greedy`, `mtp_verify_greedy`): the same
-/// drafts and picks over rounds of 1 to 3 drafts keeping all, some and none, and afterwards
-/// the same logits, bit for bit (the states went the same way).
-#[test]
-fn a_chained_greedy_step_picks_what_separate_calls_pick() {
-    let Some(device) = device("a_chained_greedy_step_picks_what_separate_calls_pick") else {
-        return;
-    };
-    redlite_engine::backend::cuda::switches::DEVICE_GREEDY.set(true);
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for recipe in RECIPES {
-        let gguf = mtp_model(dir.path(), recipe);
-        let mut separate = gpu_session(&device, &gguf, Precision::Ggml);
-        let mut chained = gpu_session(&device, &gguf, Precision::Ggml);
-        let p = prompt(20);
-        let logits = separate.feed(&p, false, false).unwrap().logits;
-        let mut next = redlite_engine::sampling::greedy_argmax(&logits).unwrap();
-        chained.feed(&p, false, false).unwrap();
-        for (round, draft) in [3usize, 1, 2, 3, 1].into_iter().enumerate() {
-            let case = format!("{} round {round}", recipe.name());
-            let drafts = separate.mtp_draft_greedy(next, draft).unwrap();
-            let mut batch = vec![next];
-            batch.extend_from_slice(&drafts);
-            let picks = separate.mtp_verify_greedy(&batch).unwrap();
             let step = chained.mtp_greedy_step(next, draft).unwrap();
-            if step.drafts != drafts || step.picks != picks {
+            if step.drafts != want || step.picks != want_picks {
                 failures.push(format!(
-                    "{case}: chained {:?} / {:?}, separate {drafts:?} / {picks:?}",
+                    "{case}: chained {:?} / {:?}, the host {want:?} / {want_picks:?}",
                     step.drafts, step.picks
                 ));
                 break;
             }
             let keep = [draft, 0, 1, 2, 0][round].min(draft);
-            separate.mtp_accept(keep).unwrap();
-            chained.mtp_accept(keep).unwrap();
-            next = picks[keep];
+            for s in [&mut by_logits, &mut by_ids, &mut chained] {
+                s.mtp_accept(keep).unwrap();
+            }
+            next = want_picks[keep];
         }
-        let want: Vec<u32> = separate
-            .step(next)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        let got: Vec<u32> = chained
-            .step(next)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        if got != want {
-            failures.push(format!("{}: logits after the rounds differ", recipe.name()));
+        let bits = |logits: &[f32]| logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let want = bits(by_logits.step(next).unwrap());
+        for (name, s) in [("ids", &mut by_ids), ("chained", &mut chained)] {
+            if bits(s.step(next).unwrap()) != want {
+                failures.push(format!("{} {name}: the next logits differ", recipe.name()));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -389,93 +389,52 @@ fn forced_acceptance_sets_the_rate() {
     assert_eq!(m.stats.accepted, m.stats.drafted);
 }
 
-/// The greedy draft and verification (ids only, picked by the backend where it can) give
-/// what the logits API gives with a greedy pick: the same drafts from the same state, and
-/// each verification row's largest logit; the two sessions then stay in step.
+/// The greedy draft and verification (ids only: `mtp_draft_greedy`, `mtp_verify_greedy`), and
+/// the chained step (`mtp_greedy_step`: the CPU backend keeps its picks, so the drafts reach
+/// the next draft and the verification as stand-ins the backend replaces), against the logits
+/// API picking on the host: the same drafts and picks over rounds of 1 to 3 drafts keeping
+/// all, some and none, then the same next logits.
 #[test]
 fn greedy_drafts_and_picks_equal_the_logits_api() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = tiny_model(dir.path(), true);
     let p = prompt(12);
-    let (mut by_logits, mut by_ids) = (session(&gguf, true, 16), session(&gguf, true, 16));
-    let first = {
-        let logits = by_logits.feed(&p, false, false).unwrap().logits;
-        by_ids.feed(&p, false, false).unwrap();
-        redlite_engine::sampling::greedy_argmax(&logits).unwrap()
-    };
-    let mut next = first;
-    for (round, draft) in [1usize, 3, 2, 3].into_iter().enumerate() {
+    let mut by_logits = session(&gguf, true, 16);
+    let (mut by_ids, mut chained) = (session(&gguf, true, 16), session(&gguf, true, 16));
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
+    by_ids.feed(&p, false, false).unwrap();
+    chained.feed(&p, false, false).unwrap();
+    for (round, draft) in [1usize, 3, 2, 3, 1].into_iter().enumerate() {
         let want = by_logits
-            .mtp_draft(next, draft, &mut |logits| {
-                Ok(redlite_engine::sampling::greedy_argmax(logits)?)
-            })
+            .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
             .unwrap();
         let got = by_ids.mtp_draft_greedy(next, draft).unwrap();
         assert_eq!(got, want, "round {round}: drafts");
         let mut batch = vec![next];
         batch.extend_from_slice(&want);
         let rows = by_logits.mtp_verify(&batch).unwrap();
-        let vocab = rows.len() / batch.len();
-        let want_picks: Vec<u32> = rows
-            .chunks(vocab)
-            .map(|row| redlite_engine::sampling::greedy_argmax(row).unwrap())
-            .collect();
-        assert_eq!(
-            by_ids.mtp_verify_greedy(&batch).unwrap(),
-            want_picks,
-            "round {round}"
-        );
+        let want_picks: Vec<u32> = rows.chunks(rows.len() / batch.len()).map(argmax).collect();
+        let picks = by_ids.mtp_verify_greedy(&batch).unwrap();
+        assert_eq!(picks, want_picks, "round {round}: picks");
+        let step = chained.mtp_greedy_step(next, draft).unwrap();
+        assert_eq!(step.drafts, want, "round {round}: chained drafts");
+        assert_eq!(step.picks, want_picks, "round {round}: chained picks");
         // Keep a different prefix each round (real drafts of random weights rarely match).
-        let keep = round % (draft + 1);
-        by_logits.mtp_accept(keep).unwrap();
-        by_ids.mtp_accept(keep).unwrap();
+        let keep = [draft, 0, 1, 2, 0][round].min(draft);
+        for s in [&mut by_logits, &mut by_ids, &mut chained] {
+            s.mtp_accept(keep).unwrap();
+        }
         next = want_picks[keep];
     }
-    assert_eq!(by_ids.pos(), by_logits.pos());
-    let (a, b) = (
-        by_logits.step(next).unwrap().to_vec(),
-        by_ids.step(next).unwrap().to_vec(),
-    );
-    assert_eq!(a, b, "the sessions' next logits");
-}
-
-/// A chained greedy step (`mtp_greedy_step`: the CPU backend keeps its picks, the drafts
-/// reach the next draft and the verification as stand-ins replaced by the backend) against
-/// the logits API picking on the host: the same drafts, picks and, after rounds keeping all,
-/// some and none of the drafts, the same next logits.
-#[test]
-fn a_chained_greedy_step_picks_what_the_logits_api_picks() {
-    let dir = tempfile::tempdir().unwrap();
-    let gguf = tiny_model(dir.path(), true);
-    let p = prompt(12);
-    let (mut by_logits, mut chained) = (session(&gguf, true, 16), session(&gguf, true, 16));
-    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
-    let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
-    chained.feed(&p, false, false).unwrap();
-    for (round, draft) in [3usize, 1, 2, 3, 1].into_iter().enumerate() {
-        let drafts = by_logits
-            .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
-            .unwrap();
-        let mut batch = vec![next];
-        batch.extend_from_slice(&drafts);
-        let rows = by_logits.mtp_verify(&batch).unwrap();
-        let picks: Vec<u32> = rows.chunks(rows.len() / batch.len()).map(argmax).collect();
-        let step = chained.mtp_greedy_step(next, draft).unwrap();
-        assert_eq!(step.drafts, drafts, "round {round}: drafts");
-        assert_eq!(step.picks, picks, "round {round}: picks");
-        let keep = [draft, 0, 1, 2, 0][round].min(draft);
-        by_logits.mtp_accept(keep).unwrap();
-        chained.mtp_accept(keep).unwrap();
-        next = picks[keep];
+    let pos = by_logits.pos();
+    let want = by_logits.step(next).unwrap().to_vec();
+    for (name, s) in [("ids", &mut by_ids), ("chained", &mut chained)] {
+        assert_eq!(s.pos(), pos, "{name}");
+        assert_eq!(s.step(next).unwrap(), &want[..], "{name}: the next logits");
     }
-    assert_eq!(chained.pos(), by_logits.pos());
-    let (a, b) = (
-        by_logits.step(next).unwrap().to_vec(),
-        chained.step(next).unwrap().to_vec(),
-    );
-    assert_eq!(a, b, "the sessions' next logits");
     // A step the session refuses leaves nothing kept behind: the next one is whole.
     assert!(chained.mtp_greedy_step(next, 4).is_err());
-    let step = chained.mtp_greedy_step(next, 1).unwrap();
+    let step = chained.mtp_greedy_step(argmax(&want), 1).unwrap();
     assert_eq!((step.drafts.len(), step.picks.len()), (1, 2));
 }
