@@ -10,6 +10,7 @@ use redlite_cuda::{Position, PostNorm, Switch, MAX_ARGMAX_ROWS};
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
 use super::moe::{self, LayerSkew};
+use super::moe_route;
 use super::prefetch::{self, NextBlock};
 use super::scratch::Scratch;
 use super::state::CudaState;
@@ -274,7 +275,7 @@ impl Backend for CudaBackend {
                 h_q8: &mut h_q8,
                 eps: self.config.rms_eps,
             };
-            moe::route_with_norm(&self.device, &self.config, w, &mut scratch, norm)?;
+            moe_route::route_with_norm(&self.device, &self.config, w, &mut scratch, norm)?;
         }
         self.moe_launches(layer, b, h, mix, true)
     }
@@ -522,7 +523,7 @@ impl CudaBackend {
         Ok(!prefetching
             && self.residency != ExpertResidency::Cpu
             && h.keeps_codes(b.tokens)
-            && moe::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
+            && moe_route::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
     }
 
     /// Logits of `rows` through `head`, appended to `out`.

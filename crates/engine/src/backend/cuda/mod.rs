@@ -22,6 +22,7 @@ mod host_moe;
 mod kept;
 mod moe;
 mod moe_pairs;
+mod moe_route;
 mod mtp;
 mod prefetch;
 mod q8_buffers;
@@ -44,7 +45,7 @@ pub use act::CudaAct;
 /// default paths in one process.
 pub mod switches {
     pub use super::forward_ops::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
-    pub use super::moe::ROUTER_TOPK_APART;
+    pub use super::moe_route::ROUTER_TOPK_APART;
     pub use redlite_cuda::ROUTER_NORM;
 }
 use experts::LayerCache;
