@@ -3,18 +3,16 @@
 //! logits and the MTP block's input; each queues kernels (or is skipped when the decode
 //! graph recorded it: `graph`).
 
-use std::sync::MutexGuard;
-
-use redlite_cuda::{Position, PostNorm, Switch, MAX_ARGMAX_ROWS};
+use redlite_cuda::{Position, PostNorm};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
+use super::head::{device_greedy, CHAINED_GREEDY};
 use super::moe::{self, LayerSkew};
 use super::moe_route;
 use super::prefetch::{self, NextBlock};
-use super::scratch::Scratch;
 use super::state::CudaState;
-use super::weights::{self, Mixer};
+use super::weights::Mixer;
 use super::{attention, deltanet, keeps_codes, mtp, CudaBackend, ExpertResidency};
 use crate::backend::{Backend, Batch, ExpertCacheCounts, LmHead, Norm, Segment};
 use crate::error::{EngineError, Result};
@@ -525,126 +523,4 @@ impl CudaBackend {
             && h.keeps_codes(b.tokens)
             && moe_route::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
     }
-
-    /// Logits of `rows` through `head`, appended to `out`.
-    fn head_logits(
-        &self,
-        head: &weights::DeviceMatrix,
-        rows: &[usize],
-        x: &CudaAct,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        self.head_runs(head, rows, x, usize::MAX, |scratch, n| {
-            let logits = scratch.logits.slice(..n * head.rows);
-            if pinned_logits() {
-                self.logits_stage
-                    .lock()
-                    .map_err(|_| EngineError::Cuda("logits stage lock poisoned by a panic".into()))?
-                    .append_to_host(&self.device, &logits, out)?;
-            } else {
-                let start = out.len();
-                out.resize(start + n * head.rows, 0.0);
-                self.device.copy_to_host(&logits, &mut out[start..])?;
-            }
-            Ok(())
-        })
-    }
-
-    /// The greedy token of each of `rows` through `head`, appended to `out`: each product's
-    /// rows take one argmax launch, and only their keys come back (8 bytes a row instead of
-    /// the vocabulary's logits).
-    fn head_greedy(
-        &self,
-        head: &weights::DeviceMatrix,
-        rows: &[usize],
-        x: &CudaAct,
-        out: &mut Vec<u32>,
-    ) -> Result<()> {
-        self.head_runs(head, rows, x, MAX_ARGMAX_ROWS, |scratch, n| {
-            let logits = scratch.logits.slice(..n * head.rows);
-            let mut best = [None; MAX_ARGMAX_ROWS];
-            redlite_cuda::argmax_rows(
-                &self.device,
-                &logits,
-                &mut scratch.greedy_keys,
-                &mut best[..n],
-            )?;
-            for token in &best[..n] {
-                let count = head.rows;
-                out.push(token.ok_or(crate::sampling::SamplingError::NoFiniteLogit { count })?);
-            }
-            Ok(())
-        })
-    }
-
-    /// The LM head `head` of `rows` (ascending): each run of up to `most` consecutive rows
-    /// takes one product, then `each` reads its `n` rows' logits from the scratch.
-    pub(super) fn head_runs(
-        &self,
-        head: &weights::DeviceMatrix,
-        rows: &[usize],
-        x: &CudaAct,
-        most: usize,
-        mut each: impl FnMut(&mut Scratch, usize) -> Result<()>,
-    ) -> Result<()> {
-        graph::lock(&self.graphs)?.interrupt()?;
-        let mut i = 0;
-        while i < rows.len() {
-            let mut j = i + 1;
-            while j < rows.len() && rows[j] == rows[j - 1] + 1 && j - i < most {
-                j += 1;
-            }
-            let (first, n) = (rows[i], j - i);
-            each(&mut *self.head_rows(head, x, (first, n))?, n)?;
-            i = j;
-        }
-        graph::lock(&self.graphs)?.times.logits_back();
-        Ok(())
-    }
-
-    /// The LM head `head` of the `n` rows of `x` from `first` into the scratch's logits
-    /// (`[n][vocab]`, queued), and the scratch that holds them.
-    fn head_rows(
-        &self,
-        head: &weights::DeviceMatrix,
-        x: &CudaAct,
-        (first, n): (usize, usize),
-    ) -> Result<MutexGuard<'_, Scratch>> {
-        let mut scratch = self.scratch(first + n)?;
-        scratch.reserve_logits(&self.device, &self.config, n)?;
-        let rows = x.row_range(first, first + n)?;
-        let q8 = x.q8_range(first, first + n);
-        redlite_cuda::matmul_quantized(
-            &self.device,
-            &head.view(),
-            (&rows, q8.as_ref()),
-            &mut scratch.logits.slice_mut(..n * head.rows),
-        )?;
-        Ok(scratch)
-    }
-}
-
-/// `REDLITE_PINNED_LOGITS=1`: logits come back through page-locked memory
-/// (`redlite_cuda::HostStage`: one DMA, then a host copy) instead of the driver's pageable
-/// path (a zero fill of the output, then a DMA and a host copy in waited-for pieces).
-/// Written without a GPU (sixteenth session); off until an A/B has measured it.
-pub static PINNED_LOGITS: Switch = Switch::new("REDLITE_PINNED_LOGITS", false);
-
-fn pinned_logits() -> bool {
-    PINNED_LOGITS.on()
-}
-
-/// `REDLITE_DEVICE_GREEDY=1`: greedy steps, MTP drafts and verifications pick their tokens
-/// on the device (`Backend::greedy_tokens`, `Backend::mtp_greedy_tokens`). Written without
-/// a GPU (fifteenth and sixteenth sessions); off until `crates/cuda/tests/greedy.rs`,
-/// `cuda_parity`'s device-argmax test and `cuda_mtp` have passed on one.
-pub static DEVICE_GREEDY: Switch = Switch::new("REDLITE_DEVICE_GREEDY", false);
-
-/// `REDLITE_CHAINED_GREEDY=0`: with `DEVICE_GREEDY`, a greedy speculative step reads each
-/// draft before the next forward call (separate calls) instead of keeping its picks on the
-/// device until the verification has run (`kept.rs`); the same tokens.
-pub static CHAINED_GREEDY: Switch = Switch::new("REDLITE_CHAINED_GREEDY", true);
-
-fn device_greedy() -> bool {
-    DEVICE_GREEDY.on()
 }

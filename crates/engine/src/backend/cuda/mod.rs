@@ -18,6 +18,7 @@ mod deltanet;
 mod experts;
 mod forward_ops;
 mod graph;
+mod head;
 mod host_moe;
 mod kept;
 mod moe;
@@ -44,7 +45,7 @@ pub use act::CudaAct;
 /// Switches of paths written without a GPU, which GPU tests set to compare them with the
 /// default paths in one process.
 pub mod switches {
-    pub use super::forward_ops::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
+    pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
     pub use super::moe_route::ROUTER_TOPK_APART;
     pub use redlite_cuda::ROUTER_NORM;
 }
