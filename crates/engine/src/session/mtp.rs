@@ -218,7 +218,7 @@ impl<B: Backend> Session<B> {
     /// drafts...]` in one call; [`Session::mtp_accept`] then keeps a prefix. On a backend that
     /// keeps greedy picks on its device (the CUDA backend with `REDLITE_DEVICE_GREEDY=1`) each
     /// draft feeds the next draft and the verification there and the host reads the step's
-    /// picks once, after the verification, so the device never waits for the host within a
+    /// picks once, after the verification, so no host read holds the device up within a
     /// step; the same tokens either way.
     pub fn mtp_greedy_step(&mut self, next: u32, n: usize) -> Result<GreedyStep> {
         if !self.backend.keeps_greedy_tokens() {
