@@ -38,18 +38,20 @@ impl HostStage {
         let Some(floats) = self.floats.as_mut() else {
             return Ok(());
         };
+        let host = floats
+            .as_mut_slice()
+            .map_err(CudaError::driver("cuEventSynchronize"))?;
+        // Into the first n floats only: a copy into the whole buffer would read as many
+        // floats from `src`, past its end once the buffer has grown larger.
         let stream = device.stream();
         stream
-            .memcpy_dtoh(src, floats)
+            .memcpy_dtoh(src, &mut host[..n])
             .map_err(CudaError::driver("cuMemcpyDtoHAsync"))?;
         // The stream's wait spins (the context's default scheduling) where the buffer's own
-        // event would block the thread and wake it late; the event is then already done.
+        // event would block the thread and wake it late.
         stream
             .synchronize()
             .map_err(CudaError::driver("cuStreamSynchronize"))?;
-        let host = floats
-            .as_slice()
-            .map_err(CudaError::driver("cuEventSynchronize"))?;
         out.extend_from_slice(&host[..n]);
         Ok(())
     }
