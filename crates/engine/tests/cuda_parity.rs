@@ -436,8 +436,9 @@ fn a_multi_sequence_batch_matches_the_cpu() {
 /// The paths written without a GPU behind switches keep the logits' bits: decode steps after
 /// a prompt, through the decode graph and eagerly, with each switch on against all off (the
 /// router with the post-mixer norm and the fused router with the gate row apart; logits
-/// through page-locked memory). Other tests of this process may meet a switch on meanwhile:
-/// they must get the same bits as well.
+/// through page-locked memory). The switches are the process's: run the GPU tests one at a
+/// time (`--test-threads=1`, as `scripts/device/common.sh` does), or a test running beside
+/// this one may meet a switch flipped in the middle of a step.
 #[test]
 fn switches_written_without_a_gpu_keep_the_logits_bits() {
     use redlite_cuda::Switch;
