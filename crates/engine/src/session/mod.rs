@@ -35,7 +35,9 @@ pub struct Session<B: Backend> {
 
 /// Wall time of the parts of speculative steps. The GPU queues work: a part's kernels that
 /// no copy waits for (the rollback's copies) finish during, and are counted in, the next
-/// part that reads results (the next draft).
+/// part that reads results (the next draft). A chained greedy step (`mtp_greedy_step` on a
+/// backend that keeps its picks) reads nothing before its verification, so its drafts' GPU
+/// time is counted in `verify_seconds`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct MtpTimings {
     /// Verification batches run.
