@@ -5,6 +5,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod kept;
 
 use std::ops::Range;
 

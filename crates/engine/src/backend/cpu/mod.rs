@@ -283,6 +283,7 @@ impl Backend for CpuBackend {
     }
 
     fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
         self.kept()?.take(out);
         Ok(())
     }

@@ -341,8 +341,7 @@ impl Backend for CudaBackend {
         if !device_greedy() {
             return Ok(false);
         }
-        self.device.mark("LM head");
-        self.head_greedy(&self.weights.output, rows, x, out)?;
+        self.read_picks(LmHead::Trunk, rows, x, out)?;
         Ok(true)
     }
 
@@ -423,8 +422,7 @@ impl Backend for CudaBackend {
         if !device_greedy() {
             return Ok(false);
         }
-        self.device.mark("MTP head");
-        self.head_greedy(self.weights.mtp_head()?, rows, x, out)?;
+        self.read_picks(LmHead::Mtp, rows, x, out)?;
         Ok(true)
     }
 
@@ -443,6 +441,7 @@ impl Backend for CudaBackend {
     }
 
     fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
         self.kept()?
             .take(&self.device, self.weights.output.rows, out)
     }

@@ -1,10 +1,10 @@
-//! The LM heads on the GPU: logits back to the host (through page-locked memory with
-//! `REDLITE_PINNED_LOGITS=1`), or only each row's greedy token (`REDLITE_DEVICE_GREEDY=1`),
-//! a product per run of consecutive rows.
+//! The LM heads on the GPU, a product per run of consecutive rows: logits back to the host
+//! (through page-locked memory with `REDLITE_PINNED_LOGITS=1`), or each row's greedy token
+//! only (`REDLITE_DEVICE_GREEDY=1`: the pick slots of `kept.rs`).
 
 use std::sync::MutexGuard;
 
-use redlite_cuda::{Switch, MAX_ARGMAX_ROWS};
+use redlite_cuda::Switch;
 
 use super::act::CudaAct;
 use super::graph;
@@ -33,33 +33,6 @@ impl CudaBackend {
                 let start = out.len();
                 out.resize(start + n * head.rows, 0.0);
                 self.device.copy_to_host(&logits, &mut out[start..])?;
-            }
-            Ok(())
-        })
-    }
-
-    /// The greedy token of each of `rows` through `head`, appended to `out`: each product's
-    /// rows take one argmax launch, and only their keys come back (8 bytes a row instead of
-    /// the vocabulary's logits).
-    pub(super) fn head_greedy(
-        &self,
-        head: &weights::DeviceMatrix,
-        rows: &[usize],
-        x: &CudaAct,
-        out: &mut Vec<u32>,
-    ) -> Result<()> {
-        self.head_runs(head, rows, x, MAX_ARGMAX_ROWS, |scratch, n| {
-            let logits = scratch.logits.slice(..n * head.rows);
-            let mut best = [None; MAX_ARGMAX_ROWS];
-            redlite_cuda::argmax_rows(
-                &self.device,
-                &logits,
-                &mut scratch.greedy_keys,
-                &mut best[..n],
-            )?;
-            for token in &best[..n] {
-                let count = head.rows;
-                out.push(token.ok_or(crate::sampling::SamplingError::NoFiniteLogit { count })?);
             }
             Ok(())
         })

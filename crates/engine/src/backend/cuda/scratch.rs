@@ -62,9 +62,6 @@ pub struct Scratch {
     pub fill_count: CudaSlice<i32>,
     /// The fused decode router's ticket counter (one i32, zero between launches).
     pub route_ticket: CudaSlice<i32>,
-    /// The device argmax's keys (one u64 a row, up to `MAX_ARGMAX_ROWS`) for greedy decoding
-    /// (`redlite_cuda::argmax_rows`).
-    pub greedy_keys: CudaSlice<u64>,
     /// Prompts: one wave's ids `[T][used]`, each pair's down product `[T][used][n_embd]`, and
     /// `[T][used]` ones (the weight of a per-pair down launch).
     pub wave_ids: CudaSlice<i32>,
@@ -124,7 +121,6 @@ impl Scratch {
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
             fill_count: device.alloc_zeros(1)?,
             route_ticket: device.alloc_zeros(1)?,
-            greedy_keys: device.alloc_zeros(redlite_cuda::MAX_ARGMAX_ROWS)?,
             wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             // A one-token batch decodes with the fused down: no per-pair products.
             pair_out: f(if tokens > 1 {
