@@ -257,6 +257,7 @@ pub(crate) fn launch_matvec(
 mod attention_prefill;
 mod cublas;
 mod expert_cache;
+mod greedy;
 mod host_stage;
 mod launcher;
 mod layers;
@@ -265,6 +266,7 @@ mod moe;
 pub(crate) use attention_prefill::*;
 pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
+pub(crate) use greedy::*;
 pub(crate) use host_stage::*;
 pub(crate) use launcher::*;
 pub(crate) use layers::*;

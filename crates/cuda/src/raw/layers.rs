@@ -1,8 +1,8 @@
 //! Launches of the layer kernels (`elementwise.cu`, `matmul.cu`, `deltanet.cu`,
-//! `attention.cu`; the MoE kernels' are in `moe.rs`). Each function pushes the arguments in
-//! the kernel's order and type; the op entries in `layer_ops` checked every buffer length the
-//! grid implies, and the launchers in `layer_launch` sized the grid and the dynamic shared
-//! memory.
+//! `attention.cu`; the MoE kernels' are in `moe.rs`, the greedy argmax's in `greedy.rs`).
+//! Each function pushes the arguments in the kernel's order and type; the op entries in
+//! `layer_ops` checked every buffer length the grid implies, and the launchers in
+//! `layer_launch` sized the grid and the dynamic shared memory.
 
 use super::launcher::Launch;
 use crate::error::CudaError;
@@ -204,44 +204,6 @@ pub(crate) fn launch_add(
     launch.arg(x).arg(y).arg(&n);
     // SAFETY: arguments match the signature; x and y hold n values; threads past n return.
     launched(stream, "cuLaunchKernel(add)", unsafe {
-        launch.launch(config)
-    })
-}
-
-/// `argmax_kernel(x, n, best)`: `best[r]` (zeroed) ends as the largest key of row r of x
-/// (n values), for the grid.y rows.
-pub(crate) fn launch_argmax(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    x: &CudaView<'_, f32>,
-    n: i32,
-    best: &mut CudaViewMut<'_, u64>,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(x).arg(&n).arg(best);
-    // SAFETY: arguments match the signature; x holds grid.y rows of n values (threads past
-    // n read none), best grid.y u64 (op entry); blockDim is a multiple of 32 (at most 1,024:
-    // 32 warp slots).
-    launched(stream, "cuLaunchKernel(argmax)", unsafe {
-        launch.launch(config)
-    })
-}
-
-/// `ids_of_keys_kernel(keys, n, ids)`: the token of each of the n keys into ids.
-pub(crate) fn launch_ids_of_keys(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    keys: &CudaView<'_, u64>,
-    n: i32,
-    ids: &mut CudaViewMut<'_, u32>,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(keys).arg(&n).arg(ids);
-    // SAFETY: arguments match the signature; keys and ids hold n values each (op entry);
-    // threads past n return.
-    launched(stream, "cuLaunchKernel(ids_of_keys)", unsafe {
         launch.launch(config)
     })
 }

@@ -96,15 +96,8 @@ pub fn forward_into<B: Backend>(
     capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
-    with_rows(logits, tokens.len(), |rows| {
-        one_sequence(
-            backend,
-            (state, work, tokens),
-            (rows, Picks::Logits),
-            capture_hidden,
-            output,
-        )
-    })
+    let head = (logits, Picks::Logits);
+    one_sequence(backend, (state, work, tokens), head, capture_hidden, output)
 }
 
 /// [`forward_into`] for greedy decoding: the most likely token of the rows `logits` asks
@@ -119,15 +112,8 @@ pub fn forward_greedy_into<B: Backend>(
     logits: Logits,
     output: &mut Output,
 ) -> Result<()> {
-    with_rows(logits, tokens.len(), |rows| {
-        one_sequence(
-            backend,
-            (state, work, tokens),
-            (rows, Picks::Greedy),
-            false,
-            output,
-        )
-    })
+    let head = (logits, Picks::Greedy);
+    one_sequence(backend, (state, work, tokens), head, false, output)
 }
 
 /// [`forward_greedy_into`] whose greedy tokens stay on the device, in the backend's next
@@ -140,16 +126,14 @@ pub fn forward_kept<B: Backend>(
     tokens: &[u32],
     logits: Logits,
 ) -> Result<()> {
-    let mut output = Output::default();
-    with_rows(logits, tokens.len(), |rows| {
-        one_sequence(
-            backend,
-            (state, work, tokens),
-            (rows, Picks::Kept),
-            false,
-            &mut output,
-        )
-    })
+    let head = (logits, Picks::Kept);
+    one_sequence(
+        backend,
+        (state, work, tokens),
+        head,
+        false,
+        &mut Output::default(),
+    )
 }
 
 /// What the LM head gives for the rows asked for.
@@ -188,11 +172,12 @@ impl Output {
     }
 }
 
-/// One sequence's forward call (see [`run`]).
+/// One sequence's forward call (see [`run`]): `head` says which rows' logits and what of
+/// them.
 fn one_sequence<B: Backend>(
     backend: &B,
     (state, work, tokens): (&mut B::State, &mut Workspace<B>, &[u32]),
-    head: (&[usize], Picks),
+    (logits, picks): (Logits, Picks),
     capture_hidden: bool,
     output: &mut Output,
 ) -> Result<()> {
@@ -208,16 +193,18 @@ fn one_sequence<B: Backend>(
         tokens: n,
         state,
     }];
-    run(
-        backend,
-        work,
-        tokens,
-        &mut segs,
-        head,
-        b,
-        capture_hidden,
-        output,
-    )
+    with_rows(logits, n, |rows| {
+        run(
+            backend,
+            work,
+            tokens,
+            &mut segs,
+            (rows, picks),
+            b,
+            capture_hidden,
+            output,
+        )
+    })
 }
 
 /// Refuses an empty batch or one larger than the workspace.

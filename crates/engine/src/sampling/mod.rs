@@ -236,21 +236,20 @@ impl Sampler {
     /// 0, no penalty in effect): the greedy token a backend may pick itself
     /// (`Session::step_greedy`) is then the one `sample` would pick.
     pub fn plain_greedy(&self) -> bool {
-        let p = &self.params;
-        let penalties_off =
-            p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
-        p.temperature <= 0.0 && (penalties_off || self.counts.is_empty())
+        self.params.temperature <= 0.0 && (self.penalties_off() || self.counts.is_empty())
     }
 
     /// Whether [`Sampler::sample`] picks the largest logit for every token from here on
     /// (temperature 0 and no penalty at all, so tokens it accepts change nothing): a
     /// speculative step may then judge its drafts by ids alone.
     pub fn always_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 && self.penalties_off()
+    }
+
+    /// Whether no penalty is configured (repeat 1, presence and frequency 0).
+    fn penalties_off(&self) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0
-            && p.repeat_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
+        p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
     }
 
     /// Penalties and the truncations (top-k, top-p, min-p) into `candidates`.
@@ -305,7 +304,6 @@ fn apply_penalties(candidates: &mut [(u32, f32)], counts: &HashMap<u32, u32>, p:
     }
 }
 
-/// The highest logit; ties go to the lowest id.
 /// The greedy token of `logits`: the largest finite logit, the lower id on ties (NaN and
 /// infinities never chosen); an error where none is finite.
 pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
@@ -326,6 +324,7 @@ pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
     }
 }
 
+/// The highest logit; ties go to the lowest id.
 fn argmax(candidates: &[(u32, f32)]) -> u32 {
     candidates
         .iter()

@@ -1,7 +1,8 @@
 //! The MoE block on the GPU (spec §3.4), mirroring `cpu::moe`: router logits, then softmax,
 //! top-k and renormalization on the GPU (`moe_route.rs`); the selected experts' gate/up with
-//! SwiGLU fused; their down projections with the weighted sum fused; the shared expert through the same
-//! kernels (a stack of one expert) with its sigmoid gate as the weight, accumulated.
+//! SwiGLU fused; their down projections with the weighted sum fused; the shared expert
+//! through the same kernels (a stack of one expert) with its sigmoid gate as the weight,
+//! accumulated.
 //! Seven launches per layer, no host round trip; five when the shared expert rides along in
 //! the routed experts' gate/up and down launches, which needs the version-3 expert kernels
 //! (`REDLITE_MOE_V3=1`, not the default: slower on the H200) and the same block types and
@@ -55,7 +56,7 @@ pub struct LayerSkew {
 /// (`moe_pairs`). With `skew`, the chosen experts are replaced before anything reads them.
 /// With `next` (one token, `REDLITE_CACHE_PREFETCH=1`), the next block's likely experts are
 /// brought into its cache on the side stream meanwhile (`prefetch.rs`). `routed`:
-/// [`route_with_norm`] has routed the token already (its ids and weights are in `s`).
+/// `moe_route::route_with_norm` has routed the token already (its ids and weights are in `s`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
