@@ -41,13 +41,13 @@ void run_case(const char* kv_name, int tokens, int pos0, int heads, int kv_heads
     std::vector<float> o((size_t)tokens * heads * HD, NAN);
     std::vector<float> partials((size_t)tokens * heads * splits * (HD + 2), NAN);
     const float scale = 1.0f / std::sqrt((float)HD);
-    launch3({(unsigned)tiles, (unsigned)kv_heads, (unsigned)splits}, 256, [&] {
+    launch({(unsigned)tiles, (unsigned)kv_heads, (unsigned)splits}, 256, [&] {
         attention_prefill_kernel<KV, HD>(q.data(), qg.data(), k_cache.data(), v_cache.data(),
                                          o.data(), partials.data(), tokens, pos0, heads, kv_heads,
                                          chunk, scale);
     });
     if (splits > 1) {
-        launch3({(unsigned)tokens, (unsigned)heads, 1}, 128, [&] {
+        launch({(unsigned)tokens, (unsigned)heads, 1}, 128, [&] {
             attention_combine_kernel(partials.data(), qg.data(), o.data(), heads, HD, splits);
         });
     }

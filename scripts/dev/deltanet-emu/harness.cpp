@@ -3,7 +3,7 @@
 // against the token-loop kernel on random normalized q / k, β in (0, 1) and g < 0, from a
 // random state (L2 of the difference over L2 of the values, at most 1e-4, outputs and final
 // state). Exits nonzero when a case fails.
-#include "shim.h"
+#include "../emu-common/shim.h"
 #include "extra.h"
 #include "deltanet_host.cu"
 #include <random>

@@ -3,34 +3,16 @@
 // row and token tiles, one token), routed gate/up with SwiGLU and down + combine, as MmaTiles
 // groups the pairs. Exits nonzero on the first value of a case beyond 1e-5 of the token's
 // largest value.
-#include "shim.h"
+#include "../emu-common/shim.h"
 #include "mma_host.cu"
+#include "../emu-common/random_blocks.h"
 #include <random>
 #include <algorithm>
 
 std::mt19937_64 rng(7);
 template <class B>
 std::vector<u8> random_blocks(int rows, int cols) {
-    std::vector<u8> w((size_t)rows * cols / 256 * B::BYTES);
-    for (auto& b : w) b = rng();
-    auto f16 = [&]() { return (unsigned short)(0x1800 + rng() % 0xc00); };
-    for (size_t at = 0; at < w.size(); at += B::BYTES) {
-        u8* b = &w[at];
-        auto put = [&](int off, unsigned short h) { b[off] = h & 255; b[off + 1] = h >> 8; };
-        if (B::BYTES == 66 || B::BYTES == 74) put(0, f16());
-        if (B::BYTES == 84) put(80, f16()), put(82, f16());
-        if (B::BYTES == 144 || B::BYTES == 176) put(0, f16()), put(2, f16());
-        if (B::BYTES == 210) put(208, f16());
-        if (B::BYTES == 56) {
-            unsigned short h = f16();
-            for (int i = 0; i < 4; ++i) {
-                unsigned short wv = b[48 + 2 * i] | (b[49 + 2 * i] << 8);
-                wv = (wv & 0x0fff) | (((h >> (4 * i)) & 15) << 12);
-                put(48 + 2 * i, wv);
-            }
-        }
-    }
-    return w;
+    return ::random_blocks<B>(rng, rows, cols);
 }
 
 void quantize(const std::vector<float>& x, std::vector<float>& d, std::vector<i8>& q) {

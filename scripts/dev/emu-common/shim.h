@@ -1,8 +1,9 @@
-// Host stand-ins for what kernels/mma.cu and its prelude use from CUDA, so the module compiles
-// as C++ (run.sh): built-in variables per host thread, __syncthreads as a barrier of the CTA's
-// threads, warp shuffles and mma.sync through per-warp exchange buffers (the fragment layouts
-// of the PTX ISA for m16n8k32 / m16n8k16 with s8 inputs), and a launcher that runs a grid one
-// CTA at a time with one host thread per CUDA thread.
+// Host stand-ins for the CUDA built-ins the kernel modules use, so that a module's source
+// compiles as C++ for the emulators (scripts/dev/*-emu, after emu-common/host_source.py):
+// built-in variables per host thread, __syncthreads and __syncwarp as barriers of the CTA's
+// or the warp's threads, warp shuffles, ballots and mma.sync through per-warp exchange
+// buffers (the fragment layouts of the PTX ISA for m16n8k32 / m16n8k16 with s8 inputs), and a
+// launcher that runs a grid one CTA at a time with one host thread per CUDA thread.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -21,6 +22,7 @@
 #define __shared__ static
 #define __launch_bounds__(x)
 #define __restrict__
+#define __align__(n) __attribute__((aligned(n)))
 #define __CUDA_ARCH__ 800
 #define REDLITE_SHARED_TABLES 0
 #define REDLITE_Q8_SHARED_TABLES 0
@@ -32,6 +34,7 @@ struct float4 { float x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct Dim { unsigned x = 0, y = 0, z = 0; };
 thread_local Dim threadIdx, blockIdx;
 Dim blockDim, gridDim;
@@ -77,6 +80,7 @@ std::barrier<>* cta_barrier;
 std::barrier<>* warp_barriers[32];
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline void __syncthreads() { cta_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 // Warp exchange buffers.
 uint64_t warp_buf[32][32][8];
 template <class T>
@@ -109,6 +113,16 @@ T __shfl_sync(unsigned, T v, int src) {
     warp_barriers[w]->arrive_and_wait();
     return o;
 }
+inline unsigned __ballot_sync(unsigned, bool predicate) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    warp_buf[w][l][0] = predicate;
+    warp_barriers[w]->arrive_and_wait();
+    unsigned mask = 0;
+    for (int i = 0; i < 32; ++i) mask |= (warp_buf[w][i][0] != 0 ? 1u : 0u) << i;
+    warp_barriers[w]->arrive_and_wait();
+    return mask;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline float sigmoidf_(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void emu_mma(int (&c)[4], const unsigned* a, int na, const unsigned* b, int nb, int k) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
@@ -147,25 +161,27 @@ inline void emu_mma_k16(int (&c)[4], unsigned a0, unsigned a1, unsigned b0) {
 }
 float4 mma_shared[1 << 15];
 int group_shared[3 * 4096];
+// Runs the grid (z = 0 counts as 1) one CTA at a time, a host thread per CUDA thread.
 void launch(Dim grid, int threads, const std::function<void()>& body) {
     blockDim = {(unsigned)threads, 1, 1};
-    gridDim = grid;
-    for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
-            std::barrier<> cta(threads);
-            cta_barrier = &cta;
-            std::vector<std::unique_ptr<std::barrier<>>> warps;
-            for (int w = 0; w < threads / 32; ++w) {
-                warps.emplace_back(new std::barrier<>(32));
-                warp_barriers[w] = warps.back().get();
+    gridDim = {grid.x, grid.y, grid.z > 0 ? grid.z : 1};
+    for (unsigned bz = 0; bz < gridDim.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                std::barrier<> cta(threads);
+                cta_barrier = &cta;
+                std::vector<std::unique_ptr<std::barrier<>>> warps;
+                for (int w = 0; w < threads / 32; ++w) {
+                    warps.emplace_back(new std::barrier<>(32));
+                    warp_barriers[w] = warps.back().get();
+                }
+                std::vector<std::thread> ts;
+                for (int t = 0; t < threads; ++t)
+                    ts.emplace_back([&, t] {
+                        threadIdx = {(unsigned)t, 0, 0};
+                        blockIdx = {bx, by, bz};
+                        body();
+                    });
+                for (auto& t : ts) t.join();
             }
-            std::vector<std::thread> ts;
-            for (int t = 0; t < threads; ++t)
-                ts.emplace_back([&, t] {
-                    threadIdx = {(unsigned)t, 0, 0};
-                    blockIdx = {bx, by, 0};
-                    body();
-                });
-            for (auto& t : ts) t.join();
-        }
 }

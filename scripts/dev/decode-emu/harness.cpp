@@ -1,0 +1,419 @@
+// The decode kernels written without a GPU (sixteenth and seventeenth sessions) on the host
+// (run.sh), each against the launches it replaces, bit for bit: both sides are the kernels'
+// own code compiled alike, so any difference is a fault of layout, indexing or order, not of
+// rounding. Cases:
+//   1. router_topk_norm_kernel (REDLITE_ROUTER_NORM=1) against add_rms_norm_q8_kernel then
+//      router_topk_kernel: residual, normed row, its Q8_K codes, logits, routing, ticket.
+//   2. router_topk_kernel with the gate row apart (REDLITE_ROUTER_TOPK_APART=1) or merged
+//      against the split-K router then moe_route_gate_kernel / moe_route_v2_kernel.
+//   3. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
+//      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
+//   4. The small-batch q8 products (2 to 4 tokens, MTP verifications), with and without the
+//      compile option REDLITE_SMALL_LOADS_AHEAD, against the one-token product per token.
+//   5. The one-token q8 products with two rows a warp (REDLITE_MATMUL_ONE_WAVE=1) against one
+//      row a warp.
+//   6. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
+//      other sums) and with 4, then merged, each against a double-precision reference.
+// Exits nonzero after the first failing case of each kind.
+#include "emu.h"
+
+typedef unsigned char u8;
+typedef signed char i8;
+
+namespace el {
+#include "elementwise_host.cu"
+float4 norm_stage[1 << 12];
+}  // namespace el
+
+namespace mo {
+#include "moe_host.cu"
+float as[1 << 14], p[1 << 14], xs[1 << 14];
+float4 q8_shared[1 << 14], router_norm_stage[1 << 12];
+}  // namespace mo
+
+namespace mm {
+#include "matmul_host.cu"
+float x_shared[1 << 14];
+float4 q8_shared[1 << 14], x_shared4[1 << 12];
+}  // namespace mm
+
+namespace at {
+#include "attention_host.cu"
+float buf[1 << 14], factor[1 << 12], prefill_shared[1 << 12];
+}  // namespace at
+
+// The same module with the small batches' loads ahead of the wait.
+#undef REDLITE_SMALL_LOADS_AHEAD
+#define REDLITE_SMALL_LOADS_AHEAD 1
+namespace ma {
+#include "matmul_host.cu"
+float x_shared[1 << 14];
+float4 q8_shared[1 << 14], x_shared4[1 << 12];
+}  // namespace ma
+
+#include "../emu-common/random_blocks.h"
+#include <algorithm>
+#include <random>
+
+std::mt19937_64 rng(11);
+int failures = 0;
+
+std::vector<float> uniform(size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng);
+    return v;
+}
+
+template <class T>
+bool same(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return true;
+    size_t at = 0;
+    while (at < std::min(a.size(), b.size()) && memcmp(&a[at], &b[at], sizeof(T)) == 0) ++at;
+    printf("  %s differs at %zu of %zu\n", what, at, a.size());
+    return false;
+}
+
+void verdict(const char* name, bool ok) {
+    printf("%s %s\n", ok ? "ok  " : "FAIL", name);
+    failures += !ok;
+}
+
+// Router rows: n_expert F32 rows of `cols` values, then (merged) the gate row as F32, or the
+// gate row apart as F16.
+struct Router {
+    int cols, n_expert, used;
+    std::vector<float> rows;  // (n_expert + 1) x cols: the gate row last
+    std::vector<unsigned short> gate_f16;
+};
+
+Router random_router(int cols, int n_expert, int used) {
+    Router r{cols, n_expert, used, uniform((size_t)(n_expert + 1) * cols, -0.05f, 0.05f), {}};
+    for (int i = 0; i < cols; ++i) r.gate_f16.push_back(emu_to_half(r.rows[(size_t)n_expert * cols + i]));
+    return r;
+}
+
+struct Routing {
+    std::vector<float> logits, weights, shared_weight;
+    std::vector<int> ids, ticket;
+    // `fill`: what the outputs hold before the launch (each side of a comparison its own, so
+    // that an output neither side writes is a difference).
+    Routing(const Router& r, float fill)
+        : logits(r.n_expert + 1, fill), weights(r.used, fill), shared_weight(1, fill),
+          ids(r.used, (int)fill), ticket(1, 0) {}
+};
+
+bool same_routing(const Routing& a, const Routing& b, bool logits) {
+    bool ok = same("ids", a.ids, b.ids) & same("weights", a.weights, b.weights) &
+              same("shared weight", a.shared_weight, b.shared_weight) &
+              same("ticket", a.ticket, b.ticket);
+    if (logits) ok &= same("logits", a.logits, b.logits);
+    return ok;
+}
+
+constexpr int PER = 16, SPLIT_WARPS = 4;
+
+// The fused router on the normed row `h` (router_topk_kernel).
+template <class GB>
+Routing router_topk(const Router& r, const u8* gate, const float* h, float fill) {
+    Routing out(r, fill);
+    const u8* w = reinterpret_cast<const u8*>(r.rows.data());
+    launch({(unsigned)r.n_expert + 1, 1, 0}, SPLIT_WARPS * 32, [&] {
+        mo::router_topk_kernel<PER, SPLIT_WARPS, GB>(w, gate, h, out.logits.data(), out.ticket.data(),
+                                                     out.ids.data(), out.weights.data(),
+                                                     out.shared_weight.data(), r.cols, r.n_expert,
+                                                     r.used);
+    });
+    return out;
+}
+
+template <class GB>
+void router_with_norm(const char* name, const Router& r, const u8* gate) {
+    const int cols = r.cols;
+    const float eps = 1e-6f;
+    auto x = uniform(cols, -2, 2), y = uniform(cols, -1, 1), w = uniform(cols, 0.5f, 1.5f);
+    // Reference: the add + norm kernel (256 threads, one row), then the fused router.
+    auto x_ref = x;
+    std::vector<float> h_ref(cols, NAN), d_ref(cols / 256, NAN);
+    std::vector<i8> q_ref(cols, 0);
+    launch({1, 1, 0}, 256, [&] {
+        el::add_rms_norm_q8_kernel(x_ref.data(), y.data(), w.data(), h_ref.data(), d_ref.data(),
+                                   q_ref.data(), cols, eps);
+    });
+    Routing ref = router_topk<GB>(r, gate, h_ref.data(), NAN);
+    // Under test: one launch.
+    auto x_new = x;
+    std::vector<float> h_new(cols, 7.0f), d_new(cols / 256, 7.0f);
+    std::vector<i8> q_new(cols, 99);
+    Routing got(r, -3.0f);
+    const u8* rows = reinterpret_cast<const u8*>(r.rows.data());
+    launch({(unsigned)r.n_expert + 1, 1, 0}, SPLIT_WARPS * 32, [&] {
+        mo::router_topk_norm_kernel<PER, SPLIT_WARPS, GB>(
+            rows, gate, x_new.data(), y.data(), w.data(), h_new.data(), d_new.data(), q_new.data(),
+            got.logits.data(), got.ticket.data(), got.ids.data(), got.weights.data(),
+            got.shared_weight.data(), cols, r.n_expert, r.used, eps);
+    });
+    bool ok = same("residual", x_ref, x_new) & same("normed row", h_ref, h_new) &
+              same("Q8_K scales", d_ref, d_new) & same("Q8_K codes", q_ref, q_new) &
+              same_routing(ref, got, true);
+    verdict(name, ok);
+}
+
+// Reference of the fused router: the split-K router (n_expert rows, or with the merged gate
+// row n_expert + 1), then the routing with the gate row apart or the plain routing.
+template <class GB>
+void router_fused(const char* name, const Router& r, bool apart) {
+    const int cols = r.cols;
+    auto h = uniform(cols, -1, 1);
+    const u8* rows = reinterpret_cast<const u8*>(r.rows.data());
+    const u8* gate = apart ? reinterpret_cast<const u8*>(r.gate_f16.data())
+                           : rows + (size_t)r.n_expert * cols * sizeof(float);
+    Routing ref(r, NAN);
+    const int reduced = apart ? r.n_expert : r.n_expert + 1;
+    launch({(unsigned)reduced, 1, 0}, SPLIT_WARPS * 32, [&] {
+        mm::matmul_splitk_kernel<mm::F32x4, SPLIT_WARPS>(rows, h.data(), ref.logits.data(), reduced,
+                                                         cols);
+    });
+    if (apart) {
+        launch({1, 1, 0}, (1 + SPLIT_WARPS) * 32, [&] {
+            mo::moe_route_gate_kernel<PER, GB, SPLIT_WARPS>(ref.logits.data(), gate, h.data(),
+                                                            ref.ids.data(), ref.weights.data(),
+                                                            ref.shared_weight.data(), cols,
+                                                            r.n_expert, r.used);
+        });
+    } else {
+        launch({1, 1, 0}, 32, [&] {
+            mo::moe_route_v2_kernel<PER>(ref.logits.data(), ref.logits.data() + r.n_expert,
+                                         ref.ids.data(), ref.weights.data(),
+                                         ref.shared_weight.data(), r.n_expert, r.used);
+        });
+    }
+    Routing got = router_topk<GB>(r, gate, h.data(), -3.0f);
+    // The gate's logit is not an output of the routing with the gate row: compare the experts'.
+    bool ok = same_routing(ref, got, false);
+    if (!apart) ok &= same("logits", ref.logits, got.logits);
+    std::vector<float> a(ref.logits.begin(), ref.logits.begin() + r.n_expert);
+    std::vector<float> b(got.logits.begin(), got.logits.begin() + r.n_expert);
+    ok &= same("expert logits", a, b);
+    verdict(name, ok);
+}
+
+// The host's greedy argmax: the largest finite value, the lower index on ties, -0 = +0.
+long host_argmax(const float* x, int n) {
+    long best = -1;
+    for (int i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) continue;
+        if (best < 0 || x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
+void argmax_and_ids() {
+    const int n = 5000, rows = 5;
+    auto x = uniform((size_t)n * rows, -10, 10);
+    float* r = x.data();
+    r[17] = 50, r[4000] = 50;                                   // row 0: a tie, the lower wins
+    r[n + 3] = INFINITY, r[n + 9] = NAN, r[n + 4999] = 40;      // row 1: inf and NaN skipped
+    for (int i = 0; i < n; ++i) r[2 * n + i] = NAN;             // row 2: nothing finite
+    for (int i = 0; i < n; ++i) r[3 * n + i] = -1;              // row 3: -0 and +0 tie
+    r[3 * n + 2500] = -0.0f, r[3 * n + 2600] = 0.0f;
+    r[4 * n + 4999] = 1e30f;                                    // row 4: the last value
+    std::vector<unsigned long long> keys(rows, 0);
+    const int per_cta = 256 * 8;
+    launch({(unsigned)((n + per_cta - 1) / per_cta), (unsigned)rows, 0}, 256,
+           [&] { el::argmax_kernel(x.data(), n, keys.data()); });
+    std::vector<unsigned> ids(rows, 12345);
+    launch({1, 1, 0}, 32, [&] { el::ids_of_keys_kernel(keys.data(), rows, ids.data()); });
+    bool ok = true;
+    for (int row = 0; row < rows; ++row) {
+        long want = host_argmax(x.data() + (size_t)row * n, n);
+        long got = keys[row] == 0 ? -1 : (long)(0xffffffffu - (unsigned)(keys[row] & 0xffffffffu));
+        unsigned want_id = want < 0 ? 0u : (unsigned)want;
+        if (got != want || ids[row] != want_id) {
+            printf("  row %d: host %ld, key names %ld, id %u\n", row, want, got, ids[row]);
+            ok = false;
+        }
+    }
+    verdict("argmax_kernel + ids_of_keys_kernel: ties, -0, NaN, inf, no finite value", ok);
+}
+
+constexpr int MATMUL_WARPS = 8;
+
+// The one-token q8 product of every token (a CTA row per token) against the small-batch
+// product of all of them (the tiles kernel with one row a warp and T tokens), without and
+// with the loads ahead of the wait (`ma`); x quantized in the kernels, or read quantized
+// from gd / gq (`quantized`). BM and BA are the same block type in the two modules.
+template <class BM, class BA, int T>
+bool small_batch_case(int rows, int cols, bool quantized) {
+    auto w = random_blocks<BM>(rng, rows, cols);
+    auto x = uniform((size_t)T * cols, -1, 1);
+    std::vector<float> gd;
+    std::vector<i8> gq;
+    if (quantized) {
+        // Codes and scales as a norm kernel writes them: rms_norm_q8_kernel of each row.
+        std::vector<float> ones(cols, 1.0f), normed((size_t)T * cols);
+        gd.assign((size_t)T * cols / 256, 0);
+        gq.assign((size_t)T * cols, 0);
+        launch({(unsigned)T, 1, 0}, 256, [&] {
+            el::rms_norm_q8_kernel(x.data(), ones.data(), normed.data(), gd.data(), gq.data(), cols,
+                                   1e-6f);
+        });
+        x = normed;
+    }
+    const float* d = quantized ? gd.data() : nullptr;
+    const i8* q = quantized ? gq.data() : nullptr;
+    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f),
+        ahead((size_t)T * rows, -2.0f);
+    const unsigned ctas = (rows + MATMUL_WARPS - 1) / MATMUL_WARPS;
+    launch({ctas, (unsigned)T, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_kernel<BM, MATMUL_WARPS, 1>(w.data(), x.data(), d, q, one.data(), rows, cols);
+    });
+    launch({ctas, 1, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_tiles_kernel<BM, MATMUL_WARPS, 1, T>(w.data(), x.data(), d, q, small.data(),
+                                                           rows, cols, T);
+    });
+    launch({ctas, 1, 0}, MATMUL_WARPS * 32, [&] {
+        ma::matmul_q8_tiles_kernel<BA, MATMUL_WARPS, 1, T>(w.data(), x.data(), d, q, ahead.data(),
+                                                           rows, cols, T);
+    });
+    return same("small batch", one, small) & same("small batch, loads ahead", one, ahead);
+}
+
+template <class BM, class BA>
+void small_batches(const char* type) {
+    // 61 rows: the last CTA's warps partly past the rows.
+    const int rows = 61, cols = 2048;
+    bool ok = true;
+    for (bool quantized : {false, true}) {
+        ok &= small_batch_case<BM, BA, 2>(rows, cols, quantized);
+        ok &= small_batch_case<BM, BA, 3>(rows, cols, quantized);
+        ok &= small_batch_case<BM, BA, 4>(rows, cols, quantized);
+    }
+    char name[160];
+    snprintf(name, sizeof name,
+             "%s: 2-4 token products (loads ahead or not, x quantized in the kernel or read "
+             "quantized) = one-token products",
+             type);
+    verdict(name, ok);
+}
+
+// One-token q8 products with two rows a warp against one: the same bits.
+template <class B>
+void two_rows_a_warp(const char* type) {
+    const int rows = 61, cols = 2048;
+    auto w = random_blocks<B>(rng, rows, cols);
+    auto x = uniform(cols, -1, 1);
+    std::vector<float> one(rows, NAN), two(rows, -1.0f);
+    launch({(rows + MATMUL_WARPS - 1) / MATMUL_WARPS, 1, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_kernel<B, MATMUL_WARPS, 1>(w.data(), x.data(), nullptr, nullptr, one.data(),
+                                                 rows, cols);
+    });
+    launch({(rows + 2 * MATMUL_WARPS - 1) / (2 * MATMUL_WARPS), 1, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_kernel<B, MATMUL_WARPS, 2>(w.data(), x.data(), nullptr, nullptr, two.data(),
+                                                 rows, cols);
+    });
+    char name[120];
+    snprintf(name, sizeof name, "%s: one-token products, two rows a warp = one row a warp", type);
+    verdict(name, same("products", one, two));
+}
+
+// Attention decode of `tokens` tokens after `pos0` cached positions (Qwen3-Next's heads:
+// 16 query heads on 2 KV heads of 256 values): the split kernel with four query heads a CTA
+// and WARPS warps, every split launched as the decode graph does (each token's chunk from
+// its own length), then the merge with the sigmoid gate; against the attention in doubles.
+template <int WARPS>
+double attention_error(int tokens, int pos0) {
+    constexpr int HD = 256, VPL = HD / 32, HPC = 4, HEADS = 16, KV_HEADS = 2, SPLITS = 64,
+                  MIN_CHUNK = 32;
+    const float scale = 1.0f / 16.0f;
+    const int len = pos0 + tokens;
+    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
+    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
+    auto k = uniform((size_t)len * KV_HEADS * HD, -1, 1), v = uniform((size_t)len * KV_HEADS * HD, -1, 1);
+    std::vector<float> partials((size_t)tokens * HEADS * SPLITS * (HD + 2), NAN), o((size_t)tokens * HEADS * HD, NAN);
+    launch({(unsigned)tokens, HEADS / HPC, SPLITS}, WARPS * 32, [&] {
+        at::attention_split_heads_kernel<float, VPL, WARPS, HPC>(q.data(), k.data(), v.data(),
+                                                                 partials.data(), nullptr, pos0, HEADS,
+                                                                 KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    launch({(unsigned)tokens, HEADS, 1}, 256, [&] {
+        at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
+    });
+    double worst = 0;
+    for (int t = 0; t < tokens; ++t) {
+        for (int h = 0; h < HEADS; ++h) {
+            const int kvh = h / (HEADS / KV_HEADS), n = pos0 + t + 1;
+            const float* qr = &q[((size_t)t * HEADS + h) * HD];
+            std::vector<double> p(n);
+            double m = -1e300, l = 0;
+            for (int j = 0; j < n; ++j) {
+                double d = 0;
+                for (int e = 0; e < HD; ++e) d += (double)qr[e] * k[((size_t)j * KV_HEADS + kvh) * HD + e];
+                p[j] = d * scale;
+                m = std::max(m, p[j]);
+            }
+            for (int j = 0; j < n; ++j) l += p[j] = std::exp(p[j] - m);
+            double err = 0, norm = 0;
+            for (int e = 0; e < HD; ++e) {
+                double acc = 0;
+                for (int j = 0; j < n; ++j) acc += p[j] * v[((size_t)j * KV_HEADS + kvh) * HD + e];
+                const double gate = qg[((size_t)t * HEADS + h) * 2 * HD + HD + e];
+                const double want = acc / l / (1 + std::exp(-gate));
+                const double got = o[((size_t)t * HEADS + h) * HD + e];
+                err += (got - want) * (got - want);
+                norm += want * want;
+            }
+            const double rel = std::sqrt(err / std::max(norm, 1e-300));
+            worst = std::isfinite(rel) ? std::max(worst, rel) : 1e300;
+        }
+    }
+    return worst;
+}
+
+void attention_split_warps() {
+    // One split and 63 empty ones; a few positions a split; 22 splits, several groups a warp.
+    const int cases[3][2] = {{0, 1}, {45, 3}, {700, 3}};
+    for (const auto& [pos0, tokens] : cases) {
+        const double four = attention_error<4>(tokens, pos0), eight = attention_error<8>(tokens, pos0);
+        char name[160];
+        snprintf(name, sizeof name,
+                 "attention decode at depth %d, %d token(s): 4 warps %.1e, 8 warps %.1e relative L2 "
+                 "(at most 1e-5)",
+                 pos0, tokens, four, eight);
+        verdict(name, four <= 1e-5 && eight <= 1e-5);
+    }
+}
+
+int main(int argc, char** argv) {
+    // An argument runs only the cases of that group: router, argmax, small, rows or attention.
+    const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
+    // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
+    const Router r = random_router(2048, 512, 10);
+    const u8* merged_gate = reinterpret_cast<const u8*>(r.rows.data()) + (size_t)512 * 2048 * 4;
+    const u8* f16_gate = reinterpret_cast<const u8*>(r.gate_f16.data());
+    if (group("router")) {
+    router_with_norm<mo::F32x4>("router_topk_norm_kernel, F32 gate row merged = add + norm, then router_topk_kernel", r, merged_gate);
+    router_with_norm<mo::F16x8>("router_topk_norm_kernel, F16 gate row apart = add + norm, then router_topk_kernel", r, f16_gate);
+    router_fused<mo::F16x8>("router_topk_kernel, F16 gate row apart = split-K router, then moe_route_gate_kernel", r, true);
+    router_fused<mo::F32x4>("router_topk_kernel, F32 gate row merged = split-K router, then moe_route_v2_kernel", r, false);
+    }
+    if (group("argmax")) argmax_and_ids();
+    if (group("small")) {
+    small_batches<mm::IQ2XXS, ma::IQ2XXS>("IQ2_XXS");
+    small_batches<mm::IQ2XS, ma::IQ2XS>("IQ2_XS");
+    small_batches<mm::Q2K, ma::Q2K>("Q2_K");
+    small_batches<mm::Q4K, ma::Q4K>("Q4_K");
+    small_batches<mm::Q5K, ma::Q5K>("Q5_K");
+    small_batches<mm::Q6K, ma::Q6K>("Q6_K");
+    small_batches<mm::IQ1M, ma::IQ1M>("IQ1_M");
+    }
+    if (group("rows")) {
+        two_rows_a_warp<mm::IQ2XXS>("IQ2_XXS");
+        two_rows_a_warp<mm::Q4K>("Q4_K");
+        two_rows_a_warp<mm::Q5K>("Q5_K");
+        two_rows_a_warp<mm::Q6K>("Q6_K");
+    }
+    if (group("attention")) attention_split_warps();
+    printf("%s\n", failures == 0 ? "all cases passed" : "some cases failed");
+    return failures == 0 ? 0 : 1;
+}
