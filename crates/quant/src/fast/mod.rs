@@ -25,6 +25,8 @@ mod avx2;
 mod avx512;
 
 #[cfg(test)]
+mod batched_tests;
+#[cfg(test)]
 mod tests;
 
 use crate::{check_bytes, quantize_row, row_bytes, vec_dot_type, QuantError, QuantOp};

@@ -188,7 +188,8 @@ impl ActTile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fast::tests::{decoded_test_row, random_rows};
+    use crate::fast::batched_tests::decoded_test_row;
+    use crate::fast::tests::random_rows;
     use crate::{decode_row, vec_dot};
 
     /// Σ over values of |weight term · activation term| (`d·scale·q` and, for Q4_K,
