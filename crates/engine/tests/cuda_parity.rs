@@ -445,18 +445,22 @@ fn switches_written_without_a_gpu_keep_the_logits_bits() {
     let Some(device) = device("switches_written_without_a_gpu_keep_the_logits_bits") else {
         return;
     };
-    let settings: [(&str, &[&Switch]); 3] = [
+    // The prompt's 8 tokens are a batch of decode size (the expert gate/up with four rows
+    // under MOE_BATCH_ROWS), the steps one token each.
+    let settings: [(&str, &[&Switch]); 4] = [
         (
             "router norm",
             &[&switches::ROUTER_NORM, &switches::ROUTER_TOPK_APART],
         ),
         ("fused router apart", &[&switches::ROUTER_TOPK_APART]),
         ("pinned logits", &[&switches::PINNED_LOGITS]),
+        ("four expert rows for batches", &[&switches::MOE_BATCH_ROWS]),
     ];
-    let all: [&Switch; 3] = [
+    let all: [&Switch; 4] = [
         &switches::ROUTER_NORM,
         &switches::ROUTER_TOPK_APART,
         &switches::PINNED_LOGITS,
+        &switches::MOE_BATCH_ROWS,
     ];
     let dir = tempfile::tempdir().unwrap();
     let tokens = prompt(24);

@@ -14,6 +14,10 @@
 //      row a warp.
 //   6. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
 //      other sums) and with 4, then merged, each against a double-precision reference.
+//   7. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
+//      (REDLITE_MOE_BATCH_ROWS=1) against two, the shared expert and an invalid expert id
+//      included (full run here before CI was given this cut: 2 and 4 tokens, 16 and 32 lanes,
+//      x quantized or not, IQ2_XXS, Q4_K, Q5_K, IQ1_M: the same bits).
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -384,8 +388,68 @@ void attention_split_warps() {
     }
 }
 
+// The q8 expert gate/up (with the shared expert) at ROWS rows a lane group into act and
+// act_shared; `fill` what they hold before.
+template <class B, int LANES, int ROWS>
+void gate_up(const std::vector<u8>& gate, const std::vector<u8>& up, const std::vector<u8>& shared_gate,
+             const std::vector<u8>& shared_up, const std::vector<int>& ids, const std::vector<float>& x,
+             const float* gd, const i8* gq, int tokens, int used, int n_expert, std::vector<float>& act,
+             std::vector<float>& act_shared) {
+    const int cols = 2048, ff = 256, rows_per_cta = 4 * 32 / LANES * ROWS;
+    launch({(unsigned)(ff / rows_per_cta), (unsigned)used + 1, (unsigned)tokens}, 128, [&] {
+        mo::moe_gate_up_q8_kernel<B, 4, LANES, ROWS>(gate.data(), up.data(), ids.data(), x.data(), gd, gq,
+                                                     act.data(), ff, cols, used, n_expert,
+                                                     shared_gate.data(), shared_up.data(),
+                                                     act_shared.data(), ff);
+    });
+}
+
+template <class B, int LANES>
+bool batch_rows_case(int tokens, bool quantized) {
+    // The model's rows of 2,048 values; experts of 256 rows (the model's have 512: half the
+    // CTAs, for time).
+    const int cols = 2048, ff = 256, n_expert = 16, used = 4;
+    auto gate = random_blocks<B>(rng, n_expert * ff, cols), up = random_blocks<B>(rng, n_expert * ff, cols);
+    auto shared_gate = random_blocks<B>(rng, ff, cols), shared_up = random_blocks<B>(rng, ff, cols);
+    std::vector<int> ids((size_t)tokens * used);
+    for (auto& id : ids) id = (int)(rng() % n_expert);
+    ids[1] = n_expert;  // an id out of range: zeros
+    auto x = uniform((size_t)tokens * cols, -1, 1);
+    std::vector<float> gd;
+    std::vector<i8> gq;
+    if (quantized) {
+        std::vector<float> ones(cols, 1.0f), normed((size_t)tokens * cols);
+        gd.assign((size_t)tokens * cols / 256, 0);
+        gq.assign((size_t)tokens * cols, 0);
+        launch({(unsigned)tokens, 1, 0}, 256, [&] {
+            el::rms_norm_q8_kernel(x.data(), ones.data(), normed.data(), gd.data(), gq.data(), cols, 1e-6f);
+        });
+        x = normed;
+    }
+    const float* d = quantized ? gd.data() : nullptr;
+    const i8* q = quantized ? gq.data() : nullptr;
+    std::vector<float> act2((size_t)tokens * used * ff, NAN), shared2((size_t)tokens * ff, NAN);
+    std::vector<float> act4((size_t)tokens * used * ff, -1.0f), shared4((size_t)tokens * ff, -1.0f);
+    gate_up<B, LANES, 2>(gate, up, shared_gate, shared_up, ids, x, d, q, tokens, used, n_expert, act2, shared2);
+    gate_up<B, LANES, 4>(gate, up, shared_gate, shared_up, ids, x, d, q, tokens, used, n_expert, act4, shared4);
+    return same("routed act", act2, act4) & same("shared act", shared2, shared4);
+}
+
+template <class B>
+void batch_rows(const char* type) {
+    // The model's 32 lanes a row (2,048 values) and the 16 of shorter rows' kernels.
+    const bool ok = batch_rows_case<B, 32>(2, false) & batch_rows_case<B, 16>(3, true);
+    char name[160];
+    snprintf(name, sizeof name,
+             "%s: expert gate/up, four rows a lane group = two (2 tokens, 32 lanes; 3 tokens, 16 "
+             "lanes, x read quantized)",
+             type);
+    verdict(name, ok);
+}
+
 int main(int argc, char** argv) {
-    // An argument runs only the cases of that group: router, argmax, small, rows or attention.
+    // An argument runs only the cases of that group: router, argmax, small, rows, attention or
+    // moe.
     const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
     // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
     const Router r = random_router(2048, 512, 10);
@@ -414,6 +478,10 @@ int main(int argc, char** argv) {
         two_rows_a_warp<mm::Q6K>("Q6_K");
     }
     if (group("attention")) attention_split_warps();
+    if (group("moe")) {
+        batch_rows<mo::IQ2XXS>("IQ2_XXS");
+        batch_rows<mo::Q4K>("Q4_K");
+    }
     printf("%s\n", failures == 0 ? "all cases passed" : "some cases failed");
     return failures == 0 ? 0 : 1;
 }

@@ -35,7 +35,12 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct Dim { unsigned x = 0, y = 0, z = 0; };
+struct uint3 { unsigned x, y, z; };
+// blockIdx and friends; a kernel may pass blockIdx on as a uint3.
+struct Dim {
+    unsigned x = 0, y = 0, z = 0;
+    operator uint3() const { return {x, y, z}; }
+};
 thread_local Dim threadIdx, blockIdx;
 Dim blockDim, gridDim;
 float emu_half(unsigned short h) {
