@@ -27,12 +27,10 @@ inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v)
 // Every lane of the warp gets `op` over the 32 lanes' values.
 template <class Op>
 unsigned warp_reduce_u32(unsigned v, Op op) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    warp_buf[w][l][0] = v;
-    warp_barriers[w]->arrive_and_wait();
-    unsigned r = (unsigned)warp_buf[w][0][0];
-    for (int i = 1; i < 32; ++i) r = op(r, (unsigned)warp_buf[w][i][0]);
-    warp_barriers[w]->arrive_and_wait();
+    uint64_t all[32];
+    warp_gather(v, all);
+    unsigned r = (unsigned)all[0];
+    for (int i = 1; i < 32; ++i) r = op(r, (unsigned)all[i]);
     return r;
 }
 inline unsigned __reduce_max_sync(unsigned, unsigned v) {

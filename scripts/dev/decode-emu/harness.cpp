@@ -69,6 +69,19 @@ std::vector<float> uniform(size_t n, float lo, float hi) {
     return v;
 }
 
+// `tokens` rows of x as a norm kernel leaves them for the q8 products (rms_norm_q8_kernel with
+// unit weights): the normed rows into `x`, their Q8_K scales and codes into `gd` and `gq`.
+void quantize_rows(std::vector<float>& x, int tokens, int cols, std::vector<float>& gd,
+                   std::vector<i8>& gq) {
+    std::vector<float> ones(cols, 1.0f), normed((size_t)tokens * cols);
+    gd.assign((size_t)tokens * cols / 256, 0);
+    gq.assign((size_t)tokens * cols, 0);
+    launch({(unsigned)tokens, 1, 0}, 256, [&] {
+        el::rms_norm_q8_kernel(x.data(), ones.data(), normed.data(), gd.data(), gq.data(), cols, 1e-6f);
+    });
+    x = normed;
+}
+
 template <class T>
 bool same(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
     if (a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return true;
@@ -253,17 +266,7 @@ bool small_batch_case(int rows, int cols, bool quantized) {
     auto x = uniform((size_t)T * cols, -1, 1);
     std::vector<float> gd;
     std::vector<i8> gq;
-    if (quantized) {
-        // Codes and scales as a norm kernel writes them: rms_norm_q8_kernel of each row.
-        std::vector<float> ones(cols, 1.0f), normed((size_t)T * cols);
-        gd.assign((size_t)T * cols / 256, 0);
-        gq.assign((size_t)T * cols, 0);
-        launch({(unsigned)T, 1, 0}, 256, [&] {
-            el::rms_norm_q8_kernel(x.data(), ones.data(), normed.data(), gd.data(), gq.data(), cols,
-                                   1e-6f);
-        });
-        x = normed;
-    }
+    if (quantized) quantize_rows(x, T, cols, gd, gq);
     const float* d = quantized ? gd.data() : nullptr;
     const i8* q = quantized ? gq.data() : nullptr;
     std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f),
@@ -417,15 +420,7 @@ bool batch_rows_case(int tokens, bool quantized) {
     auto x = uniform((size_t)tokens * cols, -1, 1);
     std::vector<float> gd;
     std::vector<i8> gq;
-    if (quantized) {
-        std::vector<float> ones(cols, 1.0f), normed((size_t)tokens * cols);
-        gd.assign((size_t)tokens * cols / 256, 0);
-        gq.assign((size_t)tokens * cols, 0);
-        launch({(unsigned)tokens, 1, 0}, 256, [&] {
-            el::rms_norm_q8_kernel(x.data(), ones.data(), normed.data(), gd.data(), gq.data(), cols, 1e-6f);
-        });
-        x = normed;
-    }
+    if (quantized) quantize_rows(x, tokens, cols, gd, gq);
     const float* d = quantized ? gd.data() : nullptr;
     const i8* q = quantized ? gq.data() : nullptr;
     std::vector<float> act2((size_t)tokens * used * ff, NAN), shared2((size_t)tokens * ff, NAN);

@@ -88,43 +88,43 @@ inline void __syncthreads() { cta_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 // Warp exchange buffers.
 uint64_t warp_buf[32][32][8];
+// Lane `src` of the warp's values of `v` (`v` itself where `keep`).
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int off) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    memcpy(&warp_buf[w][l][0], &v, sizeof(T));
-    warp_barriers[w]->arrive_and_wait();
-    T o;
-    memcpy(&o, &warp_buf[w][l ^ off][0], sizeof(T));
-    warp_barriers[w]->arrive_and_wait();
-    return o;
-}
-template <class T>
-T __shfl_up_sync(unsigned, T v, int off) {
+T warp_exchange(T v, int src, bool keep = false) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
     memcpy(&warp_buf[w][l][0], &v, sizeof(T));
     warp_barriers[w]->arrive_and_wait();
     T o = v;
-    if (l >= off) memcpy(&o, &warp_buf[w][l - off][0], sizeof(T));
+    if (!keep) memcpy(&o, &warp_buf[w][src][0], sizeof(T));
     warp_barriers[w]->arrive_and_wait();
     return o;
 }
 template <class T>
+T __shfl_xor_sync(unsigned, T v, int off) {
+    return warp_exchange(v, (threadIdx.x % 32) ^ off);
+}
+template <class T>
+T __shfl_up_sync(unsigned, T v, int off) {
+    const int l = threadIdx.x % 32;
+    return warp_exchange(v, l - off, l < off);
+}
+template <class T>
 T __shfl_sync(unsigned, T v, int src) {
+    return warp_exchange(v, src);
+}
+// Every lane's `v` in lane order, into `all`.
+inline void warp_gather(uint64_t v, uint64_t (&all)[32]) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    memcpy(&warp_buf[w][l][0], &v, sizeof(T));
+    warp_buf[w][l][0] = v;
     warp_barriers[w]->arrive_and_wait();
-    T o;
-    memcpy(&o, &warp_buf[w][src][0], sizeof(T));
+    for (int i = 0; i < 32; ++i) all[i] = warp_buf[w][i][0];
     warp_barriers[w]->arrive_and_wait();
-    return o;
 }
 inline unsigned __ballot_sync(unsigned, bool predicate) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    warp_buf[w][l][0] = predicate;
-    warp_barriers[w]->arrive_and_wait();
+    uint64_t all[32];
+    warp_gather(predicate, all);
     unsigned mask = 0;
-    for (int i = 0; i < 32; ++i) mask |= (warp_buf[w][i][0] != 0 ? 1u : 0u) << i;
-    warp_barriers[w]->arrive_and_wait();
+    for (int i = 0; i < 32; ++i) mask |= (all[i] != 0 ? 1u : 0u) << i;
     return mask;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
