@@ -216,7 +216,7 @@ impl<B: Backend> Session<B> {
 
     /// [`Session::mtp_draft_greedy`] then [`Session::mtp_verify_greedy`] of `[next,
     /// drafts...]` in one call; [`Session::mtp_accept`] then keeps a prefix. On a backend that
-    /// keeps greedy picks on its device (the CUDA backend with `REDLITE_DEVICE_GREEDY=1`) each
+    /// keeps greedy picks on its device (the CUDA backend, unless `REDLITE_DEVICE_GREEDY=0`) each
     /// draft feeds the next draft and the verification there and the host reads the step's
     /// picks once, after the verification, so no host read holds the device up within a
     /// step; the same tokens either way.

@@ -335,8 +335,8 @@ impl Backend for CudaBackend {
         self.head_logits(&self.weights.output, rows, x, out)
     }
 
-    /// The LM head of `rows` and their argmaxes on the device: only the tokens come back.
-    /// Opt-in (`REDLITE_DEVICE_GREEDY=1`) until its GPU tests have run.
+    /// The LM head of `rows` and their argmaxes on the device: only the tokens come back
+    /// (`REDLITE_DEVICE_GREEDY=0`: none, the caller picks from the logits).
     fn greedy_tokens(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<u32>) -> Result<bool> {
         if !device_greedy() {
             return Ok(false);
@@ -426,7 +426,7 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
-    /// With the device argmax (`REDLITE_DEVICE_GREEDY=1`) unless `REDLITE_CHAINED_GREEDY=0`:
+    /// With the device argmax (unless `REDLITE_DEVICE_GREEDY=0`) unless `REDLITE_CHAINED_GREEDY=0`:
     /// `kept.rs`.
     fn keeps_greedy_tokens(&self) -> bool {
         device_greedy() && CHAINED_GREEDY.on()

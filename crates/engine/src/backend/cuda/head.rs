@@ -1,6 +1,6 @@
 //! The LM heads on the GPU, a product per run of consecutive rows: logits back to the host
-//! (through page-locked memory with `REDLITE_PINNED_LOGITS=1`), or each row's greedy token
-//! only (`REDLITE_DEVICE_GREEDY=1`: the pick slots of `kept.rs`).
+//! (through page-locked memory unless `REDLITE_PINNED_LOGITS=0`), or each row's greedy token
+//! only (unless `REDLITE_DEVICE_GREEDY=0`: the pick slots of `kept.rs`).
 
 use std::sync::MutexGuard;
 
@@ -85,21 +85,22 @@ impl CudaBackend {
     }
 }
 
-/// `REDLITE_PINNED_LOGITS=1`: logits come back through page-locked memory
-/// (`redlite_cuda::HostStage`: one DMA, then a host copy) instead of the driver's pageable
-/// path (a zero fill of the output, then a DMA and a host copy in waited-for pieces).
-/// Written without a GPU (sixteenth session); off until an A/B has measured it.
-pub static PINNED_LOGITS: Switch = Switch::new("REDLITE_PINNED_LOGITS", false);
+/// Logits come back through page-locked memory (`redlite_cuda::HostStage`: one DMA, then a
+/// host copy) instead of the driver's pageable path (a zero fill of the output, then a DMA
+/// and a host copy in waited-for pieces); `REDLITE_PINNED_LOGITS=0` keeps the pageable path.
+/// The same values; H200 tg128 358.9 vs 352.7 t/s (eighteenth session, docs/PERF.md).
+pub static PINNED_LOGITS: Switch = Switch::new("REDLITE_PINNED_LOGITS", true);
 
 fn pinned_logits() -> bool {
     PINNED_LOGITS.on()
 }
 
-/// `REDLITE_DEVICE_GREEDY=1`: greedy steps, MTP drafts and verifications pick their tokens
-/// on the device (`Backend::greedy_tokens`, `Backend::mtp_greedy_tokens`). Written without
-/// a GPU (fifteenth and sixteenth sessions); off until `crates/cuda/tests/greedy.rs`,
-/// `cuda_parity`'s device-argmax test and `cuda_mtp` have passed on one.
-pub static DEVICE_GREEDY: Switch = Switch::new("REDLITE_DEVICE_GREEDY", false);
+/// Greedy steps, MTP drafts and verifications pick their tokens on the device
+/// (`Backend::greedy_tokens`, `Backend::mtp_greedy_tokens`); `REDLITE_DEVICE_GREEDY=0`
+/// copies the logits to the host and picks there. The same tokens (`greedy`, `cuda_parity`
+/// and `cuda_mtp` GPU tests, passed on the H200 in the eighteenth session); MTP with one
+/// draft at acceptance 0.7: 410.4 vs 312.4 t/s.
+pub static DEVICE_GREEDY: Switch = Switch::new("REDLITE_DEVICE_GREEDY", true);
 
 /// `REDLITE_CHAINED_GREEDY=0`: with `DEVICE_GREEDY`, a greedy speculative step reads each
 /// draft before the next forward call (separate calls) instead of keeping its picks on the
