@@ -111,13 +111,14 @@ fn gate_up_rows(tokens: usize) -> usize {
     }
 }
 
-/// `REDLITE_MOE_BATCH_ROWS=1` (eighteenth session, written without a GPU; off until an A/B
-/// has measured it): four rows a lane group in the q8 expert gate/up of a batch of 2 to 16
+/// `REDLITE_MOE_BATCH_ROWS=1` (eighteenth session; off: on the H200 the same bits but slower,
+/// pp2 504.7 vs 515.5 t/s and MTP one draft at 0.7 403.9 vs 410.4, docs/PERF.md; kept for GPUs
+/// whose waves differ): four rows a lane group in the q8 expert gate/up of a batch of 2 to 16
 /// tokens (an MTP verification, serving slots decoding together). With two, a token's 10 + 1
 /// experts take 704 CTAs of 72 registers (IQ2_XXS), 7 a multiprocessor: one wave of the H200's
 /// 132 for one token, but 1,408 CTAs (two waves) for two; with four, 352 CTAs a token of 80
 /// registers, 6 a multiprocessor (792 a wave): two tokens in one wave, four in two instead of
-/// four. The same sums per row (the same bits).
+/// four (the arithmetic that did not hold). The same sums per row (the same bits).
 pub static MOE_BATCH_ROWS: Switch = Switch::new("REDLITE_MOE_BATCH_ROWS", false);
 
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
