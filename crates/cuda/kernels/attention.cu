@@ -361,20 +361,22 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     }
 }
 
-// Flash-decoding, step 2 of 2. Grid (tokens, heads), any block size, dynamic shared memory
-// `splits` floats and `splits` ints: merges the splits' partials (split 0 always holds
-// position 0, so the overall max is finite; a split past the token's last position holds
-// (0, -inf, 0)) and applies the sigmoid gate:
+// Flash-decoding, step 2 of 2. Grid (tokens, heads, column slices of blockDim values), any
+// block size; dynamic shared memory `splits` floats, `splits` floats and `splits` ints: merges
+// the splits' partials (split 0 always holds position 0, so the overall max is finite; a split
+// past the token's last position holds (0, -inf, 0)) and applies the sigmoid gate:
 // o = (Σ_s e^(m_s - m) acc_s) / (Σ_s e^(m_s - m) l_s) ⊙ sigmoid(gate).
-// Grid (tokens, heads, column slices of blockDim values). The first warp finds m, each
-// split's factor e^(m_s - m) and the list of non-empty splits in increasing order; the sums
-// then run over those splits only, in that order (an empty split adds nothing). A graph
-// launches every split at every position, so at short depths most are empty. Each thread
-// loads COMBINE_BATCH splits' values (the serial Σ l: their sums and factors) before adding
-// them in order: at depth 4096 (64 live splits on 16 CTAs) the sums had waited on one L2
-// round trip per split (12.5 µs a launch). Dynamic shared memory: splits x (factor, l, list
-// entry).
-#define COMBINE_BATCH 16
+// The first warp finds m, each split's factor e^(m_s - m) and the list of non-empty splits in
+// increasing order; the sums then run over those splits only, in that order (an empty split
+// adds nothing). A graph launches every split at every position, so at short depths most are
+// empty. Every load a sum needs is issued before its first term is added (each lane's maxima
+// and sums of COMBINE_LANE_SPLITS splits at once; each thread's values of COMBINE_BATCH live
+// splits at once, the loads past the live count predicated off): one L2 round trip for up to
+// COMBINE_BATCH live splits where the loop of batches of 16 took one per batch (four at depth
+// 4096), the same expressions in the same order. Dynamic shared memory: splits x (factor, l,
+// list entry).
+#define COMBINE_BATCH 32
+#define COMBINE_LANE_SPLITS 4
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,
                                          int heads, int hd, int splits) {
@@ -388,19 +390,31 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
     const float* part = partials + (i64(t) * heads + h) * splits * (hd + 2);
     if (threadIdx.x < WARP_SIZE) {
         float m_all = -INFINITY;
-        for (int s = lane; s < splits; s += WARP_SIZE) {
-            factor[s] = part[s * (hd + 2) + hd];
-            m_all = fmaxf(m_all, factor[s]);
+        int count = 0;
+        for (int first = 0; first < splits; first += COMBINE_LANE_SPLITS * WARP_SIZE) {
+            float ms[COMBINE_LANE_SPLITS], ls[COMBINE_LANE_SPLITS];
+#pragma unroll
+            for (int u = 0; u < COMBINE_LANE_SPLITS; ++u) {
+                const int s = first + lane + WARP_SIZE * u;
+                ms[u] = s < splits ? part[s * (hd + 2) + hd] : -INFINITY;
+                ls[u] = s < splits ? part[s * (hd + 2) + hd + 1] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < COMBINE_LANE_SPLITS; ++u) {
+                const int s = first + lane + WARP_SIZE * u;
+                if (s < splits) {
+                    factor[s] = ms[u];
+                    l_of[s] = ls[u];
+                }
+                m_all = fmaxf(m_all, ms[u]);
+            }
         }
         m_all = warp_reduce_max(m_all);
-        int count = 0;
+        __syncwarp();
         for (int base = 0; base < splits; base += WARP_SIZE) {
             const int s = base + lane;
-            const float l = s < splits ? part[s * (hd + 2) + hd + 1] : 0.0f;
-            if (s < splits) {
-                factor[s] = l == 0.0f ? -1.0f : expf(factor[s] - m_all);
-                l_of[s] = l;
-            }
+            const float l = s < splits ? l_of[s] : 0.0f;
+            if (s < splits) factor[s] = l == 0.0f ? -1.0f : expf(factor[s] - m_all);
             const unsigned mask = __ballot_sync(0xffffffffu, l != 0.0f);
             if (l != 0.0f) live[count + __popc(mask & ((1u << lane) - 1u))] = s;
             count += __popc(mask);
@@ -409,15 +423,15 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
         if (lane == 0) {
             float l_all = 0.0f;
             int j = 0;
-            for (; j + COMBINE_BATCH <= count; j += COMBINE_BATCH) {
-                float ls[COMBINE_BATCH], fs[COMBINE_BATCH];
+            for (; j + 16 <= count; j += 16) {
+                float ls[16], fs[16];
 #pragma unroll
-                for (int u = 0; u < COMBINE_BATCH; ++u) {
+                for (int u = 0; u < 16; ++u) {
                     ls[u] = l_of[live[j + u]];
                     fs[u] = factor[live[j + u]];
                 }
 #pragma unroll
-                for (int u = 0; u < COMBINE_BATCH; ++u) l_all += ls[u] * fs[u];
+                for (int u = 0; u < 16; ++u) l_all += ls[u] * fs[u];
             }
             for (; j < count; ++j) {
                 const int s = live[j];
@@ -433,19 +447,25 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
     const float* gate = qg + (i64(t) * heads + h) * 2 * hd + hd;
     float* out = o + (i64(t) * heads + h) * hd;
     for (int i = blockIdx.z * blockDim.x + threadIdx.x; i < hd; i += gridDim.z * blockDim.x) {
-        float total = 0.0f;
-        int j = 0;
-        for (; j + COMBINE_BATCH <= count; j += COMBINE_BATCH) {
+        float g = 0.0f, total = 0.0f;
+        for (int j = 0; j < count; j += COMBINE_BATCH) {
             float value[COMBINE_BATCH];
 #pragma unroll
-            for (int u = 0; u < COMBINE_BATCH; ++u) value[u] = part[live[j + u] * (hd + 2) + i];
+            for (int u = 0; u < COMBINE_BATCH; ++u) {
+                // Past the live count: the last live split's value again (added by nobody),
+                // so that the loads need no predicate and are all issued before the sums.
+                value[u] = part[live[min(j + u, count - 1)] * (hd + 2) + i];
+            }
+            // The gate's load goes out with the values' (loaded once before the loop, its
+            // sigmoid was computed at once and held every load back until the gate came).
+            g = gate[i];
+            // No load moves below this line (the compiler interleaved them with the sums).
+            asm volatile("" ::: "memory");
 #pragma unroll
-            for (int u = 0; u < COMBINE_BATCH; ++u) total += value[u] * factor[live[j + u]];
+            for (int u = 0; u < COMBINE_BATCH; ++u) {
+                if (j + u < count) total += value[u] * factor[live[j + u]];
+            }
         }
-        for (; j < count; ++j) {
-            const int s = live[j];
-            total += part[s * (hd + 2) + i] * factor[s];
-        }
-        out[i] = total / l_all * sigmoidf(gate[i]);
+        out[i] = total / l_all * sigmoidf(g);
     }
 }

@@ -219,6 +219,102 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
     for (int k = lane; k < used; k += WARP_SIZE) weights[k] /= total;
 }
 
+// route_token_v2's selection in shorter chains (REDLITE_ROUTE_TREE, the default; 0 keeps
+// route_token_v2), the same ids and weights bit for bit. A round's per-lane choice is a
+// tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
+// larger value, the lower j on a tie, so the root is the first largest as the chain finds
+// it), and with at most 32 picks each lane's pick is divided by the total in registers
+// (route_token_v2 stores it, then reads it back from global memory to divide).
+template <int PER>
+static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
+                                                        int n_expert, int used, int lane) {
+    static_assert((PER & (PER - 1)) == 0, "a tree of pairwise picks over PER values");
+    if (used > WARP_SIZE) {
+        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
+        return;
+    }
+    float p[PER];
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + WARP_SIZE * j;
+        p[j] = i < n_expert ? l[i] : -INFINITY;
+        m = fmaxf(m, p[j]);
+    }
+    m = warp_reduce_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        p[j] = lane + WARP_SIZE * j < n_expert ? expf(p[j] - m) : 0.0f;
+        sum += p[j];
+    }
+    const float inv = 1.0f / warp_reduce_sum(sum);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        // Padding and chosen entries hold -2, below every probability and the -1 start. A
+        // NaN, which the chain never picks (NaN > v is false), becomes -2 too: never picked.
+        const float q = p[j] * inv;
+        p[j] = lane + WARP_SIZE * j < n_expert && q == q ? q : -2.0f;
+    }
+    float total = 0.0f, mine = 0.0f;
+    int mine_index = n_expert;
+    for (int k = 0; k < used; ++k) {
+        float tv[PER];
+        int tj[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            tv[j] = p[j];
+            tj[j] = j;
+        }
+#pragma unroll
+        for (int s = 1; s < PER; s *= 2) {
+#pragma unroll
+            for (int j = 0; j < PER; j += 2 * s) {
+                // tv[j] covers j ... j + s - 1, tv[j + s] the s after: the left one stays
+                // unless strictly smaller.
+                const bool right = tv[j + s] > tv[j];
+                tv[j] = right ? tv[j + s] : tv[j];
+                tj[j] = right ? tj[j + s] : tj[j];
+            }
+        }
+        // The chain starts from (-1, n_expert) and takes only values above it.
+        float v = tv[0] > -1.0f ? tv[0] : -1.0f;
+        int index = tv[0] > -1.0f ? lane + WARP_SIZE * tj[0] : n_expert;
+        warp_argmax(v, index);
+        if (lane == k) {
+            mine = v;
+            mine_index = index;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (lane + WARP_SIZE * j == index) p[j] = -2.0f;
+        }
+        total += v;
+    }
+    if (lane < used) {
+        ids[lane] = route_spread(mine_index, l, n_expert);
+        weights[lane] = mine / total;
+    }
+}
+
+// The routing of one token by one warp: route_token_tree, or with REDLITE_ROUTE_TREE=0
+// route_token_v2 (the same bits).
+#ifndef REDLITE_ROUTE_TREE
+#define REDLITE_ROUTE_TREE 1
+#endif
+#ifndef REDLITE_ROUTE_EARLY_GATE
+#define REDLITE_ROUTE_EARLY_GATE 1
+#endif
+template <int PER>
+static __device__ __forceinline__ void route_token(const float* l, int* ids, float* weights,
+                                                   int n_expert, int used, int lane) {
+#if REDLITE_ROUTE_TREE
+    route_token_tree<PER>(l, ids, weights, n_expert, used, lane);
+#else
+    route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
+#endif
+}
+
 template <int PER>
 __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     const float* __restrict__ shared_logit,
@@ -226,8 +322,8 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
     pdl_begin();
     const int t = blockIdx.x;
-    route_token_v2<PER>(logits + i64(t) * n_expert, ids + i64(t) * used, weights + i64(t) * used,
-                        n_expert, used, threadIdx.x);
+    route_token<PER>(logits + i64(t) * n_expert, ids + i64(t) * used, weights + i64(t) * used,
+                     n_expert, used, threadIdx.x);
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
@@ -244,19 +340,32 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
                       const float* __restrict__ x, int* __restrict__ ids,
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
                       int n_expert, int used) {
-    pdl_begin();
     PROBE_RETURN(PROBE_ROUTE);
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
     const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const auto gate_dot = [&] {
+        if (warp != 0) {
+            const float part = row_dot_lane<B, SPLIT_WARPS * WARP_SIZE>(
+                gate_w, x + i64(t) * cols, cols, threadIdx.x - WARP_SIZE);
+            const float sum = warp_reduce_sum(part);
+            if (lane == 0) warp_sums[warp - 1] = sum;
+        }
+    };
+    // The gate row's dot before the wait, under PDL while the router still runs: x is the
+    // router's input, so its writer finished before the router passed its own wait, which
+    // came before this launch could start (the row is a weight: nothing writes it).
+    // REDLITE_ROUTE_EARLY_GATE=0: after the wait.
+#if REDLITE_ROUTE_EARLY_GATE
+    gate_dot();
+    pdl_begin();
+#else
+    pdl_begin();
+    gate_dot();
+#endif
     if (warp == 0) {
-        route_token_v2<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
-                            weights + i64(t) * used, n_expert, used, lane);
-    } else {
-        const float part = row_dot_lane<B, SPLIT_WARPS * WARP_SIZE>(
-            gate_w, x + i64(t) * cols, cols, threadIdx.x - WARP_SIZE);
-        const float sum = warp_reduce_sum(part);
-        if (lane == 0) warp_sums[warp - 1] = sum;
+        route_token<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
+                         weights + i64(t) * used, n_expert, used, lane);
     }
     __syncthreads();
     if (warp == 0) {
@@ -293,7 +402,7 @@ static __device__ __forceinline__ void route_in_last_cta(const float* logits, fl
     __syncthreads();
     if (threadIdx.x == 0) *ticket = 0;
     if (threadIdx.x < WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, threadIdx.x);
+        route_token<PER>(l, ids, weights, n_expert, used, threadIdx.x);
     }
     if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
 }

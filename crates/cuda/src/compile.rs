@@ -31,7 +31,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// products (2 to 4 tokens) loading the lane's first items before the wait too (`matmul.cu`;
 /// off until measured: 63 → 80 registers), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
-/// `raw/launcher.rs`); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// `raw/launcher.rs`), `REDLITE_ROUTE_TREE=0` the routing's per-lane choice as a chain of
+/// compares and `REDLITE_ROUTE_EARLY_GATE=0` the shared-expert gate's dot after the PDL wait
+/// (`moe_route.cu`, the same bits either way); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
 fn options(arch: &str) -> Vec<String> {
@@ -42,6 +44,8 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let small_ahead = std::env::var("REDLITE_SMALL_LOADS_AHEAD").as_deref() == Ok("1");
+    let route_tree = std::env::var("REDLITE_ROUTE_TREE").as_deref() != Ok("0");
+    let early_gate = std::env::var("REDLITE_ROUTE_EARLY_GATE").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -53,6 +57,8 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
         format!("-DREDLITE_SMALL_LOADS_AHEAD={}", u8::from(small_ahead)),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
+        format!("-DREDLITE_ROUTE_TREE={}", u8::from(route_tree)),
+        format!("-DREDLITE_ROUTE_EARLY_GATE={}", u8::from(early_gate)),
     ];
     if verbose {
         options.push("--ptxas-options=-v".to_string());

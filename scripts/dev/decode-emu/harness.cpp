@@ -442,6 +442,56 @@ void batch_rows(const char* type) {
     verdict(name, ok);
 }
 
+// route_token_tree (REDLITE_ROUTE_TREE, the default) against route_token_v2 on one token's
+// logits: ids and weights bit for bit, each side starting from its own fill.
+bool route_tree_case(const std::vector<float>& l, int n_expert, int used) {
+    std::vector<int> ids_a(used, -7), ids_b(used, -9);
+    std::vector<float> w_a(used, NAN), w_b(used, -5.0f);
+    launch({1, 1, 0}, 32, [&] {
+        mo::route_token_v2<PER>(l.data(), ids_a.data(), w_a.data(), n_expert, used, threadIdx.x);
+    });
+    launch({1, 1, 0}, 32, [&] {
+        mo::route_token_tree<PER>(l.data(), ids_b.data(), w_b.data(), n_expert, used, threadIdx.x);
+    });
+    return same("ids", ids_a, ids_b) & same("weights", w_a, w_b);
+}
+
+// Logits from a normal law, from five values (ties everywhere), with -inf and +inf entries,
+// a NaN, equal logits only, fewer experts than the lanes' slots; 1, 10, 32 and 33 picks (33:
+// the tree falls back to the chain).
+void route_tree() {
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    bool ok = true;
+    int cases = 0;
+    for (int n_expert : {512, 500, 40}) {
+        for (int used : {1, 10, 32, 33}) {
+            if (used > n_expert) continue;
+            for (int kind = 0; kind < 6; ++kind) {
+                for (int rep = 0; rep < 4; ++rep) {
+                    std::vector<float> l(n_expert);
+                    for (auto& x : l) {
+                        const float five[5] = {-1.5f, 0.0f, 0.25f, 3.0f, 3.0f};
+                        x = kind == 1 ? five[rng() % 5] : kind == 4 ? 0.5f : normal(rng);
+                    }
+                    if (kind == 2) l[rng() % n_expert] = -INFINITY, l[rng() % n_expert] = -INFINITY;
+                    if (kind == 3) l[rng() % n_expert] = INFINITY;
+                    if (kind == 5) l[rng() % n_expert] = NAN;
+                    const bool one = route_tree_case(l, n_expert, used);
+                    if (!one) printf("  (%d experts, %d picks, kind %d)\n", n_expert, used, kind);
+                    ok &= one;
+                    ++cases;
+                }
+            }
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name,
+             "route_token_tree = route_token_v2 (%d tokens: normal, five values, +-inf, NaN, all "
+             "equal; 512, 500, 40 experts; 1, 10, 32, 33 picks)",
+             cases);
+    verdict(name, ok);
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention or
     // moe.
@@ -455,6 +505,7 @@ int main(int argc, char** argv) {
     router_with_norm<mo::F16x8>("router_topk_norm_kernel, F16 gate row apart = add + norm, then router_topk_kernel", r, f16_gate);
     router_fused<mo::F16x8>("router_topk_kernel, F16 gate row apart = split-K router, then moe_route_gate_kernel", r, true);
     router_fused<mo::F32x4>("router_topk_kernel, F32 gate row merged = split-K router, then moe_route_v2_kernel", r, false);
+    route_tree();
     }
     if (group("argmax")) argmax_and_ids();
     if (group("small")) {
