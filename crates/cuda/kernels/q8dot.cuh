@@ -46,8 +46,9 @@ static __device__ __forceinline__ int q8_scales_bytes(int values) {
 // every weight load of the kernel waits behind). Ends with a CTA barrier.
 #define Q8_UNROLL 4
 
-// `blocks` blocks of 256 values, block b read from `source(b)`, staged back to back.
-template <class Source>
+// `blocks` blocks of 256 values, block b read from `source(b)`, staged back to back; UNROLL
+// blocks a warp at a time (the blocks a warp quantizes, and how, do not depend on it).
+template <int UNROLL = Q8_UNROLL, class Source>
 static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int blocks, float* d,
                                                            i8* q) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -62,10 +63,10 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
     __syncthreads();
     return;
 #endif
-    for (int first = warp; first < blocks; first += Q8_UNROLL * warps) {
-        float v[Q8_UNROLL][8];
+    for (int first = warp; first < blocks; first += UNROLL * warps) {
+        float v[UNROLL][8];
 #pragma unroll
-        for (int u = 0; u < Q8_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int b = first + u * warps;
             const float* xb = source(b < blocks ? b : 0) + 8 * lane;
             const bool wide = (reinterpret_cast<u64>(xb) & 15) == 0;
@@ -80,7 +81,7 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
             }
         }
 #pragma unroll
-        for (int u = 0; u < Q8_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int b = first + u * warps;
             if (b >= blocks) break;
             float amax = 0.0f, signed_max = 0.0f;
@@ -125,12 +126,13 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
 
 // The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
 // null when `values2` is 0), staged back to back.
+template <int UNROLL = Q8_UNROLL>
 static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
                                                            int values,
                                                            const float* __restrict__ x2,
                                                            int values2, float* d, i8* q) {
     const int blocks1 = values / Q8K_VALUES;
-    quantize_q8k_blocks(
+    quantize_q8k_blocks<UNROLL>(
         [=](int b) {
             return b < blocks1 ? x + i64(b) * Q8K_VALUES : x2 + i64(b - blocks1) * Q8K_VALUES;
         },

@@ -33,7 +33,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_ROUTE_TREE=0` the routing's per-lane choice as a chain of
 /// compares and `REDLITE_ROUTE_EARLY_GATE=0` the shared-expert gate's dot after the PDL wait
-/// (`moe_route.cu`, the same bits either way); `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// (`moe_route.cu`, the same bits either way), `REDLITE_DOWN_INPUT_UNROLL=4` the expert down's
+/// input quantized 4 blocks a warp at a time instead of 6 (`moe.cu`, the same codes);
+/// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
 fn options(arch: &str) -> Vec<String> {
@@ -46,6 +48,10 @@ fn options(arch: &str) -> Vec<String> {
     let small_ahead = std::env::var("REDLITE_SMALL_LOADS_AHEAD").as_deref() == Ok("1");
     let route_tree = std::env::var("REDLITE_ROUTE_TREE").as_deref() != Ok("0");
     let early_gate = std::env::var("REDLITE_ROUTE_EARLY_GATE").as_deref() != Ok("0");
+    let down_unroll = match std::env::var("REDLITE_DOWN_INPUT_UNROLL").as_deref() {
+        Ok("4") => 4,
+        _ => 6,
+    };
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -59,6 +65,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_ROUTE_TREE={}", u8::from(route_tree)),
         format!("-DREDLITE_ROUTE_EARLY_GATE={}", u8::from(early_gate)),
+        format!("-DREDLITE_DOWN_INPUT_UNROLL={down_unroll}"),
     ];
     if verbose {
         options.push("--ptxas-options=-v".to_string());
