@@ -114,7 +114,7 @@ attention_kernel(const float* __restrict__ q, const float* __restrict__ qg,
     for (int w = 0; w < WARPS; ++w) l_all += l_part[w] * expf(m_part[w] - m_all);
     const float* gate = qg + (i64(t) * heads + h) * 2 * HD + HD;
     float* out = o + (i64(t) * heads + h) * HD;
-    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
         float total = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) total += acc_part[w][i] * expf(m_part[w] - m_all);
@@ -193,19 +193,22 @@ static __device__ __forceinline__ void merge_split_warps(float m, float l, const
                                                          float* partials, i64 row, int split) {
     constexpr int HD = VPL * WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    if (lane == 0) {
-        m_part[warp] = m;
-        l_part[warp] = l;
-    }
+    // Warps past WARPS (a CTA of more: attention_split_depth_kernel) only meet the barrier.
+    if (warp < WARPS) {
+        if (lane == 0) {
+            m_part[warp] = m;
+            l_part[warp] = l;
+        }
 #pragma unroll
-    for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
+        for (int e = 0; e < VPL; ++e) acc_part[warp][lane + WARP_SIZE * e] = acc[e];
+    }
     __syncthreads();
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
     float* out = partials + (row * gridDim.z + split) * (HD + 2);
     const bool empty = m_all == -INFINITY;
-    for (int i = threadIdx.x; i < HD; i += WARPS * WARP_SIZE) {
+    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
         float total = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) {
@@ -296,34 +299,18 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                                   i64(t) * heads + h, split);
 }
 
-// attention_split_kernel for HPC query heads of one KV head in each CTA: grid (tokens,
-// heads / HPC, splits). The split's K and V rows are loaded once for its HPC heads instead
-// of once per head (a KV head serves heads / kv_heads query heads: 8 in Qwen3-Next, whose
-// one-head CTAs read every row 8 times over). Per head the same positions per warp, the
-// same online softmax and the same merge in the same order as attention_split_kernel: the
-// same partials, bit for bit.
+// The work of an attention_split_heads_kernel CTA on query heads h0 ... h0 + HPC - 1 of token
+// t, split `split`, after the PDL wait, by its first WARPS warps; a CTA of more warps (the
+// depth kernel below) has the others idle but at every barrier, so the partials are those of a
+// CTA of WARPS warps bit for bit.
 template <class KV, int VPL, int WARPS, int HPC>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
-                             const KV* __restrict__ v_cache, float* __restrict__ partials,
-                             const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
-                             int chunk, int min_chunk, float scale) {
-    PROBE_RETURN(PROBE_ATTENTION);
+static __device__ __forceinline__ void split_heads_body(const float* __restrict__ q,
+                                                       const KV* __restrict__ k_cache,
+                                                       const KV* __restrict__ v_cache,
+                                                       float* __restrict__ partials, int t,
+                                                       int h0, int split, int chunk, int pos0,
+                                                       int heads, int kv_heads, float scale) {
     constexpr int HD = VPL * WARP_SIZE, G = 4;
-    if (pos_dev != nullptr) pos0 = int(*pos_dev);
-    const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
-    if (chunk <= 0) {
-        const int len = pos0 + t + 1;
-        const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
-        chunk = (len + splits - 1) / splits;
-    }
-    // pos_dev is written before the step; the rows before pos0 by earlier steps.
-    {
-        const int first = blockIdx.z * chunk;
-        const int kv = (blockIdx.y * HPC) / (heads / kv_heads);
-        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
-    }
-    pdl_begin();
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ float acc_part[WARPS][HD];
     __shared__ float qs[HPC][HD];
@@ -331,7 +318,7 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     const int kvh = h0 / (heads / kv_heads);
     const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
     const float* qr = q + (i64(t) * heads + h0) * HD;
-    for (int i = threadIdx.x; i < HPC * HD; i += WARPS * WARP_SIZE) qs[i / HD][i % HD] = qr[i];
+    for (int i = threadIdx.x; i < HPC * HD; i += blockDim.x) qs[i / HD][i % HD] = qr[i];
     __syncthreads();
     float acc[HPC][VPL], m[HPC], l[HPC];
 #pragma unroll
@@ -341,7 +328,8 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
 #pragma unroll
         for (int e = 0; e < VPL; ++e) acc[r][e] = 0.0f;
     }
-    for (int base = begin + warp * G; base < end; base += WARPS * G) {
+    const int stop = warp < WARPS ? end : begin;
+    for (int base = begin + warp * G; base < stop; base += WARPS * G) {
         float kr[G][VPL], vr[G][VPL];
         load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
 #pragma unroll
@@ -358,6 +346,83 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
                                       i64(t) * heads + h0 + r, split);
         // The next head's partials go through the same shared memory.
         __syncthreads();
+    }
+}
+
+// The split's chunk: the launch's, or with chunk <= 0 (small batches; a graph replayed at any
+// position) ceil(len / splits) of token t's own length over its ceil(len / min_chunk) splits
+// (at most grid.z), as the host computes them.
+static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, int min_chunk) {
+    if (chunk > 0) return chunk;
+    const int len = pos0 + t + 1;
+    const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
+    return (len + splits - 1) / splits;
+}
+
+// attention_split_kernel for HPC query heads of one KV head in each CTA: grid (tokens, heads /
+// HPC, splits). The split's K and V rows are loaded once for its HPC heads instead of once per
+// head (a KV head serves heads / kv_heads query heads: 8 in Qwen3-Next, whose one-head CTAs
+// read every row 8 times over). Per head the same positions per warp, the same online softmax
+// and the same merge in the same order as attention_split_kernel: the same partials, bit for
+// bit.
+template <class KV, int VPL, int WARPS, int HPC>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                             const KV* __restrict__ v_cache, float* __restrict__ partials,
+                             const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
+                             int chunk, int min_chunk, float scale) {
+    PROBE_RETURN(PROBE_ATTENTION);
+    constexpr int HD = VPL * WARP_SIZE;
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
+    const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
+    chunk = split_chunk(chunk, pos0, t, min_chunk);
+    // pos_dev is written before the step; the rows before pos0 by earlier steps.
+    {
+        const int first = split * chunk;
+        const int kv = h0 / (heads / kv_heads);
+        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
+    }
+    pdl_begin();
+    split_heads_body<KV, VPL, WARPS, HPC>(q, k_cache, v_cache, partials, t, h0, split, chunk,
+                                          pos0, heads, kv_heads, scale);
+}
+
+// The split kernel chosen by depth, token by token (`REDLITE_ATTN_LONG_FROM`): grid (tokens,
+// heads / 4, splits), 8 warps. A token whose length is below long_len takes the partials of
+// attention_split_heads_kernel<KV, VPL, 4, 4> (CTA y: query heads 4y ... 4y + 3, warps 0-3),
+// one at least long_len those of <KV, VPL, 8, 8> (CTA y even: heads 4y ... 4y + 7 with all 8
+// warps; odd CTAs nothing), bit for bit: four heads and four warps measured fastest at depth
+// 4096, eight and eight at 32768 (H200, eighteenth session: 290.3 against 274.0 t/s). One
+// launch for every depth, so a graph replayed at any position, and an MTP verification's rows,
+// each get their own length's kernel. Needs 8 query heads to a KV head.
+template <class KV, int VPL>
+__global__ void __launch_bounds__(8 * WARP_SIZE)
+attention_split_depth_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                             const KV* __restrict__ v_cache, float* __restrict__ partials,
+                             const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
+                             int chunk, int min_chunk, float scale, int long_len) {
+    PROBE_RETURN(PROBE_ATTENTION);
+    constexpr int HD = VPL * WARP_SIZE;
+    if (pos_dev != nullptr) pos0 = int(*pos_dev);
+    const int t = blockIdx.x, h0 = blockIdx.y * 4, split = blockIdx.z;
+    const bool long_token = pos0 + t + 1 >= long_len;
+    if (long_token && blockIdx.y % 2 != 0) {
+        pdl_begin();
+        return;
+    }
+    chunk = split_chunk(chunk, pos0, t, min_chunk);
+    {
+        const int first = split * chunk;
+        const int kv = h0 / (heads / kv_heads);
+        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
+    }
+    pdl_begin();
+    if (long_token) {
+        split_heads_body<KV, VPL, 8, 8>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,
+                                        heads, kv_heads, scale);
+    } else {
+        split_heads_body<KV, VPL, 4, 4>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,
+                                        heads, kv_heads, scale);
     }
 }
 
@@ -459,8 +524,6 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials,
             // The gate's load goes out with the values' (loaded once before the loop, its
             // sigmoid was computed at once and held every load back until the gate came).
             g = gate[i];
-            // No load moves below this line (the compiler interleaved them with the sums).
-            asm volatile("" ::: "memory");
 #pragma unroll
             for (int u = 0; u < COMBINE_BATCH; ++u) {
                 if (j + u < count) total += value[u] * factor[live[j + u]];

@@ -177,6 +177,11 @@ pub enum AttentionKernels {
     /// [`PerToken`](Self::PerToken) with this many query heads per split CTA (1, 2, 4 or 8,
     /// dividing the query heads of a KV head): the same bits for every count.
     PerTokenHeads(usize),
+    /// [`PerToken`](Self::PerToken) with the split kernel chosen per token by its length
+    /// (`REDLITE_ATTN_LONG_FROM`): tokens shorter than this take four query heads and four
+    /// warps a CTA (the bits of `PerTokenHeads(4)`), the others eight and eight. Needs eight
+    /// query heads to a KV head.
+    PerTokenDepth(usize),
     /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
     /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
     FlashPrefill,
@@ -237,8 +242,22 @@ pub fn attention_on<T: KvElement>(
             AttentionKernels::PerToken
         },
     );
+    let mut long_len = None;
     let heads_per_cta = match kernels {
         AttentionKernels::PerToken => Some(None),
+        AttentionKernels::PerTokenDepth(from) => {
+            let group = s.heads / s.kv_heads.max(1);
+            if from == 0 || !group.is_multiple_of(8) || !s.heads.is_multiple_of(8) {
+                return Err(CudaError::NoSpecialization {
+                    op,
+                    what: "query heads to a KV head for the split by depth",
+                    found: group,
+                    supported: "multiples of 8, from a length of at least 1",
+                });
+            }
+            long_len = Some(from);
+            Some(None)
+        }
         AttentionKernels::PerTokenHeads(hpc) => {
             let group = s.heads / s.kv_heads.max(1);
             if hpc != 1 && !(ATTENTION_HEADS_PER_CTA.contains(&hpc) && group.is_multiple_of(hpc)) {
@@ -259,6 +278,7 @@ pub fn attention_on<T: KvElement>(
             T::CUDA_TYPE,
             &d,
             heads_per_cta,
+            long_len,
             q,
             qg,
             k_cache,

@@ -394,6 +394,23 @@ fn attention_heads_per_cta(d: &AttnDims) -> usize {
         .unwrap_or(1)
 }
 
+/// `REDLITE_ATTN_LONG_FROM=N` (N > 0): the split kernel that takes, token by token, four query
+/// heads and four warps a CTA below length N and eight and eight from N on
+/// (`attention_split_depth_kernel`), where the shape has eight query heads to a KV head; off
+/// by default until measured (H200, eighteenth session: 8 and 8 were +5.9 % at depth 32768 and
+/// -2.4 % at 4096 against 4 and 4).
+fn long_from(d: &AttnDims) -> Option<usize> {
+    static FROM: OnceLock<Option<usize>> = OnceLock::new();
+    let from = *FROM.get_or_init(|| {
+        std::env::var("REDLITE_ATTN_LONG_FROM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+    });
+    let group = d.heads / d.kv_heads.max(1);
+    from.filter(|_| d.kv_heads > 0 && group.is_multiple_of(8) && d.heads.is_multiple_of(8))
+}
+
 /// Warps per CTA of the grouped split kernel: `REDLITE_ATTN_SPLIT_WARPS` (one of
 /// `ATTENTION_SPLIT_WARPS`), default `ATTENTION_WARPS`. An A/B: more warps walk a split's
 /// positions in shorter chains (the split CTAs hold ~8 warps a multiprocessor at depth 4096),
@@ -425,6 +442,7 @@ pub(crate) fn attention<T: DeviceRepr>(
     kv_type: &str,
     d: &AttnDims,
     heads_per_cta: Option<usize>,
+    long_len: Option<usize>,
     q: &CudaView<'_, f32>,
     qg: &CudaView<'_, f32>,
     k_cache: &CudaView<'_, T>,
@@ -447,7 +465,23 @@ pub(crate) fn attention<T: DeviceRepr>(
             (splits, (d.pos0 + d.tokens).div_ceil(splits))
         }
     };
-    if splits > 1 {
+    let long_from = long_len.or_else(|| long_from(d).filter(|_| heads_per_cta.is_none()));
+    if splits > 1 && long_from.is_some() {
+        let split = device.kernel(&source::attention_split_depth_kernel(kv_type, d.head_dim))?;
+        let cfg = config((d.tokens, d.heads / 4, splits), 8 * 32, 0);
+        let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
+        raw::launch_attention_split(
+            device.stream(),
+            split,
+            cfg,
+            (q, k_cache, v_cache),
+            partials,
+            pos,
+            dims,
+            scale,
+            long_from.map(to_i32),
+        )?;
+    } else if splits > 1 {
         let hpc = heads_per_cta.unwrap_or_else(|| attention_heads_per_cta(d));
         let (split, warps) = match hpc {
             1 => (
@@ -471,7 +505,10 @@ pub(crate) fn attention<T: DeviceRepr>(
             pos,
             dims,
             scale,
+            None,
         )?;
+    }
+    if splits > 1 {
         let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
         let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);
         let dims = [d.heads, d.head_dim, splits].map(to_i32);

@@ -246,3 +246,64 @@ fn split_ctas_of_several_heads_equal_one_head_per_cta() {
         case::<u16>(&device, tokens, pos0, |x| f16::from_f32(x).to_bits());
     }
 }
+
+/// The split kernel chosen per token by its length (`REDLITE_ATTN_LONG_FROM`): tokens below
+/// the length take the bits of four query heads and four warps a CTA; the others (eight and
+/// eight: other positions per warp, another merge) agree with one head a CTA within
+/// `TOLERANCE`. f32 and f16 caches, a token alone and a batch straddling the length.
+#[test]
+fn split_by_depth_takes_each_tokens_kernel() {
+    let name = "split_by_depth_takes_each_tokens_kernel";
+    let Some(device) = device(name) else {
+        return;
+    };
+    fn case<T: KvElement>(
+        device: &Device,
+        tokens: usize,
+        pos0: usize,
+        long_len: usize,
+        to_kv: fn(f32) -> T,
+    ) {
+        let seed = tokens as u64 * 11 + pos0 as u64;
+        let (shape, [q, qg], [k, v]) = upload_case(device, &Case { tokens, pos0 }, seed, to_kv);
+        let splits = attention_partials_len(1, 1, HEAD_DIM) / (HEAD_DIM + 2);
+        let run = |kernels| run(device, (kernels, splits), &shape, (&q, &qg), (&k, &v));
+        let four = run(AttentionKernels::PerTokenHeads(4));
+        let one = run(AttentionKernels::PerTokenHeads(1));
+        let depth = run(AttentionKernels::PerTokenDepth(long_len));
+        let row = HEADS * HEAD_DIM;
+        for t in 0..tokens {
+            let at = t * row..(t + 1) * row;
+            if pos0 + t + 1 < long_len {
+                let differ = four[at.clone()]
+                    .iter()
+                    .zip(&depth[at])
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(differ.is_none(), "T {tokens} pos0 {pos0} long from {long_len}: short token {t} differs at {differ:?}");
+                continue;
+            }
+            for (head, (want, got)) in one[at.clone()]
+                .chunks_exact(HEAD_DIM)
+                .zip(depth[at].chunks_exact(HEAD_DIM))
+                .enumerate()
+            {
+                let (mut err, mut norm) = (0.0f64, 0.0f64);
+                for (&w, &g) in want.iter().zip(got) {
+                    err += (f64::from(g) - f64::from(w)).powi(2);
+                    norm += f64::from(w).powi(2);
+                }
+                let rel = (err / norm).sqrt();
+                assert!(
+                    rel <= TOLERANCE,
+                    "T {tokens} pos0 {pos0}: long token {t} head {head} differs by {rel:e}"
+                );
+            }
+        }
+    }
+    for (tokens, pos0, long_len) in [(1, 4095, 1), (3, 2000, 2002), (1, 100, 1 << 20)] {
+        case(&device, tokens, pos0, long_len, |x| x);
+        case::<u16>(&device, tokens, pos0, long_len, |x| {
+            f16::from_f32(x).to_bits()
+        });
+    }
+}

@@ -377,6 +377,59 @@ double attention_error(int tokens, int pos0) {
     return worst;
 }
 
+// attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split kernel of
+// four heads and four warps for tokens shorter than long_len, of eight and eight for the
+// others: every token's partials the same bits (f32 and f16 caches, tokens on both sides).
+template <class KV>
+bool attention_depth_case(int pos0, int tokens, int long_len) {
+    // 16 splits (the graph launches 64; a token uses at most grid.z): a quarter of the CTAs.
+    constexpr int HD = 256, VPL = HD / 32, HEADS = 16, KV_HEADS = 2, SPLITS = 16, MIN_CHUNK = 32;
+    const float scale = 1.0f / 16.0f;
+    const int len = pos0 + tokens;
+    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
+    auto kf = uniform((size_t)len * KV_HEADS * HD, -1, 1), vf = uniform((size_t)len * KV_HEADS * HD, -1, 1);
+    std::vector<KV> k(kf.size()), v(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+        if constexpr (sizeof(KV) == 2) {
+            k[i] = emu_to_half(kf[i]), v[i] = emu_to_half(vf[i]);
+        } else {
+            k[i] = kf[i], v[i] = vf[i];
+        }
+    }
+    const size_t n = (size_t)tokens * HEADS * SPLITS * (HD + 2);
+    std::vector<float> p4(n, NAN), p8(n, -1.0f), pd(n, -2.0f);
+    launch({(unsigned)tokens, HEADS / 4, SPLITS}, 4 * 32, [&] {
+        at::attention_split_heads_kernel<KV, VPL, 4, 4>(q.data(), k.data(), v.data(), p4.data(), nullptr,
+                                                        pos0, HEADS, KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    launch({(unsigned)tokens, HEADS / 8, SPLITS}, 8 * 32, [&] {
+        at::attention_split_heads_kernel<KV, VPL, 8, 8>(q.data(), k.data(), v.data(), p8.data(), nullptr,
+                                                        pos0, HEADS, KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    launch({(unsigned)tokens, HEADS / 4, SPLITS}, 8 * 32, [&] {
+        at::attention_split_depth_kernel<KV, VPL>(q.data(), k.data(), v.data(), pd.data(), nullptr, pos0,
+                                                  HEADS, KV_HEADS, 0, MIN_CHUNK, scale, long_len);
+    });
+    bool ok = true;
+    const size_t per_token = n / tokens;
+    for (int t = 0; t < tokens; ++t) {
+        const auto& want = pos0 + t + 1 >= long_len ? p8 : p4;
+        std::vector<float> a(want.begin() + t * per_token, want.begin() + (t + 1) * per_token);
+        std::vector<float> b(pd.begin() + t * per_token, pd.begin() + (t + 1) * per_token);
+        ok &= same("partials", a, b);
+    }
+    return ok;
+}
+
+void attention_depth() {
+    // Token 0 short, the others long (f32, f16); one token at depth 0 as long (one live split).
+    const bool ok = attention_depth_case<float>(700, 3, 702) & attention_depth_case<unsigned short>(300, 2, 302) &
+                    attention_depth_case<float>(0, 1, 1);
+    verdict("attention split by depth = four heads and four warps below long_len, eight and eight "
+            "from it (f32 and f16, 1-3 tokens)",
+            ok);
+}
+
 void attention_split_warps() {
     // One split and 63 empty ones; a few positions a split; 22 splits, several groups a warp.
     const int cases[3][2] = {{0, 1}, {45, 3}, {700, 3}};
@@ -523,7 +576,10 @@ int main(int argc, char** argv) {
         two_rows_a_warp<mm::Q5K>("Q5_K");
         two_rows_a_warp<mm::Q6K>("Q6_K");
     }
-    if (group("attention")) attention_split_warps();
+    if (group("attention")) {
+        attention_split_warps();
+        attention_depth();
+    }
     if (group("moe")) {
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");

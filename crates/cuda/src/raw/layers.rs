@@ -514,7 +514,9 @@ pub(crate) fn launch_attention<T: DeviceRepr>(
 }
 
 /// `attention_split_kernel<KV, VPL, WARPS>(q, k_cache, v_cache, partials, pos_dev, pos0,
-/// heads, kv_heads, chunk, min_chunk, scale)`.
+/// heads, kv_heads, chunk, min_chunk, scale)`, its grouped variants of the same signature,
+/// and `attention_split_depth_kernel<KV, VPL>` with `long_len` after `scale` (`long_len`
+/// `Some`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_attention_split<T: DeviceRepr>(
     stream: &CudaStream,
@@ -525,6 +527,7 @@ pub(crate) fn launch_attention_split<T: DeviceRepr>(
     pos: Option<&CudaView<'_, u32>>,
     dims: [i32; 5],
     scale: f32,
+    long_len: Option<i32>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(q).arg(k_cache).arg(v_cache).arg(partials);
@@ -533,7 +536,11 @@ pub(crate) fn launch_attention_split<T: DeviceRepr>(
         launch.arg(d);
     }
     launch.arg(&scale);
-    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads, chunk, min_chunk);
+    if let Some(long_len) = &long_len {
+        launch.arg(long_len);
+    }
+    // SAFETY: arguments match the signature (dims pos0, heads, kv_heads, chunk, min_chunk;
+    // long_len for the depth kernel, which the caller passes exactly for it);
     // q holds tokens x heads x hd, the caches pos0 + tokens positions of kv_heads x hd
     // (hd = 32 VPL, the kernel's specialization; the op entry checked them, and for a
     // device position the caller checked it against the capacity); the launcher sized
