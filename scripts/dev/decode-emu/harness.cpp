@@ -1,4 +1,4 @@
-// The decode kernels written without a GPU (fifteenth to seventeenth sessions) on the host
+// The decode kernels written without a GPU (fifteenth to nineteenth sessions) on the host
 // (run.sh), each against the launches it replaces, bit for bit: both sides are the kernels'
 // own code compiled alike, so any difference is a fault of layout, indexing or order, not of
 // rounding. Cases:
@@ -18,6 +18,11 @@
 //      (REDLITE_MOE_BATCH_ROWS=1) against two, the shared expert and an invalid expert id
 //      included (full run here before CI was given this cut: 2 and 4 tokens, 16 and 32 lanes,
 //      x quantized or not, IQ2_XXS, Q4_K, Q5_K, IQ1_M: the same bits).
+//   8. (nineteenth session) route_token_tree (REDLITE_ROUTE_TREE) against route_token_v2 on
+//      logits with ties, infinities and NaN; attention_split_depth_kernel
+//      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
+//      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
+//      time against 4.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -545,6 +550,27 @@ void route_tree() {
     verdict(name, ok);
 }
 
+// The expert down's input quantized 6 blocks a warp at a time (sm_90's
+// REDLITE_DOWN_INPUT_UNROLL; the emulator builds as sm_80, where the down takes 4) against 4:
+// the 80B model's 22 blocks (10 SwiGLU rows of 512 values and the shared expert's) on a CTA
+// of 4 warps, scales and codes bit for bit.
+void down_input_unroll() {
+    const int used = 10, ff = 512, blocks = (used + 1) * ff / 256;
+    auto act = uniform((size_t)used * ff, -3, 3), act_shared = uniform(ff, -1, 1);
+    act[700] = 0.0f;
+    for (int i = 256; i < 512; ++i) act[i] = 0.0f;  // an all-zero block: scale 0
+    std::vector<float> d4(blocks, NAN), d6(blocks, -1.0f);
+    std::vector<i8> q4((size_t)blocks * 256, 5), q6((size_t)blocks * 256, -5);
+    launch({1, 1, 0}, 128, [&] {
+        mo::quantize_q8k_shared<4>(act.data(), used * ff, act_shared.data(), ff, d4.data(), q4.data());
+    });
+    launch({1, 1, 0}, 128, [&] {
+        mo::quantize_q8k_shared<6>(act.data(), used * ff, act_shared.data(), ff, d6.data(), q6.data());
+    });
+    verdict("the down's input quantized 6 blocks a warp at a time = 4 (22 blocks, 4 warps)",
+            same("scales", d4, d6) & same("codes", q4, q6));
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention or
     // moe.
@@ -581,6 +607,7 @@ int main(int argc, char** argv) {
         attention_depth();
     }
     if (group("moe")) {
+        down_input_unroll();
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }
