@@ -505,12 +505,13 @@ moe_gate_up_q8_grouped_kernel(const u8* __restrict__ gate, const u8* __restrict_
     }
 }
 
-// Blocks a warp of the down quantizes at a time: 6 on sm_90, so that a CTA of 4 warps issues
-// the loads of the 80B model's 22 blocks (10 experts and the shared one, 512 values each) in
-// one round instead of two (REDLITE_DOWN_INPUT_UNROLL=4: two); the same codes either way. 4
-// before sm_90, where 6 put three down kernels' values on the stack.
+// Blocks a warp of the down quantizes at a time: with REDLITE_DOWN_INPUT_UNROLL=6 on sm_90
+// a CTA of 4 warps issues the loads of the 80B model's 22 blocks (10 experts and the shared
+// one, 512 values each) in one round instead of two; the same codes either way (host
+// emulator). 4 until a GPU has measured it, and always before sm_90, where 6 put three down
+// kernels' values on the stack.
 #ifndef REDLITE_DOWN_INPUT_UNROLL
-#define REDLITE_DOWN_INPUT_UNROLL 6
+#define REDLITE_DOWN_INPUT_UNROLL 4
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define DOWN_INPUT_UNROLL Q8_UNROLL

@@ -33,8 +33,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_ROUTE_TREE=0` the routing's per-lane choice as a chain of
 /// compares and `REDLITE_ROUTE_EARLY_GATE=0` the shared-expert gate's dot after the PDL wait
-/// (`moe_route.cu`, the same bits either way), `REDLITE_DOWN_INPUT_UNROLL=4` the expert down's
-/// input quantized 4 blocks a warp at a time instead of 6 (`moe.cu`, the same codes);
+/// (`moe_route.cu`, the same bits either way), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
+/// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe.cu`, the same
+/// codes; off until measured);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -49,8 +50,8 @@ fn options(arch: &str) -> Vec<String> {
     let route_tree = std::env::var("REDLITE_ROUTE_TREE").as_deref() != Ok("0");
     let early_gate = std::env::var("REDLITE_ROUTE_EARLY_GATE").as_deref() != Ok("0");
     let down_unroll = match std::env::var("REDLITE_DOWN_INPUT_UNROLL").as_deref() {
-        Ok("4") => 4,
-        _ => 6,
+        Ok("6") => 6,
+        _ => 4,
     };
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
