@@ -245,6 +245,16 @@ static __device__ __forceinline__ void prefetch_kv_rows(const KV* k_cache, const
 #endif
 }
 
+// The split's chunk: the launch's, or with chunk <= 0 (small batches; a graph replayed at any
+// position) ceil(len / splits) of token t's own length over its ceil(len / min_chunk) splits
+// (at most grid.z), as the host computes them.
+static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, int min_chunk) {
+    if (chunk > 0) return chunk;
+    const int len = pos0 + t + 1;
+    const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
+    return (len + splits - 1) / splits;
+}
+
 // Flash-decoding, step 1 of 2. Grid (tokens, heads, splits), WARPS warps. Split s covers
 // positions [s * chunk, min((s + 1) * chunk, pos0 + t + 1)); its warps walk that range G
 // positions at a time (all G K and V rows loaded before the first reduction, so loads
@@ -265,11 +275,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
-    if (chunk <= 0) {
-        const int len = pos0 + t + 1;
-        const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
-        chunk = (len + splits - 1) / splits;
-    }
+    chunk = split_chunk(chunk, pos0, t, min_chunk);
     // pos_dev is written before the step; the rows before pos0 by earlier steps.
     {
         const int first = blockIdx.z * chunk;
@@ -347,16 +353,6 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
         // The next head's partials go through the same shared memory.
         __syncthreads();
     }
-}
-
-// The split's chunk: the launch's, or with chunk <= 0 (small batches; a graph replayed at any
-// position) ceil(len / splits) of token t's own length over its ceil(len / min_chunk) splits
-// (at most grid.z), as the host computes them.
-static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, int min_chunk) {
-    if (chunk > 0) return chunk;
-    const int len = pos0 + t + 1;
-    const int splits = min((len + min_chunk - 1) / min_chunk, int(gridDim.z));
-    return (len + splits - 1) / splits;
 }
 
 // attention_split_kernel for HPC query heads of one KV head in each CTA: grid (tokens, heads /

@@ -160,10 +160,11 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
 // warp order. Lane k keeps the k-th choice until the end. One token's routing by one warp:
 // `l` its n_expert logits, `ids` / `weights` its `used` outputs.
 // The caller writes the shared expert's weight.
+// The softmax of one token's logits across the warp: this lane's e^(l - max) into p (0 for
+// padding) and the reciprocal of their sum, summed in warp order.
 template <int PER>
-static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, float* weights,
-                                                      int n_expert, int used, int lane) {
-    float p[PER];
+static __device__ __forceinline__ float route_exps(const float* l, int n_expert, int lane,
+                                                   float (&p)[PER]) {
     float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
@@ -178,7 +179,14 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
         p[j] = lane + WARP_SIZE * j < n_expert ? expf(p[j] - m) : 0.0f;
         sum += p[j];
     }
-    const float inv = 1.0f / warp_reduce_sum(sum);
+    return 1.0f / warp_reduce_sum(sum);
+}
+
+template <int PER>
+static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, float* weights,
+                                                      int n_expert, int used, int lane) {
+    float p[PER];
+    const float inv = route_exps<PER>(l, n_expert, lane, p);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         // Padding and chosen entries hold -2, below every probability and the -1 start.
@@ -234,21 +242,7 @@ static __device__ __forceinline__ void route_token_tree(const float* l, int* ids
         return;
     }
     float p[PER];
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = lane + WARP_SIZE * j;
-        p[j] = i < n_expert ? l[i] : -INFINITY;
-        m = fmaxf(m, p[j]);
-    }
-    m = warp_reduce_max(m);
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        p[j] = lane + WARP_SIZE * j < n_expert ? expf(p[j] - m) : 0.0f;
-        sum += p[j];
-    }
-    const float inv = 1.0f / warp_reduce_sum(sum);
+    const float inv = route_exps<PER>(l, n_expert, lane, p);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         // Padding and chosen entries hold -2, below every probability and the -1 start. A

@@ -465,34 +465,26 @@ pub(crate) fn attention<T: DeviceRepr>(
             (splits, (d.pos0 + d.tokens).div_ceil(splits))
         }
     };
-    let long_from = long_len.or_else(|| long_from(d).filter(|_| heads_per_cta.is_none()));
-    if splits > 1 && long_from.is_some() {
-        let split = device.kernel(&source::attention_split_depth_kernel(kv_type, d.head_dim))?;
-        let cfg = config((d.tokens, d.heads / 4, splits), 8 * 32, 0);
-        let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
-        raw::launch_attention_split(
-            device.stream(),
-            split,
-            cfg,
-            (q, k_cache, v_cache),
-            partials,
-            pos,
-            dims,
-            scale,
-            long_from.map(to_i32),
-        )?;
-    } else if splits > 1 {
-        let hpc = heads_per_cta.unwrap_or_else(|| attention_heads_per_cta(d));
-        let (split, warps) = match hpc {
-            1 => (
-                device.kernel(&source::attention_split_kernel(kv_type, d.head_dim))?,
-                ATTENTION_WARPS,
-            ),
-            _ => {
-                let warps = attention_split_warps();
-                let name = source::attention_split_heads_kernel(kv_type, d.head_dim, hpc, warps);
-                (device.kernel(&name)?, warps)
+    if splits > 1 {
+        let long_from = long_len.or_else(|| long_from(d).filter(|_| heads_per_cta.is_none()));
+        // The kernel, its query heads a CTA and warps.
+        let (split, hpc, warps) = match (long_from, heads_per_cta) {
+            (Some(_), _) => {
+                let name = source::attention_split_depth_kernel(kv_type, d.head_dim);
+                (device.kernel(&name)?, 4, 8)
             }
+            (None, hpc) => match hpc.unwrap_or_else(|| attention_heads_per_cta(d)) {
+                1 => {
+                    let name = source::attention_split_kernel(kv_type, d.head_dim);
+                    (device.kernel(&name)?, 1, ATTENTION_WARPS)
+                }
+                hpc => {
+                    let warps = attention_split_warps();
+                    let name =
+                        source::attention_split_heads_kernel(kv_type, d.head_dim, hpc, warps);
+                    (device.kernel(&name)?, hpc, warps)
+                }
+            },
         };
         let cfg = config((d.tokens, d.heads / hpc, splits), warps * 32, 0);
         let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
@@ -505,10 +497,8 @@ pub(crate) fn attention<T: DeviceRepr>(
             pos,
             dims,
             scale,
-            None,
+            long_from.map(to_i32),
         )?;
-    }
-    if splits > 1 {
         let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
         let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);
         let dims = [d.heads, d.head_dim, splits].map(to_i32);

@@ -93,6 +93,16 @@ fn upload_case<T: KvElement>(
     (shape, [upload(&q), upload(&qg)], caches)
 }
 
+/// ‖got − want‖ / ‖want‖ of one (token, head) row.
+fn relative_l2(want: &[f32], got: &[f32]) -> f64 {
+    let (mut err, mut norm) = (0.0f64, 0.0f64);
+    for (&w, &g) in want.iter().zip(got) {
+        err += (f64::from(g) - f64::from(w)).powi(2);
+        norm += f64::from(w).powi(2);
+    }
+    (err / norm).sqrt()
+}
+
 /// Flash prefill against per-token for one case and cache type; `to_kv` encodes the caches.
 fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(f32) -> T) {
     let seed = case.tokens as u64 * 1_000 + case.pos0 as u64;
@@ -119,12 +129,7 @@ fn compare<T: KvElement>(device: &Device, case: &Case, kv_name: &str, to_kv: fn(
         .enumerate()
     {
         let (token, head) = (row / HEADS, row % HEADS);
-        let (mut err, mut norm) = (0.0f64, 0.0f64);
-        for (&w, &g) in want.iter().zip(got) {
-            err += (f64::from(g) - f64::from(w)).powi(2);
-            norm += f64::from(w).powi(2);
-        }
-        let rel = (err / norm).sqrt();
+        let rel = relative_l2(want, got);
         assert!(
             rel <= TOLERANCE,
             "{kv_name} T {} pos0 {}: token {token} head {head} differs by {rel:e} (relative L2)",
@@ -287,12 +292,7 @@ fn split_by_depth_takes_each_tokens_kernel() {
                 .zip(depth[at].chunks_exact(HEAD_DIM))
                 .enumerate()
             {
-                let (mut err, mut norm) = (0.0f64, 0.0f64);
-                for (&w, &g) in want.iter().zip(got) {
-                    err += (f64::from(g) - f64::from(w)).powi(2);
-                    norm += f64::from(w).powi(2);
-                }
-                let rel = (err / norm).sqrt();
+                let rel = relative_l2(want, got);
                 assert!(
                     rel <= TOLERANCE,
                     "T {tokens} pos0 {pos0}: long token {t} head {head} differs by {rel:e}"
