@@ -154,12 +154,6 @@ __global__ void moe_route_kernel(const float* __restrict__ logits,
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
-// Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
-// warp per token, no block barrier, and p in registers (PER per lane: n_expert ≤ 32 PER).
-// The same selection (largest p first, ties to the lower index); the softmax sums run in
-// warp order. Lane k keeps the k-th choice until the end. One token's routing by one warp:
-// `l` its n_expert logits, `ids` / `weights` its `used` outputs.
-// The caller writes the shared expert's weight.
 // The softmax of one token's logits across the warp: this lane's e^(l - max) into p (0 for
 // padding) and the reciprocal of their sum, summed in warp order.
 template <int PER>
@@ -182,6 +176,12 @@ static __device__ __forceinline__ float route_exps(const float* l, int n_expert,
     return 1.0f / warp_reduce_sum(sum);
 }
 
+// Version 2 of the routing (the default; REDLITE_ROUTE_V1=1 keeps the kernel above): one
+// warp per token, no block barrier, and p in registers (PER per lane: n_expert ≤ 32 PER).
+// The same selection (largest p first, ties to the lower index); the softmax sums run in
+// warp order. Lane k keeps the k-th choice until the end. One token's routing by one warp:
+// `l` its n_expert logits, `ids` / `weights` its `used` outputs.
+// The caller writes the shared expert's weight.
 template <int PER>
 static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, float* weights,
                                                       int n_expert, int used, int lane) {
