@@ -227,8 +227,9 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
     for (int k = lane; k < used; k += WARP_SIZE) weights[k] /= total;
 }
 
-// route_token_v2's selection in shorter chains (REDLITE_ROUTE_TREE, the default; 0 keeps
-// route_token_v2), the same ids and weights bit for bit. A round's per-lane choice is a
+// route_token_v2's selection in shorter chains (what the routing kernels run; route_token_v2
+// stays for more than 32 picks and as the host emulator's reference), the same ids and
+// weights bit for bit. A round's per-lane choice is a
 // tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
 // larger value, the lower j on a tie, so the root is the first largest as the chain finds
 // it), and with at most 32 picks each lane's pick is divided by the total in registers
@@ -291,24 +292,6 @@ static __device__ __forceinline__ void route_token_tree(const float* l, int* ids
     }
 }
 
-// The routing of one token by one warp: route_token_tree, or with REDLITE_ROUTE_TREE=0
-// route_token_v2 (the same bits).
-#ifndef REDLITE_ROUTE_TREE
-#define REDLITE_ROUTE_TREE 1
-#endif
-#ifndef REDLITE_ROUTE_EARLY_GATE
-#define REDLITE_ROUTE_EARLY_GATE 1
-#endif
-template <int PER>
-static __device__ __forceinline__ void route_token(const float* l, int* ids, float* weights,
-                                                   int n_expert, int used, int lane) {
-#if REDLITE_ROUTE_TREE
-    route_token_tree<PER>(l, ids, weights, n_expert, used, lane);
-#else
-    route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
-#endif
-}
-
 template <int PER>
 __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     const float* __restrict__ shared_logit,
@@ -316,8 +299,8 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
                                     float* __restrict__ shared_weight, int n_expert, int used) {
     pdl_begin();
     const int t = blockIdx.x;
-    route_token<PER>(logits + i64(t) * n_expert, ids + i64(t) * used, weights + i64(t) * used,
-                     n_expert, used, threadIdx.x);
+    route_token_tree<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
+                          weights + i64(t) * used, n_expert, used, threadIdx.x);
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
@@ -338,28 +321,19 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
     const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const auto gate_dot = [&] {
-        if (warp != 0) {
-            const float part = row_dot_lane<B, SPLIT_WARPS * WARP_SIZE>(
-                gate_w, x + i64(t) * cols, cols, threadIdx.x - WARP_SIZE);
-            const float sum = warp_reduce_sum(part);
-            if (lane == 0) warp_sums[warp - 1] = sum;
-        }
-    };
     // The gate row's dot before the wait, under PDL while the router still runs: x is the
     // router's input, so its writer finished before the router passed its own wait, which
     // came before this launch could start (the row is a weight: nothing writes it).
-    // REDLITE_ROUTE_EARLY_GATE=0: after the wait.
-#if REDLITE_ROUTE_EARLY_GATE
-    gate_dot();
+    if (warp != 0) {
+        const float part = row_dot_lane<B, SPLIT_WARPS * WARP_SIZE>(
+            gate_w, x + i64(t) * cols, cols, threadIdx.x - WARP_SIZE);
+        const float sum = warp_reduce_sum(part);
+        if (lane == 0) warp_sums[warp - 1] = sum;
+    }
     pdl_begin();
-#else
-    pdl_begin();
-    gate_dot();
-#endif
     if (warp == 0) {
-        route_token<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
-                         weights + i64(t) * used, n_expert, used, lane);
+        route_token_tree<PER>(logits + i64(t) * n_expert, ids + i64(t) * used,
+                              weights + i64(t) * used, n_expert, used, lane);
     }
     __syncthreads();
     if (warp == 0) {
@@ -396,7 +370,7 @@ static __device__ __forceinline__ void route_in_last_cta(const float* logits, fl
     __syncthreads();
     if (threadIdx.x == 0) *ticket = 0;
     if (threadIdx.x < WARP_SIZE) {
-        route_token<PER>(l, ids, weights, n_expert, used, threadIdx.x);
+        route_token_tree<PER>(l, ids, weights, n_expert, used, threadIdx.x);
     }
     if (threadIdx.x == 0) *shared_weight = sigmoidf(l[n_expert]);
 }

@@ -31,9 +31,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// products (2 to 4 tokens) loading the lane's first items before the wait too (`matmul.cu`;
 /// off until measured: 63 → 80 registers), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
-/// `raw/launcher.rs`), `REDLITE_ROUTE_TREE=0` the routing's per-lane choice as a chain of
-/// compares and `REDLITE_ROUTE_EARLY_GATE=0` the shared-expert gate's dot after the PDL wait
-/// (`moe_route.cu`, the same bits either way), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
+/// `raw/launcher.rs`), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
 /// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe.cu`, the same
 /// codes; off until measured);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
@@ -47,8 +45,6 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let small_ahead = std::env::var("REDLITE_SMALL_LOADS_AHEAD").as_deref() == Ok("1");
-    let route_tree = std::env::var("REDLITE_ROUTE_TREE").as_deref() != Ok("0");
-    let early_gate = std::env::var("REDLITE_ROUTE_EARLY_GATE").as_deref() != Ok("0");
     let down_unroll = match std::env::var("REDLITE_DOWN_INPUT_UNROLL").as_deref() {
         Ok("6") => 6,
         _ => 4,
@@ -64,8 +60,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
         format!("-DREDLITE_SMALL_LOADS_AHEAD={}", u8::from(small_ahead)),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
-        format!("-DREDLITE_ROUTE_TREE={}", u8::from(route_tree)),
-        format!("-DREDLITE_ROUTE_EARLY_GATE={}", u8::from(early_gate)),
         format!("-DREDLITE_DOWN_INPUT_UNROLL={down_unroll}"),
     ];
     if verbose {

@@ -18,7 +18,7 @@
 //      (REDLITE_MOE_BATCH_ROWS=1) against two, the shared expert and an invalid expert id
 //      included (full run here before CI was given this cut: 2 and 4 tokens, 16 and 32 lanes,
 //      x quantized or not, IQ2_XXS, Q4_K, Q5_K, IQ1_M: the same bits).
-//   8. (nineteenth session) route_token_tree (REDLITE_ROUTE_TREE) against route_token_v2 on
+//   8. (nineteenth session) route_token_tree (the routing kernels') against route_token_v2 on
 //      logits with ties, infinities and NaN; attention_split_depth_kernel
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
@@ -500,7 +500,7 @@ void batch_rows(const char* type) {
     verdict(name, ok);
 }
 
-// route_token_tree (REDLITE_ROUTE_TREE, the default) against route_token_v2 on one token's
+// route_token_tree (what the routing kernels run) against route_token_v2 on one token's
 // logits: ids and weights bit for bit, each side starting from its own fill.
 bool route_tree_case(const std::vector<float>& l, int n_expert, int used) {
     std::vector<int> ids_a(used, -7), ids_b(used, -9);
