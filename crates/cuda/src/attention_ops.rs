@@ -5,11 +5,12 @@
 use crate::attention_prefill as prefill;
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{self as launch, AttnDims, SHARED_MAX_BYTES};
+use crate::layer_launch::{self as launch, AttnDims, SplitKernel, SHARED_MAX_BYTES};
 use crate::layer_ops::{supported, tokens_fit, MAX_GRID_YZ};
 use crate::ops::{fits, shape};
 use crate::source::{
-    ATTENTION_HEADS_PER_CTA, ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, SMALL_BATCH_MAX_TOKENS,
+    ATTENTION_GQA_GROUP, ATTENTION_HEADS_PER_CTA, ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS,
+    SMALL_BATCH_MAX_TOKENS,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
 
@@ -182,6 +183,11 @@ pub enum AttentionKernels {
     /// warps a CTA (the bits of `PerTokenHeads(4)`), the others eight and eight. Needs eight
     /// query heads to a KV head.
     PerTokenDepth(usize),
+    /// [`PerToken`](Self::PerToken) with one split CTA for all the query heads of a KV head,
+    /// four lanes a position (`attention_split_gqa_kernel`; the default's choice under
+    /// `REDLITE_ATTN_GQA=1`): other sums than the grouped kernels', so other bits. Needs
+    /// eight query heads to a KV head.
+    PerTokenGqa,
     /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
     /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
     FlashPrefill,
@@ -242,11 +248,10 @@ pub fn attention_on<T: KvElement>(
             AttentionKernels::PerToken
         },
     );
-    let mut long_len = None;
-    let heads_per_cta = match kernels {
-        AttentionKernels::PerToken => Some(None),
+    let group = s.heads / s.kv_heads.max(1);
+    let split = match kernels {
+        AttentionKernels::PerToken => Some(SplitKernel::Chosen),
         AttentionKernels::PerTokenDepth(from) => {
-            let group = s.heads / s.kv_heads.max(1);
             if from == 0 || !group.is_multiple_of(8) || !s.heads.is_multiple_of(8) {
                 return Err(CudaError::NoSpecialization {
                     op,
@@ -255,11 +260,9 @@ pub fn attention_on<T: KvElement>(
                     supported: "multiples of 8, from a length of at least 1",
                 });
             }
-            long_len = Some(from);
-            Some(None)
+            Some(SplitKernel::Depth(from))
         }
         AttentionKernels::PerTokenHeads(hpc) => {
-            let group = s.heads / s.kv_heads.max(1);
             if hpc != 1 && !(ATTENTION_HEADS_PER_CTA.contains(&hpc) && group.is_multiple_of(hpc)) {
                 return Err(CudaError::NoSpecialization {
                     op,
@@ -268,17 +271,27 @@ pub fn attention_on<T: KvElement>(
                     supported: "1, 2, 4, 8 dividing the query heads of a KV head",
                 });
             }
-            Some(Some(hpc))
+            Some(SplitKernel::Heads(hpc))
+        }
+        AttentionKernels::PerTokenGqa => {
+            if group != ATTENTION_GQA_GROUP {
+                return Err(CudaError::NoSpecialization {
+                    op,
+                    what: "query heads to a KV head for the GQA split kernel",
+                    found: group,
+                    supported: "8",
+                });
+            }
+            Some(SplitKernel::Gqa)
         }
         AttentionKernels::FlashPrefill => None,
     };
-    if let Some(heads_per_cta) = heads_per_cta {
+    if let Some(split) = split {
         return launch::attention(
             device,
             T::CUDA_TYPE,
             &d,
-            heads_per_cta,
-            long_len,
+            split,
             q,
             qg,
             k_cache,

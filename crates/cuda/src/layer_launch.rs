@@ -8,10 +8,12 @@ pub(crate) use crate::matmul_launch::{matmul, matvec_v1, q8_shared_bytes};
 pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route, CachedCopies};
 use crate::raw;
 use crate::source::{
-    self, delta_chunked_shared_bytes, WeightKind, ATTENTION_HEADS_PER_CTA, ATTENTION_MAX_SPLITS,
-    ATTENTION_MIN_CHUNK, ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS,
-    DELTA_CHUNK_THREADS, DELTA_COLS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
+    self, delta_chunked_shared_bytes, WeightKind, ATTENTION_GQA_GROUP, ATTENTION_GQA_WARPS,
+    ATTENTION_HEADS_PER_CTA, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS,
+    CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS, LAYER_WARPS,
+    SMALL_BATCH_MAX_TOKENS,
 };
+use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use std::sync::OnceLock;
 
@@ -394,6 +396,37 @@ fn attention_heads_per_cta(d: &AttnDims) -> usize {
         .unwrap_or(1)
 }
 
+/// The attention split kernel of a launch (flash decoding, step 1 of 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SplitKernel {
+    /// As the environment chooses ([`chosen_split`]).
+    Chosen,
+    /// This many query heads a CTA (1: `attention_split_kernel`).
+    Heads(usize),
+    /// Four or eight heads a CTA by each token's length (`attention_split_depth_kernel`).
+    Depth(usize),
+    /// All the query heads of a KV head in one CTA (`attention_split_gqa_kernel`).
+    Gqa,
+}
+
+/// `REDLITE_ATTN_GQA=1` (off until measured on a GPU): the GQA split kernel where a KV head
+/// serves `ATTENTION_GQA_GROUP` query heads.
+pub static ATTN_GQA: Switch = Switch::new("REDLITE_ATTN_GQA", false);
+
+/// The split kernel the environment asks for `d`: the GQA kernel (`REDLITE_ATTN_GQA=1`)
+/// where the heads fit it, else the split by depth (`REDLITE_ATTN_LONG_FROM`), else the
+/// grouped kernel of `attention_heads_per_cta` heads.
+fn chosen_split(d: &AttnDims) -> SplitKernel {
+    let group = d.heads / d.kv_heads.max(1);
+    if ATTN_GQA.on() && d.kv_heads > 0 && group == ATTENTION_GQA_GROUP {
+        return SplitKernel::Gqa;
+    }
+    match long_from(d) {
+        Some(from) => SplitKernel::Depth(from),
+        None => SplitKernel::Heads(attention_heads_per_cta(d)),
+    }
+}
+
 /// `REDLITE_ATTN_LONG_FROM=N` (N > 0): the split kernel that takes, token by token, four query
 /// heads and four warps a CTA below length N and eight and eight from N on
 /// (`attention_split_depth_kernel`), where the shape has eight query heads to a KV head; off
@@ -441,8 +474,7 @@ pub(crate) fn attention<T: DeviceRepr>(
     device: &Device,
     kv_type: &str,
     d: &AttnDims,
-    heads_per_cta: Option<usize>,
-    long_len: Option<usize>,
+    split: SplitKernel,
     q: &CudaView<'_, f32>,
     qg: &CudaView<'_, f32>,
     k_cache: &CudaView<'_, T>,
@@ -466,38 +498,42 @@ pub(crate) fn attention<T: DeviceRepr>(
         }
     };
     if splits > 1 {
-        let long_from = long_len.or_else(|| long_from(d).filter(|_| heads_per_cta.is_none()));
-        // The kernel, its query heads a CTA and warps.
-        let (split, hpc, warps) = match (long_from, heads_per_cta) {
-            (Some(_), _) => {
-                let name = source::attention_split_depth_kernel(kv_type, d.head_dim);
-                (device.kernel(&name)?, 4, 8)
-            }
-            (None, hpc) => match hpc.unwrap_or_else(|| attention_heads_per_cta(d)) {
-                1 => {
-                    let name = source::attention_split_kernel(kv_type, d.head_dim);
-                    (device.kernel(&name)?, 1, ATTENTION_WARPS)
-                }
-                hpc => {
-                    let warps = attention_split_warps();
-                    let name =
-                        source::attention_split_heads_kernel(kv_type, d.head_dim, hpc, warps);
-                    (device.kernel(&name)?, hpc, warps)
-                }
-            },
+        let split = match split {
+            SplitKernel::Chosen => chosen_split(d),
+            split => split,
         };
-        let cfg = config((d.tokens, d.heads / hpc, splits), warps * 32, 0);
+        // The kernel, its grid's y (CTAs of a token and split), warps and depth argument.
+        let (kernel, ctas_y, warps, long_len) = match split {
+            SplitKernel::Depth(from) => {
+                let name = source::attention_split_depth_kernel(kv_type, d.head_dim);
+                (device.kernel(&name)?, d.heads / 4, 8, Some(from))
+            }
+            SplitKernel::Gqa => {
+                let name = source::attention_split_gqa_kernel(kv_type, d.head_dim);
+                (device.kernel(&name)?, d.kv_heads, ATTENTION_GQA_WARPS, None)
+            }
+            SplitKernel::Heads(1) | SplitKernel::Chosen => {
+                let name = source::attention_split_kernel(kv_type, d.head_dim);
+                (device.kernel(&name)?, d.heads, ATTENTION_WARPS, None)
+            }
+            SplitKernel::Heads(hpc) => {
+                let warps = attention_split_warps();
+                let name = source::attention_split_heads_kernel(kv_type, d.head_dim, hpc, warps);
+                (device.kernel(&name)?, d.heads / hpc, warps, None)
+            }
+        };
+        let cfg = config((d.tokens, ctas_y, splits), warps * 32, 0);
         let dims = [d.pos0, d.heads, d.kv_heads, chunk, ATTENTION_MIN_CHUNK].map(to_i32);
         raw::launch_attention_split(
             device.stream(),
-            split,
+            kernel,
             cfg,
             (q, k_cache, v_cache),
             partials,
             pos,
             dims,
             scale,
-            long_from.map(to_i32),
+            long_len.map(to_i32),
         )?;
         let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
         let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);

@@ -23,6 +23,8 @@
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
 //      time against 4.
+//   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
+//      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -329,28 +331,14 @@ void two_rows_a_warp(const char* type) {
     verdict(name, same("products", one, two));
 }
 
-// Attention decode of `tokens` tokens after `pos0` cached positions (Qwen3-Next's heads:
-// 16 query heads on 2 KV heads of 256 values): the split kernel with four query heads a CTA
-// and WARPS warps, every split launched as the decode graph does (each token's chunk from
-// its own length), then the merge with the sigmoid gate; against the attention in doubles.
-template <int WARPS>
-double attention_error(int tokens, int pos0) {
-    constexpr int HD = 256, VPL = HD / 32, HPC = 4, HEADS = 16, KV_HEADS = 2, SPLITS = 64,
-                  MIN_CHUNK = 32;
-    const float scale = 1.0f / 16.0f;
-    const int len = pos0 + tokens;
-    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
-    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
-    auto k = uniform((size_t)len * KV_HEADS * HD, -1, 1), v = uniform((size_t)len * KV_HEADS * HD, -1, 1);
-    std::vector<float> partials((size_t)tokens * HEADS * SPLITS * (HD + 2), NAN), o((size_t)tokens * HEADS * HD, NAN);
-    launch({(unsigned)tokens, HEADS / HPC, SPLITS}, WARPS * 32, [&] {
-        at::attention_split_heads_kernel<float, VPL, WARPS, HPC>(q.data(), k.data(), v.data(),
-                                                                 partials.data(), nullptr, pos0, HEADS,
-                                                                 KV_HEADS, 0, MIN_CHUNK, scale);
-    });
-    launch({(unsigned)tokens, HEADS, 1}, 256, [&] {
-        at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
-    });
+// Worst relative L2 error over (token, head) of an attention output `o` of `tokens` tokens
+// after `pos0` cached positions (Qwen3-Next's heads: 16 query heads on 2 KV heads of 256
+// values; caches `k`, `v` as the kernels read them) against the attention in doubles.
+double attention_reference_error(const std::vector<float>& q, const std::vector<float>& qg,
+                                 const std::vector<float>& k, const std::vector<float>& v,
+                                 const std::vector<float>& o, int tokens, int pos0) {
+    constexpr int HD = 256, HEADS = 16, KV_HEADS = 2;
+    const double scale = 1.0f / 16.0f;
     double worst = 0;
     for (int t = 0; t < tokens; ++t) {
         for (int h = 0; h < HEADS; ++h) {
@@ -380,6 +368,75 @@ double attention_error(int tokens, int pos0) {
         }
     }
     return worst;
+}
+
+// Attention decode of `tokens` tokens after `pos0` cached positions: the split kernel with
+// four query heads a CTA and WARPS warps, every split launched as the decode graph does (each
+// token's chunk from its own length), then the merge with the sigmoid gate; against doubles.
+template <int WARPS>
+double attention_error(int tokens, int pos0) {
+    constexpr int HD = 256, VPL = HD / 32, HPC = 4, HEADS = 16, KV_HEADS = 2, SPLITS = 64,
+                  MIN_CHUNK = 32;
+    const float scale = 1.0f / 16.0f;
+    const int len = pos0 + tokens;
+    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
+    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
+    auto k = uniform((size_t)len * KV_HEADS * HD, -1, 1), v = uniform((size_t)len * KV_HEADS * HD, -1, 1);
+    std::vector<float> partials((size_t)tokens * HEADS * SPLITS * (HD + 2), NAN), o((size_t)tokens * HEADS * HD, NAN);
+    launch({(unsigned)tokens, HEADS / HPC, SPLITS}, WARPS * 32, [&] {
+        at::attention_split_heads_kernel<float, VPL, WARPS, HPC>(q.data(), k.data(), v.data(),
+                                                                 partials.data(), nullptr, pos0, HEADS,
+                                                                 KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    launch({(unsigned)tokens, HEADS, 1}, 256, [&] {
+        at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
+    });
+    return attention_reference_error(q, qg, k, v, o, tokens, pos0);
+}
+
+// The GQA split kernel (REDLITE_ATTN_GQA=1: the 8 query heads of a KV head in one CTA, four
+// lanes a position), every split launched as the decode graph does, then the merge; against
+// doubles over the caches' values (f32, or f16 read back as the kernel widens them).
+template <class KV>
+double attention_gqa_error(int tokens, int pos0) {
+    constexpr int HD = 256, VPL = HD / 32, HEADS = 16, KV_HEADS = 2, SPLITS = 64, MIN_CHUNK = 32;
+    const float scale = 1.0f / 16.0f;
+    const int len = pos0 + tokens;
+    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
+    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
+    auto k = uniform((size_t)len * KV_HEADS * HD, -1, 1), v = uniform((size_t)len * KV_HEADS * HD, -1, 1);
+    std::vector<KV> kc(k.size()), vc(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+        if constexpr (sizeof(KV) == 2) {
+            kc[i] = emu_to_half(k[i]), vc[i] = emu_to_half(v[i]);
+            k[i] = emu_half(kc[i]), v[i] = emu_half(vc[i]);
+        } else {
+            kc[i] = k[i], vc[i] = v[i];
+        }
+    }
+    std::vector<float> partials((size_t)tokens * HEADS * SPLITS * (HD + 2), NAN), o((size_t)tokens * HEADS * HD, NAN);
+    launch({(unsigned)tokens, KV_HEADS, SPLITS}, 4 * 32, [&] {
+        at::attention_split_gqa_kernel<KV, VPL, HEADS / KV_HEADS>(q.data(), kc.data(), vc.data(),
+                                                                   partials.data(), nullptr, pos0, HEADS,
+                                                                   KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    launch({(unsigned)tokens, HEADS, 1}, 256, [&] {
+        at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
+    });
+    return attention_reference_error(q, qg, k, v, o, tokens, pos0);
+}
+
+void attention_gqa() {
+    // One position; a split of 23 positions (a tile cut short, a warp without any); 33 a
+    // split, warp 0 with a second tile of one position (f16).
+    const double one = attention_gqa_error<float>(1, 0), short_splits = attention_gqa_error<float>(3, 45),
+                 deep = attention_gqa_error<unsigned short>(1, 2100);
+    char name[200];
+    snprintf(name, sizeof name,
+             "attention decode, GQA split kernel: depth 0 %.1e, depth 45 (3 tokens) %.1e, depth 2100 "
+             "f16 %.1e relative L2 (at most 1e-5)",
+             one, short_splits, deep);
+    verdict(name, one <= 1e-5 && short_splits <= 1e-5 && deep <= 1e-5);
 }
 
 // attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split kernel of
@@ -603,6 +660,7 @@ int main(int argc, char** argv) {
         two_rows_a_warp<mm::Q6K>("Q6_K");
     }
     if (group("attention")) {
+        attention_gqa();
         attention_split_warps();
         attention_depth();
     }

@@ -3,7 +3,7 @@
 # fused router with the gate row apart, the device argmax and its ids, the small-batch q8
 # products with their loads ahead, two rows a warp, attention splits of 8 warps and by depth,
 # four rows a lane group in the expert gate/up of a batch, the routing's tree of picks, the
-# down's input 6 blocks a warp at a time) on the host: the modules' sources compiled as C++
+# down's input 6 blocks a warp at a time, the GQA attention split) on the host: the modules' sources compiled as C++
 # with stand-ins for the CUDA built-ins (../emu-common/shim.h, emu.h), every CUDA thread a host thread. harness.cpp checks each
 # against the launches it replaces, bit for bit (both sides compiled alike: a difference is
 # a fault of layout, indexing or order), the attention against doubles. Needs g++ with C++20

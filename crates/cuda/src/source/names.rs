@@ -375,6 +375,20 @@ pub(crate) fn attention_split_depth_kernel(kv: &str, head_dim: usize) -> String 
     format!("attention_split_depth_kernel<{kv}, {}>", head_dim / 32)
 }
 
+/// Query heads of one KV head the GQA split kernel is built for (`REDLITE_ATTN_GQA`), and
+/// its warps (`GQA_WARPS` in attention.cu).
+pub(crate) const ATTENTION_GQA_GROUP: usize = 8;
+pub(crate) const ATTENTION_GQA_WARPS: u32 = 4;
+
+/// The split kernel taking all the query heads of a KV head in one CTA, four lanes a
+/// position (`REDLITE_ATTN_GQA=1`).
+pub(crate) fn attention_split_gqa_kernel(kv: &str, head_dim: usize) -> String {
+    format!(
+        "attention_split_gqa_kernel<{kv}, {}, {ATTENTION_GQA_GROUP}>",
+        head_dim / 32
+    )
+}
+
 pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
     format!(
         "attention_split_kernel<{kv}, {}, {ATTENTION_WARPS}>",
