@@ -34,6 +34,7 @@ mod expert_cache;
 mod graph;
 mod greedy;
 mod host_stage;
+mod l2_ahead;
 mod launch;
 mod layer_launch;
 mod layer_ops;
@@ -76,6 +77,7 @@ pub use greedy::{
     argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
 };
 pub use host_stage::HostStage;
+pub use l2_ahead::{l2_prefetch, L2Ranges, L2RangesBuilder};
 pub use layer_launch::ATTN_GQA;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
