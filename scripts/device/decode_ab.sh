@@ -32,7 +32,9 @@
 # Env: the settings BITS_AB, TEST_AB, DECODE_AB, MTP_AB, SMALL_AB, PROFILE_AB (space-separated, each
 # VAR=value or several joined by +: A=1+B=1); AB_DEPTHS (the depths of DECODE_AB's settings after
 # the first, default 0); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
-# PROFILE_COUNT (the profile at a depth, of some kernels); BASE_LONG; STALL_KERNELS (regexes of
+# PROFILE_COUNT (the profile at a depth, of some kernels); PROFILE_ARGS (the profiled bench's
+# arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
+# for the verification's kernels); BASE_LONG; STALL_KERNELS (regexes of
 # kernel names); STAGES (bits tests decode mtp small; also probes base profile stalls); OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -205,7 +207,7 @@ if stage profile && command -v ncu > /dev/null; then
     env ${v//+/ } timeout 300 ncu --clock-control none --cache-control none \
       --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
       "${filter[@]}" --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_COUNT:-1500}" \
-      "$R" bench -m "$M" --device cuda -p 0 -n 16 -d "${PROFILE_DEPTH:-0}" -r 1 \
+      "$R" bench -m "$M" --device cuda ${PROFILE_ARGS:--p 0 -n 16 -d ${PROFILE_DEPTH:-0} -r 1} \
       > "$OUT/ncu-decode-$name.csv" 2> "$OUT/ncu-decode-$name.err" \
       || tail -3 "$OUT/ncu-decode-$name.err"
     python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-decode-$name.csv" embed_kernel \

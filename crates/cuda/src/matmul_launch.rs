@@ -276,6 +276,11 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
     if let Some(r) = forced {
         return r;
     }
+    if q8 && rows >= HEAD_MIN_ROWS {
+        if let Some(r) = head_rows() {
+            return r;
+        }
+    }
     if q8 {
         return match one_wave()
             && rows / MATMUL_V2_WARPS as usize > ONE_WAVE_CTAS_PER_SM * multiprocessors
@@ -301,6 +306,26 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
 fn one_wave() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_ONE_WAVE").as_deref() == Ok("1"))
+}
+
+/// Products of at least this many rows: the LM head (151,936 rows for Qwen3-Next; no other
+/// product of the model has more than 8,192).
+const HEAD_MIN_ROWS: usize = 65_536;
+
+/// `REDLITE_HEAD_ROWS=2` or `4` (off until measured): that many rows a warp in the one-token
+/// q8 products of at least `HEAD_MIN_ROWS` rows. The LM head reads 214 MB in 86 µs on the
+/// H200 (2.5 TB/s, nineteenth session): ~19,000 CTAs of warps that each hold one row's
+/// 1.4 KB in flight, then reduce, store and retire. Several rows a warp keep more bytes in
+/// flight per warp and share the prologue; unlike `REDLITE_MATMUL_ONE_WAVE` it leaves the
+/// 8,192-row products alone. The same bits (each row summed in one order).
+fn head_rows() -> Option<usize> {
+    static ROWS: OnceLock<Option<usize>> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("REDLITE_HEAD_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| MATMUL_V2_ROWS.contains(r))
+    })
 }
 
 /// CTAs of the one-token q8 product a multiprocessor holds at once (62-64 registers a thread,
