@@ -502,6 +502,20 @@ attention_split_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k
         prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kvh, HD);
     }
     pdl_begin();
+    const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
+    // The split's partials for query head h of the KV head.
+    const auto out_of = [&](int h) {
+        return partials + ((i64(t) * heads + i64(kvh) * GROUP + h) * gridDim.z + split) * (HD + 2);
+    };
+    if (begin >= end) {
+        // Past the token's last position (a graph launches every split at every depth): the
+        // empty partials the merge below would write, without staging q.
+        for (int i = threadIdx.x; i < GROUP * (HD + 2); i += blockDim.x) {
+            const int h = i / (HD + 2), d = i % (HD + 2);
+            out_of(h)[d] = d == HD ? -INFINITY : 0.0f;
+        }
+        return;
+    }
     __shared__ __align__(16) float qs[GROUP][HD];
     __shared__ __align__(16) float ps[GQA_WARPS][GQA_TILE][GROUP];
     __shared__ __align__(16) float acc_part[GQA_WARPS][GROUP][HD];
@@ -514,7 +528,6 @@ attention_split_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k
         reinterpret_cast<float4*>(&qs[0][0])[i] = reinterpret_cast<const float4*>(qr)[i];
     }
     __syncthreads();
-    const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
     float m[GROUP], l[GROUP], acc[GROUP][VPL];
 #pragma unroll
     for (int h = 0; h < GROUP; ++h) {
@@ -625,9 +638,8 @@ attention_split_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k
             factor[w][h] = most == -INFINITY ? 0.0f : expf(m_part[w][h] - most);
             l_all += l_part[w][h] * factor[w][h];
         }
-        float* out = partials + ((i64(t) * heads + i64(kvh) * GROUP + h) * gridDim.z + split) * (HD + 2);
-        out[HD] = most;
-        out[HD + 1] = l_all;
+        out_of(h)[HD] = most;
+        out_of(h)[HD + 1] = l_all;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < GROUP * HD; i += blockDim.x) {
@@ -635,8 +647,7 @@ attention_split_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k
         float total = 0.0f;
 #pragma unroll
         for (int w = 0; w < GQA_WARPS; ++w) total += acc_part[w][h][d] * factor[w][h];
-        partials[((i64(t) * heads + i64(kvh) * GROUP + h) * gridDim.z + split) * (HD + 2) + d] =
-            total;
+        out_of(h)[d] = total;
     }
 }
 

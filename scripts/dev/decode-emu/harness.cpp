@@ -10,8 +10,8 @@
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
 //   4. The small-batch q8 products (2 to 4 tokens, MTP verifications), with and without the
 //      compile option REDLITE_SMALL_LOADS_AHEAD, against the one-token product per token.
-//   5. The one-token q8 products with two rows a warp (REDLITE_MATMUL_ONE_WAVE=1) against one
-//      row a warp.
+//   5. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ONE_WAVE=1,
+//      REDLITE_HEAD_ROWS) against one row a warp.
 //   6. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
 //      other sums) and with 4, then merged, each against a double-precision reference.
 //   7. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
@@ -311,13 +311,14 @@ void small_batches(const char* type) {
     verdict(name, ok);
 }
 
-// One-token q8 products with two rows a warp against one: the same bits.
+// One-token q8 products with two and four rows a warp (REDLITE_MATMUL_ONE_WAVE,
+// REDLITE_HEAD_ROWS) against one: the same bits.
 template <class B>
-void two_rows_a_warp(const char* type) {
+void rows_a_warp(const char* type) {
     const int rows = 61, cols = 2048;
     auto w = random_blocks<B>(rng, rows, cols);
     auto x = uniform(cols, -1, 1);
-    std::vector<float> one(rows, NAN), two(rows, -1.0f);
+    std::vector<float> one(rows, NAN), two(rows, -1.0f), four(rows, -2.0f);
     launch({(rows + MATMUL_WARPS - 1) / MATMUL_WARPS, 1, 0}, MATMUL_WARPS * 32, [&] {
         mm::matmul_q8_kernel<B, MATMUL_WARPS, 1>(w.data(), x.data(), nullptr, nullptr, one.data(),
                                                  rows, cols);
@@ -326,9 +327,14 @@ void two_rows_a_warp(const char* type) {
         mm::matmul_q8_kernel<B, MATMUL_WARPS, 2>(w.data(), x.data(), nullptr, nullptr, two.data(),
                                                  rows, cols);
     });
+    launch({(rows + 4 * MATMUL_WARPS - 1) / (4 * MATMUL_WARPS), 1, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_kernel<B, MATMUL_WARPS, 4>(w.data(), x.data(), nullptr, nullptr, four.data(),
+                                                 rows, cols);
+    });
     char name[120];
-    snprintf(name, sizeof name, "%s: one-token products, two rows a warp = one row a warp", type);
-    verdict(name, same("products", one, two));
+    snprintf(name, sizeof name, "%s: one-token products, two and four rows a warp = one row a warp",
+             type);
+    verdict(name, same("products", one, two) & same("products", one, four));
 }
 
 // Worst relative L2 error over (token, head) of an attention output `o` of `tokens` tokens
@@ -654,10 +660,10 @@ int main(int argc, char** argv) {
     small_batches<mm::IQ1M, ma::IQ1M>("IQ1_M");
     }
     if (group("rows")) {
-        two_rows_a_warp<mm::IQ2XXS>("IQ2_XXS");
-        two_rows_a_warp<mm::Q4K>("Q4_K");
-        two_rows_a_warp<mm::Q5K>("Q5_K");
-        two_rows_a_warp<mm::Q6K>("Q6_K");
+        rows_a_warp<mm::IQ2XXS>("IQ2_XXS");
+        rows_a_warp<mm::Q4K>("Q4_K");
+        rows_a_warp<mm::Q5K>("Q5_K");
+        rows_a_warp<mm::Q6K>("Q6_K");
     }
     if (group("attention")) {
         attention_gqa();
