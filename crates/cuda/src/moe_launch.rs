@@ -382,19 +382,25 @@ pub(crate) fn moe_down(
             staged,
         ),
         MoeVersion::Q8 { lanes } => {
-            let kernel = match preload_items(lanes) {
-                Some(items) => source::moe_down_q8_preload_kernel(
-                    kind,
-                    lanes,
-                    items,
-                    weights_fixed && raw::pdl_enabled(),
+            let (kernel, warps) = match preload_items(lanes) {
+                Some(items) => (
+                    source::moe_down_q8_preload_kernel(
+                        kind,
+                        lanes,
+                        items,
+                        weights_fixed && raw::pdl_enabled(),
+                    ),
+                    source::down_warps(),
                 ),
-                None => source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
+                None => (
+                    source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
+                    LAYER_WARPS,
+                ),
             };
             (
                 device.kernel(&kernel)?,
-                LAYER_WARPS as usize * 32 / lanes * moe_q8_rows(),
-                LAYER_WARPS * 32,
+                warps as usize * 32 / lanes * moe_q8_rows(),
+                warps * 32,
                 q8_shared_bytes(used * ff + shared_ff),
             )
         }

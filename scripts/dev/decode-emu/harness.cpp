@@ -23,6 +23,7 @@
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
 //      time against 4.
+//   10. (twentieth session) the expert down on CTAs of 8 warps (REDLITE_DOWN_WARPS=8) against 4.
 //   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
 //      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
 // Every case runs; the exit status is nonzero if any failed.
@@ -634,6 +635,36 @@ void down_input_unroll() {
             same("scales", d4, d6) & same("codes", q4, q6));
 }
 
+// The expert down with its weights loaded ahead on CTAs of 8 warps (REDLITE_DOWN_WARPS=8)
+// against 4: each row's lane group and sums alike, the input's blocks spread over 8 warps
+// instead of 4 (each quantized alike); out bit for bit, with the shared expert folded in and
+// an expert id out of range (no term).
+template <class B>
+void down_warps(const char* type) {
+    constexpr int LANES = 16, ROWS = 256, FF = 512, IPL = (FF / 256 * B::ITEMS + LANES - 1) / LANES;
+    const int n_expert = 12, used = 10, tokens = 2;
+    auto down = random_blocks<B>(rng, n_expert * ROWS, FF), shared_down = random_blocks<B>(rng, ROWS, FF);
+    std::vector<int> ids((size_t)tokens * used);
+    for (auto& id : ids) id = (int)(rng() % n_expert);
+    ids[3] = n_expert;
+    auto weights = uniform((size_t)tokens * used, 0, 0.2f), shared_weight = uniform(tokens, 0, 1);
+    auto act = uniform((size_t)tokens * used * FF, -3, 3), act_shared = uniform((size_t)tokens * FF, -1, 1);
+    std::vector<float> four((size_t)tokens * ROWS, NAN), eight((size_t)tokens * ROWS, -1.0f);
+    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
+        mo::moe_down_q8_preload_kernel<B, 4, LANES, IPL, false>(
+            down.data(), ids.data(), weights.data(), act.data(), four.data(), ROWS, FF, used, n_expert, 0,
+            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
+    });
+    launch({ROWS / (8 * 32 / LANES), (unsigned)tokens, 0}, 256, [&] {
+        mo::moe_down_q8_preload_kernel<B, 8, LANES, IPL, false>(
+            down.data(), ids.data(), weights.data(), act.data(), eight.data(), ROWS, FF, used, n_expert, 0,
+            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
+    });
+    char name[120];
+    snprintf(name, sizeof name, "%s: expert down on CTAs of 8 warps = 4 (2 tokens, 10 + 1 terms)", type);
+    verdict(name, same("down", four, eight));
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention or
     // moe.
@@ -672,6 +703,8 @@ int main(int argc, char** argv) {
     }
     if (group("moe")) {
         down_input_unroll();
+        down_warps<mo::IQ2XXS>("IQ2_XXS");
+        down_warps<mo::Q2K>("Q2_K");
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }

@@ -220,9 +220,26 @@ pub(crate) fn moe_down_q8_preload_kernel(
     early: bool,
 ) -> String {
     format!(
-        "moe_down_q8_preload_kernel<{}, {LAYER_WARPS}, {lanes}, {items}, {early}>",
-        kind.cuda_name
+        "moe_down_q8_preload_kernel<{}, {}, {lanes}, {items}, {early}>",
+        kind.cuda_name,
+        down_warps()
     )
+}
+
+/// Warps a CTA of the preloading expert down: `LAYER_WARPS`, or 8 under the compile option
+/// `REDLITE_DOWN_WARPS=8` (off until measured). The down's CTAs each quantize the whole input
+/// (22 blocks of 256 for the 80B model) before their dots: with 4 warps in two load rounds
+/// of 4 blocks a warp, with 8 in one, at the same 8 warps a multiprocessor (128 CTAs of 8
+/// instead of 256 of 4) and the same registers. Each row's lanes and sums are the same (the
+/// same bits). The only instantiation built is this one. With 8 warps ptxas keeps the
+/// kernels at 128 registers; the IQ2_XS ones then spill 24-32 bytes (the IQ2_XXS and Q2_K
+/// ones of the IQ2_XXS files do not).
+pub(crate) fn down_warps() -> u32 {
+    static WARPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *WARPS.get_or_init(|| match std::env::var("REDLITE_DOWN_WARPS").as_deref() {
+        Ok("8") => 8,
+        _ => LAYER_WARPS,
+    })
 }
 
 /// The `early` variants of the preloading down that are built: both unless `REDLITE_PDL=0`.
