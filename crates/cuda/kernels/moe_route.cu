@@ -234,14 +234,12 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
 // larger value, the lower j on a tie, so the root is the first largest as the chain finds
 // it), and with at most 32 picks each lane's pick is divided by the total in registers
 // (route_token_v2 stores it, then reads it back from global memory to divide).
+// route_token_tree's choice for at most 32 picks, kept in registers: lane k < used ends with
+// pick k's expert (as the ids are written) and weight.
 template <int PER>
-static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
-                                                        int n_expert, int used, int lane) {
+static __device__ __forceinline__ void route_token_picks(const float* l, int n_expert, int used,
+                                                         int lane, int& id, float& weight) {
     static_assert((PER & (PER - 1)) == 0, "a tree of pairwise picks over PER values");
-    if (used > WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
-        return;
-    }
     float p[PER];
     const float inv = route_exps<PER>(l, n_expert, lane, p);
 #pragma unroll
@@ -287,8 +285,24 @@ static __device__ __forceinline__ void route_token_tree(const float* l, int* ids
         total += v;
     }
     if (lane < used) {
-        ids[lane] = route_spread(mine_index, l, n_expert);
-        weights[lane] = mine / total;
+        id = route_spread(mine_index, l, n_expert);
+        weight = mine / total;
+    }
+}
+
+template <int PER>
+static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
+                                                        int n_expert, int used, int lane) {
+    if (used > WARP_SIZE) {
+        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
+        return;
+    }
+    int id = 0;
+    float weight = 0.0f;
+    route_token_picks<PER>(l, n_expert, used, lane, id, weight);
+    if (lane < used) {
+        ids[lane] = id;
+        weights[lane] = weight;
     }
 }
 
@@ -304,6 +318,30 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
+// A routing prefetch CTA of moe_route_gate_kernel (blockIdx.y > 0): the token's picks again
+// (warp 0, route_token_picks), then every thread asks L2 for its 128-byte lines of slab
+// blockIdx.y - 1: the gate (even) or up (odd) rows of that pick's expert.
+template <int PER>
+static __device__ __forceinline__ void route_prefetch_slab(const float* l, int n_expert, int used,
+                                                           const u8* gate_exps,
+                                                           const u8* up_exps, i64 slab_bytes) {
+    __shared__ int expert;
+    const int slab = blockIdx.y - 1, pick = slab / 2;
+    pdl_begin();
+    if (threadIdx.x < WARP_SIZE) {
+        int id = -1;
+        float weight = 0.0f;
+        if (used <= WARP_SIZE) route_token_picks<PER>(l, n_expert, used, threadIdx.x, id, weight);
+        if (int(threadIdx.x) == pick) expert = id;
+    }
+    __syncthreads();
+    if (pick >= used || used > WARP_SIZE || expert < 0 || expert >= n_expert) return;
+    const u8* base = (slab % 2 == 0 ? gate_exps : up_exps) + i64(expert) * slab_bytes;
+    for (i64 at = i64(threadIdx.x) * 128; at < slab_bytes; at += i64(blockDim.x) * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
+    }
+}
+
 // moe_route_v2_kernel with the shared expert's gate row (`gate_w`, one row of `cols` values
 // in blocks B) in the same launch, so that its dot runs beside the routing instead of as a
 // one-CTA launch before it. One CTA of 1 + SPLIT_WARPS warps per token: warp 0 routes;
@@ -311,13 +349,24 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
 // warps is its thread i: row_dot_lane over SPLIT_WARPS x 32 lanes), and their sums are added
 // as its block_reduce_sum adds them (the lanes past the warps add zeros): the logit's bits
 // are those of the split-K launch.
+// With `REDLITE_ROUTE_PREFETCH=1` (resident experts) the grid has 2 x used more CTAs a token
+// (grid.y): CTA y > 0 routes the token again (the same picks) and asks L2 for one slab of
+// `slab_bytes`, the gate (y odd) or up (y even) rows of pick (y - 1) / 2, so the gate/up
+// launch after this one, which cannot ask for its rows before its wait (it needs these
+// ids), finds them in L2 or on their way. They write nothing: the same bits.
 template <int PER, class B, int SPLIT_WARPS>
 __global__ void __launch_bounds__((1 + SPLIT_WARPS) * WARP_SIZE)
 moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ gate_w,
                       const float* __restrict__ x, int* __restrict__ ids,
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
-                      int n_expert, int used) {
+                      int n_expert, int used, const u8* __restrict__ gate_exps,
+                      const u8* __restrict__ up_exps, i64 slab_bytes) {
     PROBE_RETURN(PROBE_ROUTE);
+    if (blockIdx.y > 0) {
+        route_prefetch_slab<PER>(logits + i64(blockIdx.x) * n_expert, n_expert, used, gate_exps,
+                                 up_exps, slab_bytes);
+        return;
+    }
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
     const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;

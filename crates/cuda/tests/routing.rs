@@ -1,14 +1,14 @@
 //! The MoE routing kernels: the routing against a host reference (ties included), the fused
 //! decode router (alone, and with the post-mixer add + norm before it) and the routing with
 //! the shared expert's gate row against the split-K matmul then the routing bit for bit, and
-//! the benchmark-only skewed routing's law. GPU tests print a message and pass when no
+//! the benchmark-only skewed routing's law; the routing's prefetch CTAs keep its outputs. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_takes,
-    moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
-    skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew, RouterRows,
-    WeightMatrix,
+    add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_prefetching,
+    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes,
+    router_topk_takes, skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew,
+    RouterRows, WeightMatrix, ROUTE_PREFETCH,
 };
 use redlite_gguf::GgmlType;
 
@@ -533,5 +533,95 @@ fn router_with_the_norm_equals_norm_then_router() {
             assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
         }
+    }
+}
+
+/// The routing with the gate row and its prefetch CTAs (`REDLITE_ROUTE_PREFETCH`: the chosen
+/// experts' gate and up rows asked of L2) gives the ids, weights and shared weight of the
+/// launch without them, bit for bit, for one token and a batch of decode size. Only
+/// `moe_route_gate_prefetching` reads the switch, so setting it here leaves the other tests
+/// alone.
+#[test]
+fn routing_prefetch_ctas_keep_the_routing() {
+    let Some(device) = device("routing_prefetch_ctas_keep_the_routing") else {
+        return;
+    };
+    let mut rng = Rng(23);
+    let (n_expert, cols, used, ff) = (512usize, 2048usize, 10usize, 16usize);
+    let router_bytes = device
+        .upload(&random_matrix(GgmlType::F32, n_expert, cols, &mut rng))
+        .unwrap();
+    let gate_bytes = device
+        .upload(&random_matrix(GgmlType::F16, 1, cols, &mut rng))
+        .unwrap();
+    let stack = |rng: &mut Rng| {
+        device
+            .upload(&random_matrix(GgmlType::IQ2XXS, n_expert * ff, cols, rng))
+            .unwrap()
+    };
+    let (gate_exps, up_exps) = (stack(&mut rng), stack(&mut rng));
+    fn matrix(ty: GgmlType, rows: usize, cols: usize, bytes: &CudaSlice<u8>) -> WeightMatrix<'_> {
+        WeightMatrix {
+            ty,
+            rows,
+            cols,
+            bytes: bytes.as_view(),
+            dots: Dots::Q8K,
+        }
+    }
+    let router = matrix(GgmlType::F32, n_expert, cols, &router_bytes);
+    let gate = matrix(GgmlType::F16, 1, cols, &gate_bytes);
+    let stacks = (
+        &matrix(GgmlType::IQ2XXS, n_expert * ff, cols, &gate_exps),
+        &matrix(GgmlType::IQ2XXS, n_expert * ff, cols, &up_exps),
+    );
+    ROUTE_PREFETCH.set(true);
+    for tokens in [1usize, 4] {
+        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+        let x = device.upload(&x).unwrap();
+        let mut logits = device.alloc_zeros::<f32>(tokens * n_expert).unwrap();
+        matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
+        let buffers = || {
+            (
+                device.alloc_zeros::<i32>(tokens * used).unwrap(),
+                device.alloc_zeros::<f32>(tokens * used).unwrap(),
+                device.alloc_zeros::<f32>(tokens).unwrap(),
+            )
+        };
+        let (mut want_ids, mut want_w, mut want_shared) = buffers();
+        moe_route_gate(
+            &device,
+            &logits.as_view(),
+            &gate,
+            &x.as_view(),
+            &mut want_ids.as_view_mut(),
+            &mut want_w.as_view_mut(),
+            &mut want_shared.as_view_mut(),
+        )
+        .unwrap();
+        let (mut ids, mut w, mut shared) = buffers();
+        moe_route_gate_prefetching(
+            &device,
+            &logits.as_view(),
+            &gate,
+            &x.as_view(),
+            &mut ids.as_view_mut(),
+            &mut w.as_view_mut(),
+            &mut shared.as_view_mut(),
+            stacks,
+        )
+        .unwrap();
+        let case = format!("{tokens} token(s)");
+        assert_eq!(
+            device.download(&want_ids).unwrap(),
+            device.download(&ids).unwrap(),
+            "{case}: ids"
+        );
+        assert_eq!(bits(&device, &want_w), bits(&device, &w), "{case}: weights");
+        assert_eq!(
+            bits(&device, &want_shared),
+            bits(&device, &shared),
+            "{case}: shared weight"
+        );
     }
 }

@@ -7,9 +7,9 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, moe_route, moe_route_gate, moe_route_gate_takes, router_norm_on, router_topk,
-    router_topk_norm, router_topk_norm_takes, router_topk_takes, CudaView, Device, PostNorm,
-    RouterRows, Switch, WeightMatrix,
+    matmul, moe_route, moe_route_gate, moe_route_gate_prefetching, moe_route_gate_takes,
+    router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
+    CudaView, Device, PostNorm, RouterRows, Switch, WeightMatrix,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -92,14 +92,16 @@ pub fn route_with_norm(
 }
 
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
-/// weights into `s`, the router's logits at `s.router[t * n_expert..]`.
+/// weights into `s`, the router's logits at `s.router[t * n_expert..]`. `resident`: the
+/// routed experts are `w`'s stacks and the products read the router's picks (no cache, no
+/// benchmark routing), so the routing may ask L2 for their rows (`REDLITE_ROUTE_PREFETCH`).
 pub(super) fn route(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
-    t: usize,
+    (t, resident): (usize, bool),
 ) -> Result<()> {
     let used = c.n_expert_used;
     device.mark("router");
@@ -130,15 +132,30 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
-        moe_route_gate(
-            device,
-            &router.as_view(),
-            &w.shared_gate_inp.view(),
-            h,
-            &mut ids,
-            &mut weights,
-            &mut shared_weight,
-        )?;
+        let (router, gate) = (router.as_view(), w.shared_gate_inp.view());
+        if resident {
+            let stacks = (&w.gate_exps.view(), &w.up_exps.view());
+            moe_route_gate_prefetching(
+                device,
+                &router,
+                &gate,
+                h,
+                &mut ids,
+                &mut weights,
+                &mut shared_weight,
+                stacks,
+            )?;
+        } else {
+            moe_route_gate(
+                device,
+                &router,
+                &gate,
+                h,
+                &mut ids,
+                &mut weights,
+                &mut shared_weight,
+            )?;
+        }
     } else {
         let (router, shared_logit) = match merged {
             Some(both) => {
