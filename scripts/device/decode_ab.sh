@@ -32,7 +32,8 @@
 # Env: the settings BITS_AB, TEST_AB, DECODE_AB, MTP_AB, SMALL_AB, PROFILE_AB (space-separated, each
 # VAR=value or several joined by +: A=1+B=1); AB_DEPTHS (the depths of DECODE_AB's settings after
 # the first, default 0); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
-# PROFILE_COUNT (the profile at a depth, of some kernels); PROFILE_ARGS (the profiled bench's
+# PROFILE_COUNT (the profile at a depth, of some kernels); BENCH_EXTRA (more arguments of the
+# decode stage's benches, e.g. `--kv f16`); PROFILE_ARGS (the profiled bench's
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); BASE_LONG; STALL_KERNELS (regexes of
 # kernel names); STAGES (bits tests decode mtp small; also probes base profile stalls); OUT.
@@ -105,7 +106,8 @@ if stage decode; then
   stamp "decode A/B"
   dec() {  # depths settings...
     local depths="$1"; shift
-    env "$@" "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "$depths" -r 3 2>&1 \
+    # shellcheck disable=SC2086
+    env "$@" "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "$depths" -r 3 ${BENCH_EXTRA:-} 2>&1 \
       | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' '
   }
   tg0() { grep -oE 'tg128 \| [0-9.]+' <<< "$1" | head -1 | awk '{print $3}'; }
