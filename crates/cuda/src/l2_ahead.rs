@@ -72,15 +72,21 @@ impl L2RangesBuilder {
 }
 
 /// Queues a kernel that asks L2 for `ranges` on the device's current stream (the engine
-/// queues it on [`Device::on_ahead`]'s branch).
+/// queues it on [`Device::on_ahead`]'s branch). A plain launch, without programmatic
+/// dependent launch: the kernel has no wait, and on its branch it follows an event, not a
+/// kernel.
 pub fn l2_prefetch(device: &Device, ranges: &L2Ranges) -> Result<(), CudaError> {
     let kernel = device.kernel(L2_PREFETCH_KERNEL)?;
     let cfg = config((PREFETCH_CTAS, 1, 1), PREFETCH_THREADS, 0);
-    raw::launch_l2_prefetch(
+    let overlap = raw::overlap_on();
+    raw::overlap_launches(false);
+    let launched = raw::launch_l2_prefetch(
         device.stream(),
         kernel,
         cfg,
         &ranges.pairs.as_view(),
         to_i32(ranges.count),
-    )
+    );
+    raw::overlap_launches(overlap);
+    launched
 }
