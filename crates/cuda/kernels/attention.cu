@@ -255,6 +255,20 @@ static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, in
     return (len + splits - 1) / splits;
 }
 
+// A split kernel's start: the chunk of token t (split_chunk) and, under PDL, its split's K
+// and V rows of KV head kvh asked of L2 before the wait. pos_dev is written before the step,
+// the rows before pos0 by earlier steps: only those are asked for.
+template <class KV>
+static __device__ __forceinline__ int split_rows_ahead(const KV* k_cache, const KV* v_cache,
+                                                       int chunk, int pos0, int t, int split,
+                                                       int min_chunk, int kv_heads, int kvh,
+                                                       int hd) {
+    chunk = split_chunk(chunk, pos0, t, min_chunk);
+    const int first = split * chunk;
+    prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kvh, hd);
+    return chunk;
+}
+
 // Flash-decoding, step 1 of 2. Grid (tokens, heads, splits), WARPS warps. Split s covers
 // positions [s * chunk, min((s + 1) * chunk, pos0 + t + 1)); its warps walk that range G
 // positions at a time (all G K and V rows loaded before the first reduction, so loads
@@ -275,13 +289,8 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
-    chunk = split_chunk(chunk, pos0, t, min_chunk);
-    // pos_dev is written before the step; the rows before pos0 by earlier steps.
-    {
-        const int first = blockIdx.z * chunk;
-        const int kv = (blockIdx.y) / (heads / kv_heads);
-        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
-    }
+    chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
+                             h / (heads / kv_heads), HD);
     pdl_begin();
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ float acc_part[WARPS][HD];
@@ -371,13 +380,8 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     constexpr int HD = VPL * WARP_SIZE;
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
-    chunk = split_chunk(chunk, pos0, t, min_chunk);
-    // pos_dev is written before the step; the rows before pos0 by earlier steps.
-    {
-        const int first = split * chunk;
-        const int kv = h0 / (heads / kv_heads);
-        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
-    }
+    chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
+                             h0 / (heads / kv_heads), HD);
     pdl_begin();
     split_heads_body<KV, VPL, WARPS, HPC>(q, k_cache, v_cache, partials, t, h0, split, chunk,
                                           pos0, heads, kv_heads, scale);
@@ -406,12 +410,8 @@ attention_split_depth_kernel(const float* __restrict__ q, const KV* __restrict__
         pdl_begin();
         return;
     }
-    chunk = split_chunk(chunk, pos0, t, min_chunk);
-    {
-        const int first = split * chunk;
-        const int kv = h0 / (heads / kv_heads);
-        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kv, HD);
-    }
+    chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
+                             h0 / (heads / kv_heads), HD);
     pdl_begin();
     if (long_token) {
         split_heads_body<KV, VPL, 8, 8>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,
@@ -495,12 +495,7 @@ attention_split_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k
     static_assert(GROUP % 4 == 0 && QUARTER % 4 == 0, "float4 reads of p and q");
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-    chunk = split_chunk(chunk, pos0, t, min_chunk);
-    // pos_dev is written before the step; the rows before pos0 by earlier steps.
-    {
-        const int first = split * chunk;
-        prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kvh, HD);
-    }
+    chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads, kvh, HD);
     pdl_begin();
     const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
     // The split's partials for query head h of the KV head.

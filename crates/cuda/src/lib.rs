@@ -99,9 +99,7 @@ pub use profile::{components_on, enable_components, profiling, take_components, 
 pub use q8_input::{
     add_rms_norm_quantized, rms_norm_quantized, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES,
 };
-pub use route_gate::{
-    moe_route_gate, moe_route_gate_prefetching, moe_route_gate_takes, ROUTE_PREFETCH,
-};
+pub use route_gate::{moe_route_gate, moe_route_gate_takes, ROUTE_PREFETCH};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{
     router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,

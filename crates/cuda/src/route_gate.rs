@@ -60,8 +60,19 @@ pub fn moe_route_gate_takes(gate: &WeightMatrix<'_>, tokens: usize, n_expert: us
     gate_block(gate, tokens, n_expert).is_some()
 }
 
+/// `REDLITE_ROUTE_PREFETCH=1` (off until measured on a GPU): [`moe_route_gate`] given the
+/// expert stacks asks L2 for the chosen experts' gate and up rows.
+pub static ROUTE_PREFETCH: Switch = Switch::new("REDLITE_ROUTE_PREFETCH", false);
+
 /// `moe_route` of `logits` (tokens x n_expert) with `shared_logit = gate · x[t]` computed in
 /// the same launch: `ids`, `weights` (tokens x used) and `shared_weight` (tokens).
+/// `experts`: the resident gate and up stacks (`n_expert` experts of equal rows each) the
+/// following gate/up launch reads, if the routing may ask L2 for the chosen ones' rows: with
+/// [`ROUTE_PREFETCH`] on, 2 x used more CTAs a token route it again and ask for them
+/// (`moe_route_gate_kernel`). The gate/up launch cannot ask for them before its PDL wait,
+/// as the dense products do for theirs, since it needs these ids. The same outputs either
+/// way.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_route_gate(
     device: &Device,
     logits: &CudaView<'_, f32>,
@@ -70,30 +81,7 @@ pub fn moe_route_gate(
     ids: &mut CudaViewMut<'_, i32>,
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
-) -> Result<(), CudaError> {
-    let outputs = (ids, weights, shared_weight);
-    route_gate(device, logits, gate, x, outputs, None)
-}
-
-/// `REDLITE_ROUTE_PREFETCH=1` (off until measured on a GPU): [`moe_route_gate_prefetching`]
-/// asks L2 for the chosen experts' gate and up rows.
-pub static ROUTE_PREFETCH: Switch = Switch::new("REDLITE_ROUTE_PREFETCH", false);
-
-/// [`moe_route_gate`] for resident experts whose gate and up stacks (`n_expert` experts of
-/// equal rows each) the following gate/up launch reads: with [`ROUTE_PREFETCH`] on, 2 x used
-/// more CTAs a token route it again and ask L2 for the chosen experts' gate and up rows
-/// (`moe_route_gate_kernel`). The gate/up launch cannot ask for them before its PDL wait, as
-/// the dense products do for theirs, since it needs these ids. The same outputs.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_route_gate_prefetching(
-    device: &Device,
-    logits: &CudaView<'_, f32>,
-    gate: &WeightMatrix<'_>,
-    x: &CudaView<'_, f32>,
-    ids: &mut CudaViewMut<'_, i32>,
-    weights: &mut CudaViewMut<'_, f32>,
-    shared_weight: &mut CudaViewMut<'_, f32>,
-    (gate_exps, up_exps): (&WeightMatrix<'_>, &WeightMatrix<'_>),
+    experts: Option<(&WeightMatrix<'_>, &WeightMatrix<'_>)>,
 ) -> Result<(), CudaError> {
     let n_expert = logits.len() / shared_weight.len().max(1);
     let slab = |m: &WeightMatrix<'_>| {
@@ -102,12 +90,14 @@ pub fn moe_route_gate_prefetching(
             .then(|| rows * m.bytes.len() / m.rows.max(1))
             .filter(|&bytes| bytes > 0 && bytes * n_expert <= m.bytes.len())
     };
-    let prefetch = match (slab(gate_exps), slab(up_exps)) {
-        (Some(g), Some(u)) if g == u && ROUTE_PREFETCH.on() => {
-            Some((&gate_exps.bytes, &up_exps.bytes, g as i64))
-        }
-        _ => None,
-    };
+    let prefetch = experts
+        .filter(|_| ROUTE_PREFETCH.on())
+        .and_then(
+            |(gate_exps, up_exps)| match (slab(gate_exps), slab(up_exps)) {
+                (Some(g), Some(u)) if g == u => Some((&gate_exps.bytes, &up_exps.bytes, g as i64)),
+                _ => None,
+            },
+        );
     let outputs = (ids, weights, shared_weight);
     route_gate(device, logits, gate, x, outputs, prefetch)
 }

@@ -5,15 +5,15 @@
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_prefetching,
-    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes,
-    router_topk_takes, skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew,
-    RouterRows, WeightMatrix, ROUTE_PREFETCH,
+    add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_takes,
+    moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
+    skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew, RouterRows,
+    WeightMatrix, ROUTE_PREFETCH,
 };
 use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, random_matrix, Rng};
+use common::{device, q8_matrix, random_matrix, Rng};
 
 /// A buffer's values as bits (for comparisons that must be exact, NaN included).
 fn bits(device: &Device, buffer: &CudaSlice<f32>) -> Vec<u32> {
@@ -193,6 +193,7 @@ fn fused_router_with_the_gate_apart_equals_router_then_routing_with_gate() {
                 &mut want_ids.as_view_mut(),
                 &mut want_w.as_view_mut(),
                 &mut want_shared.as_view_mut(),
+                None,
             )
             .unwrap();
             let (fused_logits, (ids, w, shared)) =
@@ -333,6 +334,7 @@ fn routing_with_the_gate_row_equals_matmul_then_routing() {
                     &mut ids.as_view_mut(),
                     &mut w.as_view_mut(),
                     &mut shared.as_view_mut(),
+                    None,
                 )
                 .unwrap();
                 let want = (&want_ids, &want_w, &want_shared);
@@ -538,9 +540,8 @@ fn router_with_the_norm_equals_norm_then_router() {
 
 /// The routing with the gate row and its prefetch CTAs (`REDLITE_ROUTE_PREFETCH`: the chosen
 /// experts' gate and up rows asked of L2) gives the ids, weights and shared weight of the
-/// launch without them, bit for bit, for one token and a batch of decode size. Only
-/// `moe_route_gate_prefetching` reads the switch, so setting it here leaves the other tests
-/// alone.
+/// launch without them, bit for bit, for one token and a batch of decode size. Only a launch
+/// given the expert stacks reads the switch, so setting it here leaves the other tests alone.
 #[test]
 fn routing_prefetch_ctas_keep_the_routing() {
     let Some(device) = device("routing_prefetch_ctas_keep_the_routing") else {
@@ -548,80 +549,46 @@ fn routing_prefetch_ctas_keep_the_routing() {
     };
     let mut rng = Rng(23);
     let (n_expert, cols, used, ff) = (512usize, 2048usize, 10usize, 16usize);
-    let router_bytes = device
-        .upload(&random_matrix(GgmlType::F32, n_expert, cols, &mut rng))
-        .unwrap();
-    let gate_bytes = device
-        .upload(&random_matrix(GgmlType::F16, 1, cols, &mut rng))
-        .unwrap();
-    let stack = |rng: &mut Rng| {
+    let mut upload = |ty, rows| {
         device
-            .upload(&random_matrix(GgmlType::IQ2XXS, n_expert * ff, cols, rng))
+            .upload(&random_matrix(ty, rows, cols, &mut rng))
             .unwrap()
     };
-    let (gate_exps, up_exps) = (stack(&mut rng), stack(&mut rng));
-    fn matrix(ty: GgmlType, rows: usize, cols: usize, bytes: &CudaSlice<u8>) -> WeightMatrix<'_> {
-        WeightMatrix {
-            ty,
-            rows,
-            cols,
-            bytes: bytes.as_view(),
-            dots: Dots::Q8K,
-        }
-    }
-    let router = matrix(GgmlType::F32, n_expert, cols, &router_bytes);
-    let gate = matrix(GgmlType::F16, 1, cols, &gate_bytes);
-    let stacks = (
-        &matrix(GgmlType::IQ2XXS, n_expert * ff, cols, &gate_exps),
-        &matrix(GgmlType::IQ2XXS, n_expert * ff, cols, &up_exps),
-    );
+    let (router_bytes, gate_bytes) = (upload(GgmlType::F32, n_expert), upload(GgmlType::F16, 1));
+    let stack_bytes = [0, 1].map(|_| upload(GgmlType::IQ2XXS, n_expert * ff));
+    let router = q8_matrix(&router_bytes, GgmlType::F32, (n_expert, cols));
+    let gate = q8_matrix(&gate_bytes, GgmlType::F16, (1, cols));
+    let [gate_exps, up_exps] =
+        [0, 1].map(|i| q8_matrix(&stack_bytes[i], GgmlType::IQ2XXS, (n_expert * ff, cols)));
     ROUTE_PREFETCH.set(true);
     for tokens in [1usize, 4] {
         let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
         let x = device.upload(&x).unwrap();
         let mut logits = device.alloc_zeros::<f32>(tokens * n_expert).unwrap();
         matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
-        let buffers = || {
-            (
-                device.alloc_zeros::<i32>(tokens * used).unwrap(),
-                device.alloc_zeros::<f32>(tokens * used).unwrap(),
-                device.alloc_zeros::<f32>(tokens).unwrap(),
+        let outputs = [None, Some((&gate_exps, &up_exps))].map(|experts| {
+            let mut ids = device.alloc_zeros::<i32>(tokens * used).unwrap();
+            let mut w = device.alloc_zeros::<f32>(tokens * used).unwrap();
+            let mut shared = device.alloc_zeros::<f32>(tokens).unwrap();
+            moe_route_gate(
+                &device,
+                &logits.as_view(),
+                &gate,
+                &x.as_view(),
+                &mut ids.as_view_mut(),
+                &mut w.as_view_mut(),
+                &mut shared.as_view_mut(),
+                experts,
             )
-        };
-        let (mut want_ids, mut want_w, mut want_shared) = buffers();
-        moe_route_gate(
+            .unwrap();
+            (ids, w, shared)
+        });
+        let [(ids, w, shared), (p_ids, p_w, p_shared)] = &outputs;
+        assert_same_routing(
             &device,
-            &logits.as_view(),
-            &gate,
-            &x.as_view(),
-            &mut want_ids.as_view_mut(),
-            &mut want_w.as_view_mut(),
-            &mut want_shared.as_view_mut(),
-        )
-        .unwrap();
-        let (mut ids, mut w, mut shared) = buffers();
-        moe_route_gate_prefetching(
-            &device,
-            &logits.as_view(),
-            &gate,
-            &x.as_view(),
-            &mut ids.as_view_mut(),
-            &mut w.as_view_mut(),
-            &mut shared.as_view_mut(),
-            stacks,
-        )
-        .unwrap();
-        let case = format!("{tokens} token(s)");
-        assert_eq!(
-            device.download(&want_ids).unwrap(),
-            device.download(&ids).unwrap(),
-            "{case}: ids"
-        );
-        assert_eq!(bits(&device, &want_w), bits(&device, &w), "{case}: weights");
-        assert_eq!(
-            bits(&device, &want_shared),
-            bits(&device, &shared),
-            "{case}: shared weight"
+            &format!("{tokens} token(s), with the prefetch CTAs"),
+            (ids, w, shared),
+            (p_ids, p_w, p_shared),
         );
     }
 }

@@ -7,9 +7,9 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    matmul, moe_route, moe_route_gate, moe_route_gate_prefetching, moe_route_gate_takes,
-    router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
-    CudaView, Device, PostNorm, RouterRows, Switch, WeightMatrix,
+    matmul, moe_route, moe_route_gate, moe_route_gate_takes, router_norm_on, router_topk,
+    router_topk_norm, router_topk_norm_takes, router_topk_takes, CudaView, Device, PostNorm,
+    RouterRows, Switch, WeightMatrix,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -132,30 +132,17 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
-        let (router, gate) = (router.as_view(), w.shared_gate_inp.view());
-        if resident {
-            let stacks = (&w.gate_exps.view(), &w.up_exps.view());
-            moe_route_gate_prefetching(
-                device,
-                &router,
-                &gate,
-                h,
-                &mut ids,
-                &mut weights,
-                &mut shared_weight,
-                stacks,
-            )?;
-        } else {
-            moe_route_gate(
-                device,
-                &router,
-                &gate,
-                h,
-                &mut ids,
-                &mut weights,
-                &mut shared_weight,
-            )?;
-        }
+        let (gate_exps, up_exps) = (w.gate_exps.view(), w.up_exps.view());
+        moe_route_gate(
+            device,
+            &router.as_view(),
+            &w.shared_gate_inp.view(),
+            h,
+            &mut ids,
+            &mut weights,
+            &mut shared_weight,
+            resident.then_some((&gate_exps, &up_exps)),
+        )?;
     } else {
         let (router, shared_logit) = match merged {
             Some(both) => {
