@@ -229,13 +229,12 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
 
 // route_token_v2's selection in shorter chains (what the routing kernels run; route_token_v2
 // stays for more than 32 picks and as the host emulator's reference), the same ids and
-// weights bit for bit. A round's per-lane choice is a
-// tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
-// larger value, the lower j on a tie, so the root is the first largest as the chain finds
-// it), and with at most 32 picks each lane's pick is divided by the total in registers
-// (route_token_v2 stores it, then reads it back from global memory to divide).
-// route_token_tree's choice for at most 32 picks, kept in registers: lane k < used ends with
-// pick k's expert (as the ids are written) and weight.
+// weights bit for bit. A round's per-lane choice is a tree of pairwise picks (4 levels
+// instead of a chain of PER compares: each pick keeps the larger value, the lower j on a tie,
+// so the root is the first largest as the chain finds it), and with at most 32 picks each
+// lane's pick is divided by the total in registers (route_token_v2 stores it, then reads it
+// back from global memory to divide). At most 32 picks, kept in registers: lane k < used
+// ends with pick k's expert (as the ids are written) and weight.
 template <int PER>
 static __device__ __forceinline__ void route_token_picks(const float* l, int n_expert, int used,
                                                          int lane, int& id, float& weight) {
@@ -290,6 +289,8 @@ static __device__ __forceinline__ void route_token_picks(const float* l, int n_e
     }
 }
 
+// One token's routing into `ids` and `weights`: route_token_picks, or the chain for more
+// than 32 picks.
 template <int PER>
 static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
                                                         int n_expert, int used, int lane) {

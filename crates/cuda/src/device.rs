@@ -188,7 +188,7 @@ impl Device {
     /// With `--profile` (`enable_components`): `component`'s launches start here on the
     /// stream. Nothing otherwise.
     pub fn mark(&self, component: &'static str) {
-        // Side and branch work is not a component of the main stream's timeline.
+        // Side, branch and ahead work is not a component of the main stream's timeline.
         if !self.side.is_active() && !self.branch.is_active() && !self.ahead.is_active() {
             crate::profile::mark(self.stream(), component);
         }

@@ -28,21 +28,12 @@ const PREFETCH_THREADS: u32 = 256;
 pub struct L2Ranges {
     pairs: CudaSlice<u64>,
     count: usize,
-    bytes: u64,
-}
-
-impl L2Ranges {
-    /// Bytes the ranges cover.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
 }
 
 /// Collects the ranges of an [`L2Ranges`].
 #[derive(Default)]
 pub struct L2RangesBuilder {
     pairs: Vec<u64>,
-    bytes: u64,
 }
 
 impl L2RangesBuilder {
@@ -55,7 +46,6 @@ impl L2RangesBuilder {
         }
         let (address, _sync) = buffer.device_ptr(device.stream());
         self.pairs.extend([address, len]);
-        self.bytes += len;
     }
 
     /// The ranges on the device; `None` when there are none.
@@ -66,15 +56,14 @@ impl L2RangesBuilder {
         Ok(Some(L2Ranges {
             pairs: device.upload(&self.pairs)?,
             count: self.pairs.len() / 2,
-            bytes: self.bytes,
         }))
     }
 }
 
 /// Queues a kernel that asks L2 for `ranges` on the device's current stream (the engine
 /// queues it on [`Device::on_ahead`]'s branch). A plain launch, without programmatic
-/// dependent launch: the kernel has no wait, and on its branch it follows an event, not a
-/// kernel.
+/// dependent launch: the kernel reads no other kernel's output, and on its branch it follows
+/// an event, not a kernel.
 pub fn l2_prefetch(device: &Device, ranges: &L2Ranges) -> Result<(), CudaError> {
     let kernel = device.kernel(L2_PREFETCH_KERNEL)?;
     let cfg = config((PREFETCH_CTAS, 1, 1), PREFETCH_THREADS, 0);

@@ -11,6 +11,7 @@ use crate::backend::cuda::weights::{CudaWeights, DeviceMatrix};
 use crate::error::Result;
 use crate::model::weights::{LayerWeights, Mixer};
 
+/// `REDLITE_L2_AHEAD=1`: the prefetch on; off by default until measured.
 pub static L2_AHEAD: Switch = Switch::new("REDLITE_L2_AHEAD", false);
 
 /// Bytes of the LM head asked for after the last block: its first rows, which its launch's
