@@ -33,8 +33,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
 /// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe.cu`, the same
-/// codes; off until measured), `REDLITE_DOWN_WARPS=8` the preloading expert down on CTAs of
-/// 8 warps (`source::down_warps`);
+/// codes; off: it costs MTP 7 %), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs
+/// of 4 warps instead of 8 (`source::down_warps`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -64,7 +64,10 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_DOWN_INPUT_UNROLL={down_unroll}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
-        format!("-DREDLITE_DOWN_WARPS={}", crate::source::down_warps()),
+        format!(
+            "-DREDLITE_DOWN_WARPS={}",
+            crate::source::down_warps_option()
+        ),
     ];
     if verbose {
         options.push("--ptxas-options=-v".to_string());

@@ -390,7 +390,7 @@ pub(crate) fn moe_down(
                         items,
                         weights_fixed && raw::pdl_enabled(),
                     ),
-                    source::down_warps(),
+                    source::down_warps(kind),
                 ),
                 None => (
                     source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),

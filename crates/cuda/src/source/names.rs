@@ -222,23 +222,33 @@ pub(crate) fn moe_down_q8_preload_kernel(
     format!(
         "moe_down_q8_preload_kernel<{}, {}, {lanes}, {items}, {early}>",
         kind.cuda_name,
-        down_warps()
+        down_warps(kind)
     )
 }
 
-/// Warps a CTA of the preloading expert down: `LAYER_WARPS`, or 8 under the compile option
-/// `REDLITE_DOWN_WARPS=8` (off until measured). The down's CTAs each quantize the whole input
-/// (22 blocks of 256 for the 80B model) before their dots: with 4 warps in two load rounds
-/// of 4 blocks a warp, with 8 in one, at the same 8 warps a multiprocessor (128 CTAs of 8
-/// instead of 256 of 4) and the same registers. Each row's lanes and sums are the same (the
-/// same bits). The only instantiation built is this one. With 8 warps ptxas keeps the
-/// kernels at 128 registers; the IQ2_XS ones then spill 24-32 bytes (the IQ2_XXS and Q2_K
-/// ones of the IQ2_XXS files do not).
-pub(crate) fn down_warps() -> u32 {
+/// Warps a CTA of the preloading expert down of `kind`: 8 (128 CTAs a token for the 80B
+/// model's 2,048 rows instead of 256 of 4, the same 8 warps a multiprocessor), so each CTA
+/// quantizes the down's input (22 blocks of 256) in one load round instead of two, at the
+/// same 128 registers; the IQ2_XS instances keep 4 (at 8 they spill 24-32 bytes). Each row's
+/// lanes and sums are the same: the same bits. H100, f16 KV, three sets of three interleaved
+/// rounds (twentieth session): tg128 +2.2 %, +0.9 %, +1.1 %, MTP one draft at 0.7 unchanged
+/// (`REDLITE_DOWN_INPUT_UNROLL=6`, the other way to one round, costs MTP 7 %: 151
+/// registers). `REDLITE_DOWN_WARPS=4` (a compile option) keeps 4 for every type.
+pub(crate) fn down_warps(kind: WeightKind) -> u32 {
+    if down_warps_option() == LAYER_WARPS || kind.ty == GgmlType::IQ2XS {
+        LAYER_WARPS
+    } else {
+        8
+    }
+}
+
+/// `REDLITE_DOWN_WARPS`: 4 keeps `LAYER_WARPS` for every type; anything else, 8 (the
+/// default).
+pub(crate) fn down_warps_option() -> u32 {
     static WARPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *WARPS.get_or_init(|| match std::env::var("REDLITE_DOWN_WARPS").as_deref() {
-        Ok("8") => 8,
-        _ => LAYER_WARPS,
+        Ok("4") => LAYER_WARPS,
+        _ => 8,
     })
 }
 
