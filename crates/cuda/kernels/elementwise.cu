@@ -212,21 +212,3 @@ __global__ void ids_of_keys_kernel(const u64* __restrict__ keys, int n, u32* __r
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) ids[i] = keys[i] == 0 ? 0u : ~u32(keys[i]);
 }
-
-// Asks L2 for `count` byte ranges (`ranges`: address then length, in u64 pairs), 128-byte
-// lines spread over every thread of the grid (`REDLITE_L2_AHEAD`: the next block's weights,
-// on a branch of the decode graph while this block's MoE runs). Reads and writes nothing
-// else: the step's results are the same whether the lines arrive or not. Launched without
-// programmatic dependent launch, so its wait returns at once (every kernel has one).
-__global__ void l2_prefetch_kernel(const u64* __restrict__ ranges, int count) {
-    pdl_begin();
-    const i64 threads = i64(gridDim.x) * blockDim.x;
-    const i64 me = i64(blockIdx.x) * blockDim.x + threadIdx.x;
-    for (int r = 0; r < count; ++r) {
-        const u8* base = reinterpret_cast<const u8*>(ranges[2 * r]);
-        const i64 lines = i64((ranges[2 * r + 1] + 127) / 128);
-        for (i64 i = me; i < lines; i += threads) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + i * 128));
-        }
-    }
-}

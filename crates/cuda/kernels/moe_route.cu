@@ -319,30 +319,6 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
     if (threadIdx.x == 0) shared_weight[t] = sigmoidf(shared_logit[t]);
 }
 
-// A routing prefetch CTA of moe_route_gate_kernel (blockIdx.y > 0): the token's picks again
-// (warp 0, route_token_picks), then every thread asks L2 for its 128-byte lines of slab
-// blockIdx.y - 1: the gate (even) or up (odd) rows of that pick's expert.
-template <int PER>
-static __device__ __forceinline__ void route_prefetch_slab(const float* l, int n_expert, int used,
-                                                           const u8* gate_exps,
-                                                           const u8* up_exps, i64 slab_bytes) {
-    __shared__ int expert;
-    const int slab = blockIdx.y - 1, pick = slab / 2;
-    pdl_begin();
-    if (threadIdx.x < WARP_SIZE) {
-        int id = -1;
-        float weight = 0.0f;
-        if (used <= WARP_SIZE) route_token_picks<PER>(l, n_expert, used, threadIdx.x, id, weight);
-        if (int(threadIdx.x) == pick) expert = id;
-    }
-    __syncthreads();
-    if (pick >= used || used > WARP_SIZE || expert < 0 || expert >= n_expert) return;
-    const u8* base = (slab % 2 == 0 ? gate_exps : up_exps) + i64(expert) * slab_bytes;
-    for (i64 at = i64(threadIdx.x) * 128; at < slab_bytes; at += i64(blockDim.x) * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
-    }
-}
-
 // moe_route_v2_kernel with the shared expert's gate row (`gate_w`, one row of `cols` values
 // in blocks B) in the same launch, so that its dot runs beside the routing instead of as a
 // one-CTA launch before it. One CTA of 1 + SPLIT_WARPS warps per token: warp 0 routes;
@@ -350,24 +326,13 @@ static __device__ __forceinline__ void route_prefetch_slab(const float* l, int n
 // warps is its thread i: row_dot_lane over SPLIT_WARPS x 32 lanes), and their sums are added
 // as its block_reduce_sum adds them (the lanes past the warps add zeros): the logit's bits
 // are those of the split-K launch.
-// With `REDLITE_ROUTE_PREFETCH=1` (resident experts) the grid has 2 x used more CTAs a token
-// (grid.y): CTA y > 0 routes the token again (the same picks) and asks L2 for one slab of
-// `slab_bytes`, the gate (y odd) or up (y even) rows of pick (y - 1) / 2, so the gate/up
-// launch after this one, which cannot ask for its rows before its wait (it needs these
-// ids), finds them in L2 or on their way. They write nothing: the same bits.
 template <int PER, class B, int SPLIT_WARPS>
 __global__ void __launch_bounds__((1 + SPLIT_WARPS) * WARP_SIZE)
 moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ gate_w,
                       const float* __restrict__ x, int* __restrict__ ids,
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
-                      int n_expert, int used, const u8* __restrict__ gate_exps,
-                      const u8* __restrict__ up_exps, i64 slab_bytes) {
+                      int n_expert, int used) {
     PROBE_RETURN(PROBE_ROUTE);
-    if (blockIdx.y > 0) {
-        route_prefetch_slab<PER>(logits + i64(blockIdx.x) * n_expert, n_expert, used, gate_exps,
-                                 up_exps, slab_bytes);
-        return;
-    }
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
     const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;

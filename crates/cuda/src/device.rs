@@ -22,11 +22,6 @@ pub struct Device {
     side: SideStream,
     /// Products of a layer that need nothing of each other: see [`Device::on_branch`].
     branch: SideStream,
-    /// Work for later kernels that no kernel waits on (weights asked of L2): see
-    /// [`Device::on_ahead`].
-    ahead: SideStream,
-    /// The thread ([`this_thread`]) recording a graph on the main stream; 0: none.
-    capturing: AtomicU64,
     arch: String,
     multiprocessors: u32,
     /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
@@ -84,7 +79,6 @@ impl Device {
         let stream = raw::single_stream(&context)?;
         let side = SideStream::new(&context)?;
         let branch = SideStream::new(&context)?;
-        let ahead = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
         let modules = modules();
         for compiled in compile_modules_cached(&modules, &arch)? {
@@ -105,8 +99,6 @@ impl Device {
             stream,
             side,
             branch,
-            ahead,
-            capturing: AtomicU64::new(0),
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
@@ -188,22 +180,19 @@ impl Device {
     /// With `--profile` (`enable_components`): `component`'s launches start here on the
     /// stream. Nothing otherwise.
     pub fn mark(&self, component: &'static str) {
-        // Side, branch and ahead work is not a component of the main stream's timeline.
-        if !self.side.is_active() && !self.branch.is_active() && !self.ahead.is_active() {
+        // Side and branch work is not a component of the main stream's timeline.
+        if !self.side.is_active() && !self.branch.is_active() {
             crate::profile::mark(self.stream(), component);
         }
     }
 
     /// The stream the ops of this device are queued on: the main stream, the side stream
-    /// inside [`Device::on_side`], the branch stream inside [`Device::on_branch`], or the
-    /// ahead stream inside [`Device::on_ahead`].
+    /// inside [`Device::on_side`], or the branch stream inside [`Device::on_branch`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         if self.side.is_active() {
             &self.side.stream
         } else if self.branch.is_active() {
             &self.branch.stream
-        } else if self.ahead.is_active() {
-            &self.ahead.stream
         } else {
             &self.stream
         }
@@ -237,34 +226,6 @@ impl Device {
     /// The main stream waits for all the branch stream's work (nothing when there is none).
     pub fn join_branch(&self) -> Result<(), CudaError> {
         self.join_from(&self.branch)
-    }
-
-    /// While this thread records a graph: queues the launches of `work` on the ahead stream,
-    /// after everything queued on the main stream so far, as a branch of the graph that
-    /// nothing waits on until [`Device::end_capture`] joins it; returns whether it did.
-    /// Outside a capture nothing is queued (false): work no kernel needs is not worth a
-    /// stream's event, and an event recorded outside a capture must not be waited on inside
-    /// one. For work whose result nothing reads (weights asked of L2).
-    pub fn on_ahead<E: From<CudaError>>(
-        &self,
-        work: impl FnOnce() -> Result<(), E>,
-    ) -> Result<bool, E> {
-        if self.capturing.load(Ordering::Relaxed) != this_thread() {
-            return Ok(false);
-        }
-        self.fork_onto(&self.ahead, work)?;
-        Ok(true)
-    }
-
-    /// Marks whether this thread records a graph on the main stream (`graph.rs`).
-    pub(crate) fn set_capturing(&self, on: bool) {
-        self.capturing
-            .store(if on { this_thread() } else { 0 }, Ordering::Relaxed);
-    }
-
-    /// The main stream waits for all the ahead stream's work (a capture's end).
-    pub(crate) fn join_ahead(&self) -> Result<(), CudaError> {
-        self.join_from(&self.ahead)
     }
 
     fn fork_onto<T, E: From<CudaError>>(

@@ -29,18 +29,14 @@ impl Device {
     pub fn begin_capture(&self) -> Result<(), CudaError> {
         self.stream()
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::driver("cuStreamBeginCapture"))?;
-        self.set_capturing(true);
-        Ok(())
+            .map_err(CudaError::driver("cuStreamBeginCapture"))
     }
 
     /// Stops recording and instantiates what was recorded (`None`: nothing was), after
-    /// joining the side, branch and ahead streams' work if any is open.
+    /// joining the side and branch streams' work if any is open.
     pub fn end_capture(&self) -> Result<Option<Graph>, CudaError> {
-        self.set_capturing(false);
         self.join_side()?;
         self.join_branch()?;
-        self.join_ahead()?;
         let graph = self
             .stream()
             .end_capture(CUgraphInstantiate_flags(0))

@@ -34,7 +34,6 @@ mod expert_cache;
 mod graph;
 mod greedy;
 mod host_stage;
-mod l2_ahead;
 mod launch;
 mod layer_launch;
 mod layer_ops;
@@ -77,7 +76,6 @@ pub use greedy::{
     argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
 };
 pub use host_stage::HostStage;
-pub use l2_ahead::{l2_prefetch, L2Ranges, L2RangesBuilder};
 pub use layer_launch::ATTN_GQA;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
@@ -99,7 +97,7 @@ pub use profile::{components_on, enable_components, profiling, take_components, 
 pub use q8_input::{
     add_rms_norm_quantized, rms_norm_quantized, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES,
 };
-pub use route_gate::{moe_route_gate, moe_route_gate_takes, ROUTE_PREFETCH};
+pub use route_gate::{moe_route_gate, moe_route_gate_takes};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{
     router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,

@@ -19,7 +19,6 @@ use crate::raw;
 use crate::source::{
     self, MATMUL_SPLITK_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS, ROUTE_V2_PER_LANE, WIDE_F16, WIDE_F32,
 };
-use crate::switch::Switch;
 
 /// The wide block `matmul` reads `gate` with on its split-K path, where [`moe_route_gate`]
 /// takes it for `tokens` tokens routing among `n_expert`: the switches are on, the batch has
@@ -60,18 +59,8 @@ pub fn moe_route_gate_takes(gate: &WeightMatrix<'_>, tokens: usize, n_expert: us
     gate_block(gate, tokens, n_expert).is_some()
 }
 
-/// `REDLITE_ROUTE_PREFETCH=1` (off until measured on a GPU): [`moe_route_gate`] given the
-/// expert stacks asks L2 for the chosen experts' gate and up rows.
-pub static ROUTE_PREFETCH: Switch = Switch::new("REDLITE_ROUTE_PREFETCH", false);
-
 /// `moe_route` of `logits` (tokens x n_expert) with `shared_logit = gate · x[t]` computed in
 /// the same launch: `ids`, `weights` (tokens x used) and `shared_weight` (tokens).
-/// `experts`: the resident gate and up stacks (`n_expert` experts of equal rows each) the
-/// following gate/up launch reads, if the routing may ask L2 for the chosen ones' rows: with
-/// [`ROUTE_PREFETCH`] on, 2 x used more CTAs a token route it again and ask for them
-/// (`moe_route_gate_kernel`). The gate/up launch cannot ask for them before its PDL wait,
-/// as the dense products do for theirs, since it needs these ids. The same outputs either
-/// way.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_route_gate(
     device: &Device,
@@ -81,39 +70,6 @@ pub fn moe_route_gate(
     ids: &mut CudaViewMut<'_, i32>,
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
-    experts: Option<(&WeightMatrix<'_>, &WeightMatrix<'_>)>,
-) -> Result<(), CudaError> {
-    let n_expert = logits.len() / shared_weight.len().max(1);
-    let slab = |m: &WeightMatrix<'_>| {
-        let rows = m.rows / n_expert.max(1);
-        (n_expert > 0 && rows * n_expert == m.rows)
-            .then(|| rows * m.bytes.len() / m.rows.max(1))
-            .filter(|&bytes| bytes > 0 && bytes * n_expert <= m.bytes.len())
-    };
-    let prefetch = experts
-        .filter(|_| ROUTE_PREFETCH.on())
-        .and_then(
-            |(gate_exps, up_exps)| match (slab(gate_exps), slab(up_exps)) {
-                (Some(g), Some(u)) if g == u => Some((&gate_exps.bytes, &up_exps.bytes, g as i64)),
-                _ => None,
-            },
-        );
-    let outputs = (ids, weights, shared_weight);
-    route_gate(device, logits, gate, x, outputs, prefetch)
-}
-
-#[allow(clippy::type_complexity)]
-fn route_gate(
-    device: &Device,
-    logits: &CudaView<'_, f32>,
-    gate: &WeightMatrix<'_>,
-    x: &CudaView<'_, f32>,
-    (ids, weights, shared_weight): (
-        &mut CudaViewMut<'_, i32>,
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, f32>,
-    ),
-    prefetch: Option<raw::RoutePrefetchArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeRoute;
     check_matrix(device, op, gate)?;
@@ -125,10 +81,7 @@ fn route_gate(
     shape(op, "x length (tokens x cols)", tokens * gate.cols, x.len())?;
     let kernel = device.kernel(&source::route_gate_kernel(block))?;
     crate::profile::label(|| format!("route+gate {n_expert} {}x{}", gate.rows, gate.cols));
-    // The prefetch CTAs: two slabs (gate, up) a pick, where the routing takes at most 32.
-    let prefetch = prefetch.filter(|_| used <= 32);
-    let slabs = if prefetch.is_some() { 2 * used } else { 0 };
-    let cfg = config((tokens, 1 + slabs, 1), (1 + MATMUL_SPLITK_WARPS) * 32, 0);
+    let cfg = config((tokens, 1, 1), (1 + MATMUL_SPLITK_WARPS) * 32, 0);
     let dims = (to_i32(gate.cols), to_i32(n_expert), to_i32(used));
     raw::launch_moe_route_gate(
         device.stream(),
@@ -139,6 +92,5 @@ fn route_gate(
         weights,
         shared_weight,
         dims,
-        prefetch,
     )
 }

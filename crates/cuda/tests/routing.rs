@@ -1,19 +1,19 @@
 //! The MoE routing kernels: the routing against a host reference (ties included), the fused
 //! decode router (alone, and with the post-mixer add + norm before it) and the routing with
 //! the shared expert's gate row against the split-K matmul then the routing bit for bit, and
-//! the benchmark-only skewed routing's law; the routing's prefetch CTAs keep its outputs. GPU tests print a message and pass when no
+//! the benchmark-only skewed routing's law. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
     add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_takes,
     moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
     skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew, RouterRows,
-    WeightMatrix, ROUTE_PREFETCH,
+    WeightMatrix,
 };
 use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, q8_matrix, random_matrix, Rng};
+use common::{device, random_matrix, Rng};
 
 /// A buffer's values as bits (for comparisons that must be exact, NaN included).
 fn bits(device: &Device, buffer: &CudaSlice<f32>) -> Vec<u32> {
@@ -193,7 +193,6 @@ fn fused_router_with_the_gate_apart_equals_router_then_routing_with_gate() {
                 &mut want_ids.as_view_mut(),
                 &mut want_w.as_view_mut(),
                 &mut want_shared.as_view_mut(),
-                None,
             )
             .unwrap();
             let (fused_logits, (ids, w, shared)) =
@@ -334,7 +333,6 @@ fn routing_with_the_gate_row_equals_matmul_then_routing() {
                     &mut ids.as_view_mut(),
                     &mut w.as_view_mut(),
                     &mut shared.as_view_mut(),
-                    None,
                 )
                 .unwrap();
                 let want = (&want_ids, &want_w, &want_shared);
@@ -535,60 +533,5 @@ fn router_with_the_norm_equals_norm_then_router() {
             assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
         }
-    }
-}
-
-/// The routing with the gate row and its prefetch CTAs (`REDLITE_ROUTE_PREFETCH`: the chosen
-/// experts' gate and up rows asked of L2) gives the ids, weights and shared weight of the
-/// launch without them, bit for bit, for one token and a batch of decode size. Only a launch
-/// given the expert stacks reads the switch, so setting it here leaves the other tests alone.
-#[test]
-fn routing_prefetch_ctas_keep_the_routing() {
-    let Some(device) = device("routing_prefetch_ctas_keep_the_routing") else {
-        return;
-    };
-    let mut rng = Rng(23);
-    let (n_expert, cols, used, ff) = (512usize, 2048usize, 10usize, 16usize);
-    let mut upload = |ty, rows| {
-        device
-            .upload(&random_matrix(ty, rows, cols, &mut rng))
-            .unwrap()
-    };
-    let (router_bytes, gate_bytes) = (upload(GgmlType::F32, n_expert), upload(GgmlType::F16, 1));
-    let stack_bytes = [0, 1].map(|_| upload(GgmlType::IQ2XXS, n_expert * ff));
-    let router = q8_matrix(&router_bytes, GgmlType::F32, (n_expert, cols));
-    let gate = q8_matrix(&gate_bytes, GgmlType::F16, (1, cols));
-    let [gate_exps, up_exps] =
-        [0, 1].map(|i| q8_matrix(&stack_bytes[i], GgmlType::IQ2XXS, (n_expert * ff, cols)));
-    ROUTE_PREFETCH.set(true);
-    for tokens in [1usize, 4] {
-        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
-        let x = device.upload(&x).unwrap();
-        let mut logits = device.alloc_zeros::<f32>(tokens * n_expert).unwrap();
-        matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
-        let outputs = [None, Some((&gate_exps, &up_exps))].map(|experts| {
-            let mut ids = device.alloc_zeros::<i32>(tokens * used).unwrap();
-            let mut w = device.alloc_zeros::<f32>(tokens * used).unwrap();
-            let mut shared = device.alloc_zeros::<f32>(tokens).unwrap();
-            moe_route_gate(
-                &device,
-                &logits.as_view(),
-                &gate,
-                &x.as_view(),
-                &mut ids.as_view_mut(),
-                &mut w.as_view_mut(),
-                &mut shared.as_view_mut(),
-                experts,
-            )
-            .unwrap();
-            (ids, w, shared)
-        });
-        let [(ids, w, shared), (p_ids, p_w, p_shared)] = &outputs;
-        assert_same_routing(
-            &device,
-            &format!("{tokens} token(s), with the prefetch CTAs"),
-            (ids, w, shared),
-            (p_ids, p_w, p_shared),
-        );
     }
 }

@@ -436,10 +436,10 @@ fn a_multi_sequence_batch_matches_the_cpu() {
 /// The paths written without a GPU behind switches keep the logits' bits: decode steps after
 /// a prompt, through the decode graph and eagerly, with each switch on against all off (the
 /// router with the post-mixer norm and the fused router with the gate row apart; logits
-/// through page-locked memory; the next block's weights asked of L2 on a branch of the
-/// decode graph; the chosen experts' rows asked of L2 by the routing). The switches are the process's: run the GPU tests one at a
-/// time (`--test-threads=1`, as `scripts/device/common.sh` does), or a test running beside
-/// this one may meet a switch flipped in the middle of a step.
+/// through page-locked memory; four expert rows a lane group for batches). The switches are
+/// the process's: run the GPU tests one at a time (`--test-threads=1`, as
+/// `scripts/device/common.sh` does), or a test running beside this one may meet a switch
+/// flipped in the middle of a step.
 #[test]
 fn switches_written_without_a_gpu_keep_the_logits_bits() {
     use redlite_cuda::Switch;
@@ -448,7 +448,7 @@ fn switches_written_without_a_gpu_keep_the_logits_bits() {
     };
     // The prompt's 8 tokens are a batch of decode size (the expert gate/up with four rows
     // under MOE_BATCH_ROWS), the steps one token each.
-    let settings: [(&str, &[&Switch]); 6] = [
+    let settings: [(&str, &[&Switch]); 4] = [
         (
             "router norm",
             &[&switches::ROUTER_NORM, &switches::ROUTER_TOPK_APART],
@@ -456,16 +456,12 @@ fn switches_written_without_a_gpu_keep_the_logits_bits() {
         ("fused router apart", &[&switches::ROUTER_TOPK_APART]),
         ("pinned logits", &[&switches::PINNED_LOGITS]),
         ("four expert rows for batches", &[&switches::MOE_BATCH_ROWS]),
-        ("next block's weights asked of L2", &[&switches::L2_AHEAD]),
-        ("chosen experts asked of L2", &[&switches::ROUTE_PREFETCH]),
     ];
-    let all: [&Switch; 6] = [
+    let all: [&Switch; 4] = [
         &switches::ROUTER_NORM,
         &switches::ROUTER_TOPK_APART,
         &switches::PINNED_LOGITS,
         &switches::MOE_BATCH_ROWS,
-        &switches::L2_AHEAD,
-        &switches::ROUTE_PREFETCH,
     ];
     let dir = tempfile::tempdir().unwrap();
     let tokens = prompt(24);

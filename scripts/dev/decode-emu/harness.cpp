@@ -23,8 +23,7 @@
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
 //      time against 4.
-//   10. (twentieth session) the expert down on CTAs of 8 warps (REDLITE_DOWN_WARPS=8) against 4;
-//      the routing with its prefetch CTAs (REDLITE_ROUTE_PREFETCH=1) against one CTA a token.
+//   10. (twentieth session) the expert down on CTAs of 8 warps (REDLITE_DOWN_WARPS=8) against 4.
 //   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
 //      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
 // Every case runs; the exit status is nonzero if any failed.
@@ -205,7 +204,7 @@ void router_fused(const char* name, const Router& r, bool apart) {
             mo::moe_route_gate_kernel<PER, GB, SPLIT_WARPS>(ref.logits.data(), gate, h.data(),
                                                             ref.ids.data(), ref.weights.data(),
                                                             ref.shared_weight.data(), cols,
-                                                            r.n_expert, r.used, nullptr, nullptr, 0);
+                                                            r.n_expert, r.used);
         });
     } else {
         launch({1, 1, 0}, 32, [&] {
@@ -222,32 +221,6 @@ void router_fused(const char* name, const Router& r, bool apart) {
     std::vector<float> b(got.logits.begin(), got.logits.begin() + r.n_expert);
     ok &= same("expert logits", a, b);
     verdict(name, ok);
-}
-
-// The routing with the gate row and its 2 x used prefetch CTAs (REDLITE_ROUTE_PREFETCH=1,
-// grid.y = 1 + 2 used; on the host the prefetches are no-ops) against one CTA a token: the
-// same ids, weights and shared weight for 2 tokens (the extra CTAs route again and write
-// nothing).
-void route_prefetch(const Router& r, const u8* gate) {
-    const int cols = r.cols, tokens = 2, slab = 256;
-    auto h = uniform((size_t)tokens * cols, -1, 1);
-    auto logits = uniform((size_t)tokens * r.n_expert, -4, 4);
-    std::vector<u8> stacks((size_t)r.n_expert * slab);
-    std::vector<int> ids_a(tokens * r.used, -7), ids_b(tokens * r.used, -9);
-    std::vector<float> w_a(tokens * r.used, NAN), w_b(tokens * r.used, -5.0f);
-    std::vector<float> s_a(tokens, NAN), s_b(tokens, -5.0f);
-    launch({(unsigned)tokens, 1, 0}, (1 + SPLIT_WARPS) * 32, [&] {
-        mo::moe_route_gate_kernel<PER, mo::F16x8, SPLIT_WARPS>(logits.data(), gate, h.data(), ids_a.data(),
-                                                               w_a.data(), s_a.data(), cols, r.n_expert,
-                                                               r.used, nullptr, nullptr, 0);
-    });
-    launch({(unsigned)tokens, (unsigned)(1 + 2 * r.used), 0}, (1 + SPLIT_WARPS) * 32, [&] {
-        mo::moe_route_gate_kernel<PER, mo::F16x8, SPLIT_WARPS>(logits.data(), gate, h.data(), ids_b.data(),
-                                                               w_b.data(), s_b.data(), cols, r.n_expert,
-                                                               r.used, stacks.data(), stacks.data(), slab);
-    });
-    verdict("moe_route_gate_kernel with 2 x used prefetch CTAs a token = one CTA (2 tokens)",
-            same("ids", ids_a, ids_b) & same("weights", w_a, w_b) & same("shared weight", s_a, s_b));
 }
 
 // The host's greedy argmax: the largest finite value, the lower index on ties, -0 = +0.
@@ -704,7 +677,6 @@ int main(int argc, char** argv) {
     router_with_norm<mo::F32x4>("router_topk_norm_kernel, F32 gate row merged = add + norm, then router_topk_kernel", r, merged_gate);
     router_with_norm<mo::F16x8>("router_topk_norm_kernel, F16 gate row apart = add + norm, then router_topk_kernel", r, f16_gate);
     router_fused<mo::F16x8>("router_topk_kernel, F16 gate row apart = split-K router, then moe_route_gate_kernel", r, true);
-    route_prefetch(r, f16_gate);
     router_fused<mo::F32x4>("router_topk_kernel, F32 gate row merged = split-K router, then moe_route_v2_kernel", r, false);
     route_tree();
     }

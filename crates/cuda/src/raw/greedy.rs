@@ -1,6 +1,5 @@
 //! Launches of the greedy-sampling kernels (`elementwise.cu`: the argmax and the ids of its
-//! keys) and of the L2 prefetch of weights ahead (`l2_ahead.rs`); the op entries checked the
-//! buffers and sized the grid.
+//! keys); the op entries in `greedy.rs` checked the buffers and sized the grid.
 
 use super::layers::{builder, launched};
 use crate::error::CudaError;
@@ -42,25 +41,6 @@ pub(crate) fn launch_ids_of_keys(
     // SAFETY: arguments match the signature; keys and ids hold n values each (op entry);
     // threads past n return.
     launched(stream, "cuLaunchKernel(ids_of_keys)", unsafe {
-        launch.launch(config)
-    })
-}
-
-/// `l2_prefetch_kernel(ranges, count)`: asks L2 for the `count` (address, length) pairs of
-/// `ranges`.
-pub(crate) fn launch_l2_prefetch(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    ranges: &CudaView<'_, u64>,
-    count: i32,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(ranges).arg(&count);
-    // SAFETY: arguments match the signature; ranges holds 2 x count u64, each pair a device
-    // buffer's address and at most its length (`L2Ranges` built them from live buffers, which
-    // its owner keeps alive); the kernel only issues prefetches within those ranges.
-    launched(stream, "cuLaunchKernel(l2_prefetch)", unsafe {
         launch.launch(config)
     })
 }

@@ -62,11 +62,6 @@ pub fn overlap_launches(on: bool) {
     OVERLAP.with(|o| o.set(on));
 }
 
-/// Whether this thread's launches may take PDL ([`overlap_launches`]'s last setting).
-pub(crate) fn overlap_on() -> bool {
-    OVERLAP.with(Cell::get)
-}
-
 fn pdl_for_this_launch() -> bool {
     pdl_enabled() && OVERLAP.with(Cell::get)
 }

@@ -44,11 +44,6 @@ pub(crate) fn launch_moe_route(
 /// `moe_route_gate_kernel(logits, gate_w, x, ids, weights, shared_weight, cols, n_expert,
 /// used)`, one CTA per token.
 #[allow(clippy::too_many_arguments)]
-/// The expert stacks a routing launch asks L2 for (`moe_route_gate_kernel`'s prefetch CTAs):
-/// the gate and up stacks and the bytes of one expert's rows in each.
-pub(crate) type RoutePrefetchArgs<'a, 'b> = (&'a CudaView<'b, u8>, &'a CudaView<'b, u8>, i64);
-
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_moe_route_gate(
     stream: &CudaStream,
     kernel: &CudaFunction,
@@ -58,23 +53,14 @@ pub(crate) fn launch_moe_route_gate(
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
     (cols, n_expert, used): (i32, i32, i32),
-    prefetch: Option<RoutePrefetchArgs<'_, '_>>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(logits).arg(gate_w).arg(x);
     launch.arg(ids).arg(weights).arg(shared_weight);
     launch.arg(&cols).arg(&n_expert).arg(&used);
-    let slab_bytes = prefetch.as_ref().map_or(0, |p| p.2);
-    match &prefetch {
-        Some((gate, up, _)) => launch.arg(*gate).arg(*up),
-        None => launch.arg(&NO_POS).arg(&NO_POS),
-    };
-    launch.arg(&slab_bytes);
     // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
     // x cols, ids/weights `used` (≤ n_expert) and shared_weight one; the gate row holds cols
-    // values in the kernel's block type and n_expert ≤ 32 x its PER (the op entry). With
-    // grid.y > 1 (only with `prefetch`), the gate and up stacks hold n_expert slabs of
-    // slab_bytes each (the op entry); the extra CTAs only issue L2 prefetches inside them.
+    // values in the kernel's block type and n_expert ≤ 32 x its PER (the op entry).
     launched(stream, "cuLaunchKernel(moe_route_gate)", unsafe {
         launch.launch(config)
     })

@@ -149,7 +149,6 @@ fn module_families() -> Vec<ModuleSource> {
                         "add_rms_norm_q8_kernel",
                         ARGMAX_KERNEL,
                         IDS_OF_KEYS_KERNEL,
-                        L2_PREFETCH_KERNEL,
                     ]
                     .map(String::from),
                 )

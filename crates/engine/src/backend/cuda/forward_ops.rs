@@ -6,7 +6,6 @@
 use redlite_cuda::{Position, PostNorm};
 
 use super::act::CudaAct;
-use super::ahead;
 use super::graph::{self, Gate, Op};
 use super::head::{device_greedy, CHAINED_GREEDY};
 use super::moe::{self, LayerSkew};
@@ -459,7 +458,6 @@ impl CudaBackend {
         out: &mut CudaAct,
         routed: bool,
     ) -> Result<()> {
-        ahead::queue(&self.device, &self.ahead, layer, b.tokens)?;
         if self.residency == ExpertResidency::Cpu {
             let host = self.host_moe.as_ref().ok_or_else(|| {
                 EngineError::BadConfig(

@@ -12,7 +12,6 @@
 //! token id and position read from device memory.
 
 mod act;
-mod ahead;
 mod attention;
 mod beside;
 mod deltanet;
@@ -46,10 +45,9 @@ pub use act::CudaAct;
 /// Switches of paths written without a GPU, which GPU tests set to compare them with the
 /// default paths in one process.
 pub mod switches {
-    pub use super::ahead::L2_AHEAD;
     pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
     pub use super::moe_route::ROUTER_TOPK_APART;
-    pub use redlite_cuda::{ATTN_GQA, MOE_BATCH_ROWS, ROUTER_NORM, ROUTE_PREFETCH};
+    pub use redlite_cuda::{ATTN_GQA, MOE_BATCH_ROWS, ROUTER_NORM};
 }
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
@@ -89,8 +87,6 @@ pub struct CudaBackend {
     logits_stage: Mutex<redlite_cuda::HostStage>,
     /// Chained greedy steps: the picks kept on the device.
     kept: Mutex<kept::KeptPicks>,
-    /// Per block, the next block's weights to ask of L2 during its MoE (`REDLITE_L2_AHEAD`).
-    ahead: Vec<Option<redlite_cuda::L2Ranges>>,
 }
 
 impl CudaBackend {
@@ -170,7 +166,6 @@ impl CudaBackend {
         };
         let prefetch = Mutex::new(prefetch);
         let graphs = DecodeGraphs::new(device.clone())?;
-        let ahead = ahead::ranges(&device, &weights)?;
         Ok(CudaBackend {
             config,
             device,
@@ -186,7 +181,6 @@ impl CudaBackend {
             kept: Mutex::new(kept::KeptPicks::default()),
             prefetch,
             logits_stage: Mutex::new(redlite_cuda::HostStage::new()),
-            ahead,
         })
     }
 

@@ -100,8 +100,7 @@ fn block(
     let t = h.len() / e;
     let used = c.n_expert_used;
     if !routed {
-        let resident = cache.is_none() && skew.is_none();
-        route(device, c, w, s, h, (t, resident))?;
+        route(device, c, w, s, h, t)?;
     }
     let mut ids = s.ids.slice_mut(..t * used);
     let weights = s.weights.slice_mut(..t * used);

@@ -92,16 +92,14 @@ pub fn route_with_norm(
 }
 
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
-/// weights into `s`, the router's logits at `s.router[t * n_expert..]`. `resident`: the
-/// routed experts are `w`'s stacks and the products read the router's picks (no cache, no
-/// benchmark routing), so the routing may ask L2 for their rows (`REDLITE_ROUTE_PREFETCH`).
+/// weights into `s`, the router's logits at `s.router[t * n_expert..]`.
 pub(super) fn route(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     s: &mut Scratch,
     h: &CudaView<'_, f32>,
-    (t, resident): (usize, bool),
+    t: usize,
 ) -> Result<()> {
     let used = c.n_expert_used;
     device.mark("router");
@@ -132,7 +130,6 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
-        let (gate_exps, up_exps) = (w.gate_exps.view(), w.up_exps.view());
         moe_route_gate(
             device,
             &router.as_view(),
@@ -141,7 +138,6 @@ pub(super) fn route(
             &mut ids,
             &mut weights,
             &mut shared_weight,
-            resident.then_some((&gate_exps, &up_exps)),
         )?;
     } else {
         let (router, shared_logit) = match merged {
