@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8 on the GPU machine in two calls of under 10 minutes on one warm machine: the full
+# Issue 8 on the GPU machine in one call (all) or three on one warm machine: the full
 # Q4_K_M file at --gpu-limit 24GiB, redlite's expert cache under uniform routing (its worst
 # case) and under the skew published for the Qwen3 MoE family, against llama.cpp
 # --n-cpu-moe NCMOE on the same file and machine. Carry .cache/device/redlite.xz and
@@ -48,10 +48,23 @@ with_peak() {
   return $rc
 }
 
-case "${1:?prep, llama or redlite}" in
-prep)
+# LIMIT in MiB (24GiB -> 24576).
+limit_mib() {
+  python3 -c 'import re, sys; a, u = re.fullmatch(r"([0-9.]+)\s*([GM])iB", sys.argv[1]).groups(); print(int(float(a) * (1024 if u == "G" else 1)))' "${LIMIT:-24GiB}"
+}
+
+# The card, into the summary.
+machine() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
+}
+
+# llama-bench's CUDA build, in the background (~5 min).
+start_build() {
   bash "$ROOT/scripts/bench/vs-llamacpp-cuda.sh" build
+}
+
+# The Q4_K_M file, and both kernel builds in NVRTC's disk cache.
+write_file() {
   stamp "synth"
   [ -f "$M" ] || "$R" synth "$M" --preset full --recipe Q4_K_M 2>&1 | tail -1 | tee -a "$SUMMARY"
   # Both kernel builds (the uniform spread is a compile option) into NVRTC's disk cache, on
@@ -64,15 +77,17 @@ prep)
   done
   wait
   tail -3 "$OUT"/warm-*.log | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  run_tests "$ROOT/.cache/device" ${TESTS:-}
+}
+
+# Waits for llama-bench's build; fails if it did not build.
+wait_build() {
   stamp "waiting for llama.cpp's build"
   while [ ! -f "$W/llama/build.done" ]; do sleep 5; done
   [ -x "$W/llama/build/bin/llama-bench" ] || { tail -20 "$W/llama/build.log" | tee -a "$SUMMARY"; exit 1; }
-  stamp "done"
-  ;;
-llama)
-  [ -x "$W/llama/build/bin/llama-bench" ] || { echo "llama-bench not built: run prep first" | tee -a "$SUMMARY"; exit 1; }
+}
+
+# llama-bench at each --n-cpu-moe of NCMOE, with its peak GPU memory.
+llama_runs() {
   for n in $NCMOE; do
     stamp "llama-bench -ncmoe $n"
     with_peak "$OUT/peak-llamacpp-$n" "$W/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 \
@@ -80,13 +95,17 @@ llama)
       || tail -5 "$OUT/llamacpp-$n.log" | tee -a "$SUMMARY"
     note "llama.cpp -ncmoe $n: peak $(cat "$OUT/peak-llamacpp-$n" 2> /dev/null) MiB"
     cp "$OUT/llamacpp-$n.json" "$OUT/peak-llamacpp-$n" "$W/" 2> /dev/null
+    # With an argument: stop at the first value whose peak fits LIMIT (NCMOE ascending).
+    if [ -n "${1:-}" ] && [ "$(cat "$OUT/peak-llamacpp-$n" 2> /dev/null || echo 999999)" -le "$(limit_mib)" ]; then
+      break
+    fi
   done
   rm -f "$OUT"/*.samples
-  stamp "done"
-  ;;
-redlite)
+}
+
+# redlite at --gpu-limit LIMIT under each routing of ROUTES.
+redlite_runs() {
   "$R" plan -m "$M" --gpu-limit "${LIMIT:-24GiB}" > "$OUT/plan.txt" 2>&1
-  ROUTES="${ROUTES:-uniform skew}"
   for route in $ROUTES; do
     case "$route" in
       uniform*) routing=(REDLITE_BENCH_ROUTE_SPREAD=1 REDLITE_BENCH_ROUTE_SKEW=0) ;;
@@ -104,6 +123,10 @@ redlite)
       > "$OUT/redlite-$route.json" 2> "$OUT/redlite-$route.log" \
       || tail -5 "$OUT/redlite-$route.log" | tee -a "$SUMMARY"
   done
+}
+
+# The table against the smallest --n-cpu-moe that fits LIMIT.
+summary() {
   for n in $NCMOE; do cp "$W/llamacpp-$n.json" "$W/peak-llamacpp-$n" "$OUT/" 2> /dev/null; done
   python3 - "$OUT" "$NCMOE" "${LIMIT:-24GiB}" $ROUTES <<'PY' | tee -a "$SUMMARY"
 import json, re, sys
@@ -150,5 +173,38 @@ for route in routes:
         print(f"| {route} | {x['test']} | {l:.1f} | {x['avg_ts']:.1f} ± {x['stddev_ts']:.1f} | {x['avg_ts'] / l:.2f}x | {hit} | {mib} | {wait} | {pre} | {peak('redlite-' + route)} |")
 PY
   rm -f "$OUT"/*.samples
+}
+
+ROUTES="${ROUTES:-uniform skew}"
+case "${1:?prep, llama, redlite or all}" in
+prep)
+  machine
+  start_build
+  write_file
+  # shellcheck disable=SC2086
+  run_tests "$ROOT/.cache/device" ${TESTS:-}
+  wait_build
+  stamp "done"
+  ;;
+llama)
+  [ -x "$W/llama/build/bin/llama-bench" ] || { echo "llama-bench not built: run prep first" | tee -a "$SUMMARY"; exit 1; }
+  llama_runs
+  stamp "done"
+  ;;
+redlite)
+  redlite_runs
+  summary
+  ;;
+all)
+  # redlite runs while llama.cpp builds: its decode and prompt figures are the GPU's and PCIe's
+  # (the cache's copies are the device's), though the file's first load is slower then.
+  machine
+  start_build
+  write_file
+  redlite_runs
+  wait_build
+  llama_runs until-fits
+  summary
+  stamp "done"
   ;;
 esac
