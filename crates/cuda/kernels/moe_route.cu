@@ -229,16 +229,19 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
 
 // route_token_v2's selection in shorter chains (what the routing kernels run; route_token_v2
 // stays for more than 32 picks and as the host emulator's reference), the same ids and
-// weights bit for bit. A round's per-lane choice is a tree of pairwise picks (4 levels
-// instead of a chain of PER compares: each pick keeps the larger value, the lower j on a tie,
-// so the root is the first largest as the chain finds it), and with at most 32 picks each
-// lane's pick is divided by the total in registers (route_token_v2 stores it, then reads it
-// back from global memory to divide). At most 32 picks, kept in registers: lane k < used
-// ends with pick k's expert (as the ids are written) and weight.
+// weights bit for bit. A round's per-lane choice is a
+// tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
+// larger value, the lower j on a tie, so the root is the first largest as the chain finds
+// it), and with at most 32 picks each lane's pick is divided by the total in registers
+// (route_token_v2 stores it, then reads it back from global memory to divide).
 template <int PER>
-static __device__ __forceinline__ void route_token_picks(const float* l, int n_expert, int used,
-                                                         int lane, int& id, float& weight) {
+static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
+                                                        int n_expert, int used, int lane) {
     static_assert((PER & (PER - 1)) == 0, "a tree of pairwise picks over PER values");
+    if (used > WARP_SIZE) {
+        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
+        return;
+    }
     float p[PER];
     const float inv = route_exps<PER>(l, n_expert, lane, p);
 #pragma unroll
@@ -284,26 +287,8 @@ static __device__ __forceinline__ void route_token_picks(const float* l, int n_e
         total += v;
     }
     if (lane < used) {
-        id = route_spread(mine_index, l, n_expert);
-        weight = mine / total;
-    }
-}
-
-// One token's routing into `ids` and `weights`: route_token_picks, or the chain for more
-// than 32 picks.
-template <int PER>
-static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
-                                                        int n_expert, int used, int lane) {
-    if (used > WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
-        return;
-    }
-    int id = 0;
-    float weight = 0.0f;
-    route_token_picks<PER>(l, n_expert, used, lane, id, weight);
-    if (lane < used) {
-        ids[lane] = id;
-        weights[lane] = weight;
+        ids[lane] = route_spread(mine_index, l, n_expert);
+        weights[lane] = mine / total;
     }
 }
 
