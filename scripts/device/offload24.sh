@@ -20,7 +20,7 @@
 # smallest whose peak GPU memory fits LIMIT (the issue's "smallest value that fits").
 # Env: NCMOE, SKEW_DECAY (0.22), PP (512), TG (128), LIMIT (redlite's --gpu-limit, 24GiB),
 # REDLITE_CACHE_POLICY (default LFU),
-# RUN_TIMEOUT_S (280, each redlite run), TESTS (test binaries of .cache/device run in prep;
+# RUN_TIMEOUT_S (280, each redlite run), TESTS (test binaries of .cache/device run in prep and all;
 # default none). Logs and summary.txt under $OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -201,6 +201,8 @@ all)
   machine
   start_build
   write_file
+  # shellcheck disable=SC2086
+  run_tests "$ROOT/.cache/device" ${TESTS:-}
   redlite_runs
   wait_build
   llama_runs until-fits
