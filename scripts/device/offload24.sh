@@ -128,9 +128,9 @@ redlite_runs() {
 # The table against the smallest --n-cpu-moe that fits LIMIT.
 summary() {
   for n in $NCMOE; do cp "$W/llamacpp-$n.json" "$W/peak-llamacpp-$n" "$OUT/" 2> /dev/null; done
-  python3 - "$OUT" "$NCMOE" "${LIMIT:-24GiB}" $ROUTES <<'PY' | tee -a "$SUMMARY"
-import json, re, sys
-out, ncmoe, limit, routes = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4:]
+  python3 - "$OUT" "$NCMOE" "${LIMIT:-24GiB}" "$(limit_mib)" $ROUTES <<'PY' | tee -a "$SUMMARY"
+import json, sys
+out, ncmoe, limit, limit_mib, routes = sys.argv[1], sys.argv[2].split(), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 def peak_mib(name):
     try:
         return int(open(f'{out}/peak-{name}').read().split()[0])
@@ -139,8 +139,6 @@ def peak_mib(name):
 def peak(name):
     mib = peak_mib(name)
     return "?" if mib is None else f"{mib / 1024:.1f} GiB"
-amount, unit = re.fullmatch(r"([0-9.]+)\s*([GM])iB", limit).groups()
-limit_mib = float(amount) * (1024 if unit == "G" else 1)
 # The issue's peer: the smallest --n-cpu-moe whose peak fits the limit.
 fitting = [n for n in sorted(ncmoe, key=int)
            if (peak_mib(f"llamacpp-{n}") or float("inf")) <= limit_mib]

@@ -23,7 +23,8 @@
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
 //      time against 4.
-//   10. (twentieth session) the expert down on CTAs of 8 warps (REDLITE_DOWN_WARPS=8) against 4.
+//   10. (twentieth session) the expert down on CTAs of 8 warps (the default since 0821e26;
+//      REDLITE_DOWN_WARPS=4 keeps 4) against 4.
 //   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
 //      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
 // Every case runs; the exit status is nonzero if any failed.
@@ -635,7 +636,7 @@ void down_input_unroll() {
             same("scales", d4, d6) & same("codes", q4, q6));
 }
 
-// The expert down with its weights loaded ahead on CTAs of 8 warps (REDLITE_DOWN_WARPS=8)
+// The expert down with its weights loaded ahead on CTAs of 8 warps (the default)
 // against 4: each row's lane group and sums alike, the input's blocks spread over 8 warps
 // instead of 4 (each quantized alike); out bit for bit, with the shared expert folded in and
 // an expert id out of range (no term).

@@ -47,7 +47,7 @@ pub use act::CudaAct;
 pub mod switches {
     pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
     pub use super::moe_route::ROUTER_TOPK_APART;
-    pub use redlite_cuda::{ATTN_GQA, MOE_BATCH_ROWS, ROUTER_NORM};
+    pub use redlite_cuda::{MOE_BATCH_ROWS, ROUTER_NORM};
 }
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
