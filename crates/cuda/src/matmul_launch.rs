@@ -159,7 +159,10 @@ fn plan_matmul(
             )
         };
     }
-    let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize, q8);
+    let per_warp = match q8 && one_wave() {
+        true => one_wave_rows(device, kind, rows),
+        false => matmul_rows_per_warp(rows, device.multiprocessors() as usize, q8),
+    };
     let grid = (
         rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp),
         tokens,
@@ -282,12 +285,7 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         }
     }
     if q8 {
-        return match one_wave()
-            && rows / MATMUL_V2_WARPS as usize > ONE_WAVE_CTAS_PER_SM * multiprocessors
-        {
-            true => 2,
-            false => 1,
-        };
+        return 1;
     }
     let ctas = |per_warp: usize| rows / (MATMUL_V2_WARPS as usize * per_warp);
     MATMUL_V2_ROWS
@@ -298,11 +296,17 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         .unwrap_or(1)
 }
 
-/// `REDLITE_MATMUL_ONE_WAVE=1` (an A/B, not the default): two rows a warp in the one-token q8
-/// products whose one row a warp would take more CTAs than `ONE_WAVE_CTAS_PER_SM` a
-/// multiprocessor: the 8,192-row DeltaNet qkv and attention q, whose CTAs then are all
-/// resident at once and all load their first items before the PDL wait, and the LM head,
-/// whose waves halve (the same bits: a warp's rows are each summed in one order).
+/// `REDLITE_MATMUL_ONE_WAVE=1` (an A/B, not the default): the one-token q8 products whose CTAs
+/// of one row a warp the GPU cannot hold all at once take the fewest rows a warp (2 or 4)
+/// whose CTAs it can, by the driver's occupancy of that kernel: the 8,192-row DeltaNet qkv
+/// (Q4_K: 62, 70, 90 registers a thread for 1, 2, 4 rows, so 4, 3, 2 CTAs a multiprocessor;
+/// 1,024 CTAs of one row take two waves, 512 of two rows 1.3, 256 of four one) and attention
+/// q (IQ2_XXS: 64 registers at 2 rows, 512 CTAs in one wave). Then every CTA is resident from
+/// the launch and loads all its items before the PDL wait, where the second wave's CTAs
+/// start only as the first's retire and wait on DRAM after the wait. The twentieth session's
+/// version took 2 rows for every such product (1.3 waves for the Q4_K qkv) and the LM head
+/// too: −1.2 %. Products that one wave cannot hold at 4 rows (the LM head) keep one row. The
+/// same bits: a warp's rows are each summed in one order.
 fn one_wave() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_ONE_WAVE").as_deref() == Ok("1"))
@@ -328,9 +332,29 @@ fn head_rows() -> Option<usize> {
     })
 }
 
-/// CTAs of the one-token q8 product a multiprocessor holds at once (62-64 registers a thread,
-/// 256 threads: 4 on sm_90).
-const ONE_WAVE_CTAS_PER_SM: usize = 4;
+/// Rows a warp for `REDLITE_MATMUL_ONE_WAVE=1`: the fewest of `MATMUL_V2_ROWS` whose CTAs all fit
+/// on the GPU at once (the x codes come quantized, so registers bound the CTAs a
+/// multiprocessor holds); one where none does or the driver cannot say.
+fn one_wave_rows(device: &Device, kind: WeightKind, rows: usize) -> usize {
+    let multiprocessors = device.multiprocessors() as usize;
+    let fits = |per_warp: usize| {
+        let ctas = rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp);
+        let resident = device
+            .kernel(&source::matmul_q8_kernel(kind, per_warp))
+            .ok()
+            .and_then(|k| {
+                k.occupancy_max_active_blocks_per_multiprocessor(MATMUL_V2_WARPS * 32, 0, None)
+                    .ok()
+            })
+            .unwrap_or(0) as usize;
+        ctas <= resident * multiprocessors
+    };
+    MATMUL_V2_ROWS
+        .iter()
+        .copied()
+        .find(|&r| fits(r))
+        .unwrap_or(1)
+}
 
 /// Small batches' q8 products with all their tokens in each CTA, unless
 /// `REDLITE_SMALL_BATCH_MATVEC=0` (the 8-token tiles then; the same bits either way).
