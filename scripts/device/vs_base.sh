@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the GPU machine, one short call: this build (.cache/device/redlite.xz) against an earlier
+# one (.cache/device/redlite-base.xz) on the full IQ2_XXS+MTP file, the cheapest order for a
+# change meant to keep the bits: the logits of 24 tokens fed one and four at a time (`cmp`),
+# tg128 at depths 0 and 4096 alternating (ROUNDS, f16 KV), one MTP draft at acceptance 0.7
+# each, then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS
+# (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
+#
+#   TESTS="cuda_parity cuda_expert_cache" bash scripts/device/vs_base.sh
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"; SUMMARY="$OUT/summary.txt"
+mkdir -p "$W" "$OUT" "$ROOT/target/release"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
+R="$ROOT/target/release/redlite"; B="$W/redlite-base"; M="$W/full-IQ2_XXS-mtp.gguf"
+for pair in "redlite.xz:$R" "redlite-base.xz:$B"; do
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$D/${pair%%:*}" "${pair#*:}" && chmod +x "${pair#*:}"
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+[ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+stamp "logits"
+tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(24)))')"
+for chunk in 1 4; do
+  for bin in "$R" "$B"; do
+    "$bin" logits -m "$M" --device cuda --chunk "$chunk" --tokens "$tokens" \
+      --out "$W/$(basename "$bin")-$chunk.f32" > /dev/null 2>&1
+  done
+  cmp -s "$W/redlite-$chunk.f32" "$W/redlite-base-$chunk.f32" && r="same bits" || r=DIFFERENT
+  note "logits, this build vs base, chunk $chunk: $r"
+done
+
+stamp "tg128, alternating"
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for bin in "$R" "$B"; do
+    note "round $round, $(basename "$bin"): $("$bin" bench -m "$M" --device cuda --kv f16 -p 0 -n 128 \
+      -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
+  done
+done
+stamp "MTP, one draft at 0.7"
+for bin in "$R" "$B"; do
+  note "$(basename "$bin"): $("$bin" bench -m "$M" --device cuda --kv f16 -p 0 -n 128 -r 2 --mtp \
+    --draft 1 --mtp-accept 0.7 2>&1 | grep -E '^\| tg' | cut -c1-120 | tr -s ' ' | tr '\n' ' ')"
+done
+# shellcheck disable=SC2086
+run_tests "$D" ${TESTS:-}
+stamp "done"
