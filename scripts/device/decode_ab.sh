@@ -16,9 +16,6 @@
 #      MTP_AB;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
-#   5b. (stage base, not by default) this build against a carried earlier one,
-#      .cache/device/redlite-base.xz: logits cmp (also over BASE_LONG tokens one at a time)
-#      and tg128 alternating;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
@@ -35,8 +32,9 @@
 # PROFILE_COUNT (the profile at a depth, of some kernels); BENCH_EXTRA (more arguments of the
 # decode stage's benches, e.g. `--kv f16`); PROFILE_ARGS (the profiled bench's
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
-# for the verification's kernels); BASE_LONG; STALL_KERNELS (regexes of
-# kernel names); STAGES (bits tests decode mtp small; also probes base profile stalls); OUT.
+# for the verification's kernels); STALL_KERNELS (regexes of
+# kernel names); STAGES (bits tests decode mtp small; also probes profile stalls); OUT.
+# This build against an earlier one: scripts/device/vs_base.sh.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"
@@ -134,41 +132,6 @@ if stage decode; then
   done
 fi
 
-if stage base && [ -f "$D/redlite-base.xz" ]; then
-  # The carried redlite-base.xz (an earlier build) against this one: the same logits (24
-  # tokens fed one and four at a time), then tg128 alternating, one process each.
-  stamp "this build against redlite-base"
-  B="$W/redlite-base"
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$D/redlite-base.xz" "$B" && chmod +x "$B"
-  tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(24)))')"
-  for chunk in 1 4; do
-    for bin in "$R" "$B"; do
-      "$bin" logits -m "$M" --device cuda --chunk "$chunk" --tokens "$tokens" \
-        --out "$W/$(basename "$bin")-$chunk.f32" > /dev/null 2>&1
-    done
-    cmp -s "$W/redlite-$chunk.f32" "$W/redlite-base-$chunk.f32" && r="same bits" || r=DIFFERENT
-    note "logits, this build vs base, chunk $chunk: $r"
-  done
-  if [ -n "${BASE_LONG:-}" ]; then
-    # BASE_LONG tokens fed one at a time (decode graphs at every depth up to it: at 2,048 and
-    # more every attention split of the graph is live), every position's logits compared.
-    long="$(python3 -c 'import sys; print(",".join(str((i * 7919 + 13) % 150000) for i in range(int(sys.argv[1]))))' "$BASE_LONG")"
-    for bin in "$R" "$B"; do
-      "$bin" logits -m "$M" --device cuda --chunk 1 --tokens "$long" \
-        --out "$W/$(basename "$bin")-long.f32" > /dev/null 2>&1
-    done
-    cmp -s "$W/redlite-long.f32" "$W/redlite-base-long.f32" && r="same bits" || r=DIFFERENT
-    note "logits of $BASE_LONG tokens one at a time, this build vs base: $r"
-    rm -f "$W/redlite-long.f32" "$W/redlite-base-long.f32"
-  fi
-  for round in 1 2; do
-    for bin in "$R" "$B"; do
-      note "round $round, $(basename "$bin"): $("$bin" bench -m "$M" --device cuda -p 0 -n 128 \
-        -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
-    done
-  done
-fi
 if stage probes; then
   # REDLITE_PROBE_EXIT masks (docs/CUDA.md): tg128 with the kernels of each family emptied, the
   # plain build first and last; each mask compiles only its families again.

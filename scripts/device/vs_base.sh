@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, one short call: this build (.cache/device/redlite.xz) against an earlier
 # one (.cache/device/redlite-base.xz) on the full IQ2_XXS+MTP file, the cheapest order for a
-# change meant to keep the bits: the logits of 24 tokens fed one and four at a time (`cmp`),
-# tg128 at depths 0 and 4096 alternating (ROUNDS, f16 KV), one MTP draft at acceptance 0.7
-# each, then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS
+# change meant to keep the bits: the logits of 24 tokens fed one and four at a time (`cmp`;
+# also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096 alternating
+# (ROUNDS, f16 KV), one MTP draft at acceptance 0.7 each, then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS
 # (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
 #
 #   TESTS="cuda_parity cuda_expert_cache" bash scripts/device/vs_base.sh
@@ -32,6 +32,18 @@ for chunk in 1 4; do
   cmp -s "$W/redlite-$chunk.f32" "$W/redlite-base-$chunk.f32" && r="same bits" || r=DIFFERENT
   note "logits, this build vs base, chunk $chunk: $r"
 done
+if [ -n "${BASE_LONG:-}" ]; then
+  # BASE_LONG tokens fed one at a time (decode graphs at every depth up to it: at 2,048 and
+  # more every attention split of the graph is live), every position's logits compared.
+  long="$(python3 -c 'import sys; print(",".join(str((i * 7919 + 13) % 150000) for i in range(int(sys.argv[1]))))' "$BASE_LONG")"
+  for bin in "$R" "$B"; do
+    "$bin" logits -m "$M" --device cuda --chunk 1 --tokens "$long" \
+      --out "$W/$(basename "$bin")-long.f32" > /dev/null 2>&1
+  done
+  cmp -s "$W/redlite-long.f32" "$W/redlite-base-long.f32" && r="same bits" || r=DIFFERENT
+  note "logits of $BASE_LONG tokens one at a time, this build vs base: $r"
+  rm -f "$W/redlite-long.f32" "$W/redlite-base-long.f32"
+fi
 
 stamp "tg128, alternating"
 for round in $(seq 1 "${ROUNDS:-2}"); do
