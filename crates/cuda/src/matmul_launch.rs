@@ -159,10 +159,7 @@ fn plan_matmul(
             )
         };
     }
-    let per_warp = match q8 && one_wave() {
-        true => one_wave_rows(device, kind, rows),
-        false => matmul_rows_per_warp(rows, device.multiprocessors() as usize, q8),
-    };
+    let per_warp = matmul_rows_per_warp(rows, device.multiprocessors() as usize, q8);
     let grid = (
         rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp),
         tokens,
@@ -267,7 +264,8 @@ pub(crate) fn matvec_v1() -> bool {
 /// forces one. A q8 warp's rows are summed each in the same order whatever their number (the
 /// same bits); one row a warp measured faster in every A/B (H200 with PDL, full IQ2_XXS file:
 /// tg128 354.3 against 343.4 and 346.8 with the heuristic's rows, 318.4 against 312.7 at
-/// depth 4096; without PDL +0.6 to +1.5 %).
+/// depth 4096; without PDL +0.6 to +1.5 %), and for the 8,192-row products alone, at 2 rows (1.3
+/// waves of the Q4_K qkv) and at the rows that fit one wave (4 for the qkv), −1.2 % and −2.4 %.
 fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
@@ -296,22 +294,6 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         .unwrap_or(1)
 }
 
-/// `REDLITE_MATMUL_ONE_WAVE=1` (an A/B, not the default): the one-token q8 products whose CTAs
-/// of one row a warp the GPU cannot hold all at once take the fewest rows a warp (2 or 4)
-/// whose CTAs it can, by the driver's occupancy of that kernel: the 8,192-row DeltaNet qkv
-/// (Q4_K: 62, 70, 90 registers a thread for 1, 2, 4 rows, so 4, 3, 2 CTAs a multiprocessor;
-/// 1,024 CTAs of one row take two waves, 512 of two rows 1.3, 256 of four one) and attention
-/// q (IQ2_XXS: 64 registers at 2 rows, 512 CTAs in one wave). Then every CTA is resident from
-/// the launch and loads all its items before the PDL wait, where the second wave's CTAs
-/// start only as the first's retire and wait on DRAM after the wait. The twentieth session's
-/// version took 2 rows for every such product (1.3 waves for the Q4_K qkv) and the LM head
-/// too: −1.2 %. Products that one wave cannot hold at 4 rows (the LM head) keep one row. The
-/// same bits: a warp's rows are each summed in one order.
-fn one_wave() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_MATMUL_ONE_WAVE").as_deref() == Ok("1"))
-}
-
 /// Products of at least this many rows: the LM head (151,936 rows for Qwen3-Next; no other
 /// product of the model has more than 8,192).
 const HEAD_MIN_ROWS: usize = 65_536;
@@ -320,8 +302,9 @@ const HEAD_MIN_ROWS: usize = 65_536;
 /// q8 products of at least `HEAD_MIN_ROWS` rows. The LM head reads 214 MB in 86 µs on the
 /// H200 (2.5 TB/s, nineteenth session): ~19,000 CTAs of warps that each hold one row's
 /// 1.4 KB in flight, then reduce, store and retire. Several rows a warp keep more bytes in
-/// flight per warp and share the prologue; unlike `REDLITE_MATMUL_ONE_WAVE` it leaves the
-/// 8,192-row products alone. The same bits (each row summed in one order).
+/// flight per warp and share the prologue; the 8,192-row products keep one row (several rows a
+/// warp measured slower for them: `matmul_rows_per_warp`). The same bits (each row summed in
+/// one order).
 fn head_rows() -> Option<usize> {
     static ROWS: OnceLock<Option<usize>> = OnceLock::new();
     *ROWS.get_or_init(|| {
@@ -330,30 +313,6 @@ fn head_rows() -> Option<usize> {
             .and_then(|v| v.parse().ok())
             .filter(|r| MATMUL_V2_ROWS.contains(r))
     })
-}
-
-/// Rows a warp for `REDLITE_MATMUL_ONE_WAVE=1`: the fewest of `MATMUL_V2_ROWS` whose CTAs all fit
-/// on the GPU at once (the x codes come quantized, so registers bound the CTAs a
-/// multiprocessor holds); one where none does or the driver cannot say.
-fn one_wave_rows(device: &Device, kind: WeightKind, rows: usize) -> usize {
-    let multiprocessors = device.multiprocessors() as usize;
-    let fits = |per_warp: usize| {
-        let ctas = rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp);
-        let resident = device
-            .kernel(&source::matmul_q8_kernel(kind, per_warp))
-            .ok()
-            .and_then(|k| {
-                k.occupancy_max_active_blocks_per_multiprocessor(MATMUL_V2_WARPS * 32, 0, None)
-                    .ok()
-            })
-            .unwrap_or(0) as usize;
-        ctas <= resident * multiprocessors
-    };
-    MATMUL_V2_ROWS
-        .iter()
-        .copied()
-        .find(|&r| fits(r))
-        .unwrap_or(1)
 }
 
 /// Small batches' q8 products with all their tokens in each CTA, unless

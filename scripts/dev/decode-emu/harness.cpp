@@ -10,7 +10,7 @@
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
 //   4. The small-batch q8 products (2 to 4 tokens, MTP verifications), with and without the
 //      compile option REDLITE_SMALL_LOADS_AHEAD, against the one-token product per token.
-//   5. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ONE_WAVE=1,
+//   5. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS,
 //      REDLITE_HEAD_ROWS) against one row a warp.
 //   6. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
 //      other sums) and with 4, then merged, each against a double-precision reference.
@@ -313,7 +313,7 @@ void small_batches(const char* type) {
     verdict(name, ok);
 }
 
-// One-token q8 products with two and four rows a warp (REDLITE_MATMUL_ONE_WAVE,
+// One-token q8 products with two and four rows a warp (REDLITE_MATMUL_ROWS,
 // REDLITE_HEAD_ROWS) against one: the same bits.
 template <class B>
 void rows_a_warp(const char* type) {
