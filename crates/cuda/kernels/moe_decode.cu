@@ -48,30 +48,32 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     const int terms = used + (shared_down != nullptr ? 1 : 0);
     const int per_expert = ff / B::VALUES * B::ITEMS;
     const int per_shared = shared_ff / B::VALUES * B::ITEMS;
-    // The expert ids of terms k0 .. k0 + TERMS - 1 (-1 past the selected ones), loaded all
-    // before any is used: one L2 round trip for the group. Loaded in the loop that used them,
-    // each id's load waited before the next was issued (its range check branches), 10 round
-    // trips in a row (the H100's warp stall samples: 29 % of the kernel's on those checks).
-    int expert[TERMS];
-    const auto load_ids = [&](int k0) {
+    // Terms k0 .. k0 + TERMS - 1: their expert ids are loaded all before any is used (one L2
+    // round trip for the group; loaded in the loop that used them, each id's load was waited
+    // on before the next was issued, its range check branching: 10 round trips in a row, 29 %
+    // of the kernel's warp stall samples on the H100), then each valid term's items. `live`
+    // keeps bit g for a valid term k0 + g (the dot loop's check under EARLY).
+    unsigned live = 0;
+    int first_id = -1;
+    typename D::Raw raw[TERMS][IPL];
+    const auto load_terms = [&](int k0, bool items) {
+        int expert[TERMS];
 #pragma unroll
         for (int g = 0; g < TERMS; ++g) {
             const int k = k0 + g;
             expert[g] = k >= used ? -1 : fixed ? k : EARLY ? __ldcg(id + k) : id[k];
         }
-    };
-    // Term k0 + g's row, or null for an expert id out of range (no term).
-    const auto term_row = [&](int k0, int g) -> const u8* {
-        if (k0 + g == used) return shared_down + i64(row) * shared_row_bytes;
-        const i64 e = expert[g];
-        return e >= 0 && e < n_expert ? down + (e * rows + row) * row_bytes : nullptr;
-    };
-    typename D::Raw raw[TERMS][IPL];
-    const auto load_terms = [&](int k0) {
+        first_id = expert[0];
+        live = 0;
 #pragma unroll
         for (int g = 0; g < TERMS; ++g) {
             const int k = k0 + g;
-            const u8* w = k < terms ? term_row(k0, g) : nullptr;
+            const i64 e = expert[g];
+            live |= unsigned(e >= 0 && e < n_expert) << g;
+            if (!items || k >= terms) continue;
+            const u8* w = k == used ? shared_down + i64(row) * shared_row_bytes
+                          : e >= 0 && e < n_expert ? down + (e * rows + row) * row_bytes
+                                                   : nullptr;
             if (w == nullptr) continue;
             const int n = k == used ? per_shared : per_expert;
 #pragma unroll
@@ -81,13 +83,12 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
             }
         }
     };
-    load_ids(0);
+    load_terms(0, row < rows);
     // EARLY: a skipped token (its first id SKIP_PAIR) is seen in the group's ids.
-    if (EARLY && !fixed && expert[0] == SKIP_PAIR) {
+    if (EARLY && !fixed && first_id == SKIP_PAIR) {
         pdl_begin();
         return;
     }
-    if (row < rows) load_terms(0);
     if (EARLY) pdl_begin();
     const int routed = used * ff;
     float* ad;
@@ -109,16 +110,18 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     const int blocks = ff / B::VALUES;
     float partial = 0.0f;
     for (int k0 = 0; k0 < terms; k0 += TERMS) {
-        if (k0 > 0) {
-            load_ids(k0);
-            load_terms(k0);
-        }
+        if (k0 > 0) load_terms(k0, true);
 #pragma unroll
         for (int g = 0; g < TERMS; ++g) {
             const int k = k0 + g;
             if (k >= terms) break;
             const bool shared = k == used;
-            if (!shared && (expert[g] < 0 || expert[g] >= n_expert)) continue;
+            // EARLY read the ids through L2 only: their bits in `live`, not a second round
+            // trip. Otherwise id[k] is in L1, and `live` would take the register that keeps
+            // the IPL = 2 instances off the stack on sm_80.
+            const bool valid = EARLY ? ((live >> g) & 1u) != 0
+                                     : fixed || (id[k] >= 0 && id[k] < n_expert);
+            if (!shared && !valid) continue;
             const int n = shared ? per_shared : per_expert;
             const i8* q = shared ? aq + routed : aq + k * ff;
             const float* d = shared ? ad + used * blocks : ad + k * blocks;
