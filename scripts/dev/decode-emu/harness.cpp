@@ -23,10 +23,12 @@
 //      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
 //      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
 //      time against 4.
-//   10. (twentieth session) the expert down on CTAs of 8 warps (the default since 0821e26;
-//      REDLITE_DOWN_WARPS=4 keeps 4) against 4.
 //   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
 //      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
+//   10. (twentieth session) the expert down on CTAs of 8 warps (the default since 0821e26;
+//      REDLITE_DOWN_WARPS=4 keeps 4) against 4.
+//   11. (twenty-second session) the expert down with its ids loaded as a group, EARLY or not,
+//      against moe_down_q8_kernel's one id at a time (a skipped token, an id out of range).
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -666,6 +668,39 @@ void down_warps(const char* type) {
     verdict(name, same("down", four, eight));
 }
 
+// The expert down with its ids loaded as a group before any is used (both EARLY forms: the
+// valid terms by a bit mask, or by id[k] again) against moe_down_q8_kernel, which reads one
+// term's id at a time (REDLITE_MOE_DOWN_PRELOAD=0; the same terms in the same order): out
+// bit for bit, with the shared expert, an id out of range (no term) and a skipped token
+// (SKIP_PAIR: nothing written).
+template <class B, bool EARLY>
+void down_id_group(const char* type) {
+    constexpr int LANES = 16, ROWS = 256, FF = 512, IPL = (FF / 256 * B::ITEMS + LANES - 1) / LANES;
+    const int n_expert = 12, used = 10, tokens = 3;
+    auto down = random_blocks<B>(rng, n_expert * ROWS, FF), shared_down = random_blocks<B>(rng, ROWS, FF);
+    std::vector<int> ids((size_t)tokens * used);
+    for (auto& id : ids) id = (int)(rng() % n_expert);
+    ids[3] = n_expert;
+    ids[2 * used] = SKIP_PAIR;
+    auto weights = uniform((size_t)tokens * used, 0, 0.2f), shared_weight = uniform(tokens, 0, 1);
+    auto act = uniform((size_t)tokens * used * FF, -3, 3), act_shared = uniform((size_t)tokens * FF, -1, 1);
+    std::vector<float> group((size_t)tokens * ROWS, -1.0f), one((size_t)tokens * ROWS, -1.0f);
+    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
+        mo::moe_down_q8_preload_kernel<B, 4, LANES, IPL, EARLY>(
+            down.data(), ids.data(), weights.data(), act.data(), group.data(), ROWS, FF, used, n_expert, 0,
+            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
+    });
+    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
+        mo::moe_down_q8_kernel<B, 4, LANES, 1>(
+            down.data(), ids.data(), weights.data(), act.data(), one.data(), ROWS, FF, used, n_expert, 0,
+            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
+    });
+    char name[140];
+    snprintf(name, sizeof name, "%s: expert down, ids as a group (%s) = one id at a time (3 tokens, one skipped)",
+             type, EARLY ? "EARLY" : "after the wait");
+    verdict(name, same("down", group, one));
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention or
     // moe.
@@ -706,6 +741,9 @@ int main(int argc, char** argv) {
         down_input_unroll();
         down_warps<mo::IQ2XXS>("IQ2_XXS");
         down_warps<mo::Q2K>("Q2_K");
+        down_id_group<mo::IQ2XXS, true>("IQ2_XXS");
+        down_id_group<mo::IQ2XXS, false>("IQ2_XXS");
+        down_id_group<mo::Q2K, true>("Q2_K");
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }
