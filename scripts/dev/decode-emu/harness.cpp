@@ -638,31 +638,46 @@ void down_input_unroll() {
             same("scales", d4, d6) & same("codes", q4, q6));
 }
 
-// The expert down with its weights loaded ahead on CTAs of 8 warps (the default)
-// against 4: each row's lane group and sums alike, the input's blocks spread over 8 warps
-// instead of 4 (each quantized alike); out bit for bit, with the shared expert folded in and
-// an expert id out of range (no term).
+// An expert down launch's inputs at the 80B model's term shapes (10 + 1 terms of 512 values,
+// 256 rows here): the shared expert folded in, token 0's fourth id out of range (no term).
+template <class B>
+struct DownCase {
+    static constexpr int LANES = 16, ROWS = 256, FF = 512;
+    static constexpr int IPL = (FF / 256 * B::ITEMS + LANES - 1) / LANES;
+    const int n_expert = 12, used = 10, tokens;
+    decltype(random_blocks<B>(rng, 1, FF)) down, shared_down;
+    std::vector<int> ids;
+    std::vector<float> weights, shared_weight, act, act_shared;
+    explicit DownCase(int tokens)
+        : tokens(tokens), down(random_blocks<B>(rng, n_expert * ROWS, FF)),
+          shared_down(random_blocks<B>(rng, ROWS, FF)), ids((size_t)tokens * used),
+          weights(uniform((size_t)tokens * used, 0, 0.2f)), shared_weight(uniform(tokens, 0, 1)),
+          act(uniform((size_t)tokens * used * FF, -3, 3)), act_shared(uniform((size_t)tokens * FF, -1, 1)) {
+        for (auto& id : ids) id = (int)(rng() % n_expert);
+        ids[3] = n_expert;
+    }
+    // `kernel` (an instance of a q8 down kernel with `warps` warps a CTA) run over every token;
+    // rows it does not write stay -1.
+    template <class K>
+    std::vector<float> run(int warps, K kernel) const {
+        std::vector<float> out((size_t)tokens * ROWS, -1.0f);
+        launch({(unsigned)(ROWS / (warps * 32 / LANES)), (unsigned)tokens, 0}, warps * 32, [&] {
+            kernel(down.data(), ids.data(), weights.data(), act.data(), out.data(), ROWS, FF, used,
+                   n_expert, 0, shared_down.data(), shared_weight.data(), act_shared.data(), FF);
+        });
+        return out;
+    }
+};
+
+// The expert down with its weights loaded ahead on CTAs of 8 warps (the default) against 4:
+// each row's lane group and sums alike, the input's blocks spread over 8 warps instead of 4
+// (each quantized alike); out bit for bit.
 template <class B>
 void down_warps(const char* type) {
-    constexpr int LANES = 16, ROWS = 256, FF = 512, IPL = (FF / 256 * B::ITEMS + LANES - 1) / LANES;
-    const int n_expert = 12, used = 10, tokens = 2;
-    auto down = random_blocks<B>(rng, n_expert * ROWS, FF), shared_down = random_blocks<B>(rng, ROWS, FF);
-    std::vector<int> ids((size_t)tokens * used);
-    for (auto& id : ids) id = (int)(rng() % n_expert);
-    ids[3] = n_expert;
-    auto weights = uniform((size_t)tokens * used, 0, 0.2f), shared_weight = uniform(tokens, 0, 1);
-    auto act = uniform((size_t)tokens * used * FF, -3, 3), act_shared = uniform((size_t)tokens * FF, -1, 1);
-    std::vector<float> four((size_t)tokens * ROWS, NAN), eight((size_t)tokens * ROWS, -1.0f);
-    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
-        mo::moe_down_q8_preload_kernel<B, 4, LANES, IPL, false>(
-            down.data(), ids.data(), weights.data(), act.data(), four.data(), ROWS, FF, used, n_expert, 0,
-            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
-    });
-    launch({ROWS / (8 * 32 / LANES), (unsigned)tokens, 0}, 256, [&] {
-        mo::moe_down_q8_preload_kernel<B, 8, LANES, IPL, false>(
-            down.data(), ids.data(), weights.data(), act.data(), eight.data(), ROWS, FF, used, n_expert, 0,
-            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
-    });
+    using C = DownCase<B>;
+    const C c(2);
+    const auto four = c.run(4, mo::moe_down_q8_preload_kernel<B, 4, C::LANES, C::IPL, false>);
+    const auto eight = c.run(8, mo::moe_down_q8_preload_kernel<B, 8, C::LANES, C::IPL, false>);
     char name[120];
     snprintf(name, sizeof name, "%s: expert down on CTAs of 8 warps = 4 (2 tokens, 10 + 1 terms)", type);
     verdict(name, same("down", four, eight));
@@ -671,30 +686,14 @@ void down_warps(const char* type) {
 // The expert down with its ids loaded as a group before any is used (both EARLY forms: the
 // valid terms by a bit mask, or by id[k] again) against moe_down_q8_kernel, which reads one
 // term's id at a time (REDLITE_MOE_DOWN_PRELOAD=0; the same terms in the same order): out
-// bit for bit, with the shared expert, an id out of range (no term) and a skipped token
-// (SKIP_PAIR: nothing written).
+// bit for bit, with a skipped token (SKIP_PAIR: nothing written).
 template <class B, bool EARLY>
 void down_id_group(const char* type) {
-    constexpr int LANES = 16, ROWS = 256, FF = 512, IPL = (FF / 256 * B::ITEMS + LANES - 1) / LANES;
-    const int n_expert = 12, used = 10, tokens = 3;
-    auto down = random_blocks<B>(rng, n_expert * ROWS, FF), shared_down = random_blocks<B>(rng, ROWS, FF);
-    std::vector<int> ids((size_t)tokens * used);
-    for (auto& id : ids) id = (int)(rng() % n_expert);
-    ids[3] = n_expert;
-    ids[2 * used] = SKIP_PAIR;
-    auto weights = uniform((size_t)tokens * used, 0, 0.2f), shared_weight = uniform(tokens, 0, 1);
-    auto act = uniform((size_t)tokens * used * FF, -3, 3), act_shared = uniform((size_t)tokens * FF, -1, 1);
-    std::vector<float> group((size_t)tokens * ROWS, -1.0f), one((size_t)tokens * ROWS, -1.0f);
-    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
-        mo::moe_down_q8_preload_kernel<B, 4, LANES, IPL, EARLY>(
-            down.data(), ids.data(), weights.data(), act.data(), group.data(), ROWS, FF, used, n_expert, 0,
-            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
-    });
-    launch({ROWS / (4 * 32 / LANES), (unsigned)tokens, 0}, 128, [&] {
-        mo::moe_down_q8_kernel<B, 4, LANES, 1>(
-            down.data(), ids.data(), weights.data(), act.data(), one.data(), ROWS, FF, used, n_expert, 0,
-            shared_down.data(), shared_weight.data(), act_shared.data(), FF);
-    });
+    using C = DownCase<B>;
+    C c(3);
+    c.ids[2 * c.used] = SKIP_PAIR;
+    const auto group = c.run(4, mo::moe_down_q8_preload_kernel<B, 4, C::LANES, C::IPL, EARLY>);
+    const auto one = c.run(4, mo::moe_down_q8_kernel<B, 4, C::LANES, 1>);
     char name[140];
     snprintf(name, sizeof name, "%s: expert down, ids as a group (%s) = one id at a time (3 tokens, one skipped)",
              type, EARLY ? "EARLY" : "after the wait");
