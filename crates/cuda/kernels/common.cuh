@@ -63,27 +63,6 @@ static __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// Asynchronous 16-byte copies from global to shared memory (sm_80 and later): the bytes
-// travel without a register, so a kernel can start them before its PDL wait with no
-// registers held across it. `cp_async_wait_all` waits for this thread's copies; a CTA
-// barrier after it makes every thread's visible to the others. Both addresses 16-byte
-// aligned. Before sm_80 the copy is a plain load and store.
-static __device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const u32 dst = u32(__cvta_generic_to_shared(shared_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src)
-                 : "memory");
-#else
-    *reinterpret_cast<uint4*>(shared_dst) = *reinterpret_cast<const uint4*>(global_src);
-#endif
-}
-
-static __device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 // Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels
 // of the families set in this mask return at once, their launches kept, so a decode step
 // without their work is timed. Defined only in the sources of the probed families.

@@ -37,31 +37,6 @@ pub struct Device {
     blas: OnceLock<Option<cudarc::cublas::CudaBlas>>,
 }
 
-/// `REDLITE_CARVEOUT=N` (0 to 100, a measurement switch): every kernel asks for N % of each
-/// multiprocessor's L1 / shared memory as shared memory. The driver otherwise picks a split
-/// per kernel, and a multiprocessor split for one kernel cannot take another's CTAs that need
-/// more shared memory than it left, so a launch's CTAs may not start beside the one before.
-fn prefer_carveout(function: &cudarc::driver::CudaFunction) -> Result<(), CudaError> {
-    static PERCENT: OnceLock<Option<i32>> = OnceLock::new();
-    let percent = PERCENT.get_or_init(|| {
-        std::env::var("REDLITE_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|p| (0..=100).contains(p))
-    });
-    let Some(percent) = *percent else {
-        return Ok(());
-    };
-    use cudarc::driver::sys::CUfunction_attribute_enum as Attribute;
-    function
-        .set_attribute(
-            Attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            percent,
-        )
-        .map(|_| ())
-        .map_err(CudaError::driver("cuFuncSetAttribute(carveout)"))
-}
-
 impl Drop for Device {
     fn drop(&mut self) {
         if crate::profile::profiling() {
@@ -114,7 +89,6 @@ impl Device {
                 let function = loaded
                     .load_function(&lowered)
                     .map_err(CudaError::driver("cuModuleGetFunction"))?;
-                prefer_carveout(&function)?;
                 kernels.insert(expression, function);
             }
         }

@@ -45,7 +45,6 @@ mod moe_groups;
 mod moe_launch;
 mod moe_ops;
 mod moe_pairs;
-mod moe_staged;
 mod ops;
 mod profile;
 mod q8_input;
@@ -93,7 +92,6 @@ pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use moe_launch::{with_preload, MOE_BATCH_ROWS};
 pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
-pub use moe_staged::with_staged;
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
 pub use q8_input::{

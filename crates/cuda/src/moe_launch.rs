@@ -4,7 +4,6 @@
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
-use crate::moe_staged::staged_down;
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
@@ -383,38 +382,26 @@ pub(crate) fn moe_down(
             staged,
         ),
         MoeVersion::Q8 { lanes } => {
-            let early = weights_fixed && raw::pdl_enabled();
-            let staged = preload_items(lanes).filter(|_| early).and_then(|items| {
-                let shared_down = shared.as_ref().map(|s| s.0);
-                let shape = (rows, ff, used);
-                staged_down(
-                    device,
-                    kind,
-                    (lanes, items),
-                    down,
-                    shared_down,
-                    shape,
-                    shared_ff,
-                )
-            });
-            let (kernel, warps, shared_bytes) = match (staged, preload_items(lanes)) {
-                (Some(s), _) => (s.kernel, s.warps, s.shared_bytes),
-                (None, Some(items)) => (
-                    source::moe_down_q8_preload_kernel(kind, lanes, items, early),
+            let (kernel, warps) = match preload_items(lanes) {
+                Some(items) => (
+                    source::moe_down_q8_preload_kernel(
+                        kind,
+                        lanes,
+                        items,
+                        weights_fixed && raw::pdl_enabled(),
+                    ),
                     source::down_warps(kind),
-                    q8_shared_bytes(used * ff + shared_ff),
                 ),
-                (None, None) => (
+                None => (
                     source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
                     LAYER_WARPS,
-                    q8_shared_bytes(used * ff + shared_ff),
                 ),
             };
             (
                 device.kernel(&kernel)?,
                 warps as usize * 32 / lanes * moe_q8_rows(),
                 warps * 32,
-                shared_bytes,
+                q8_shared_bytes(used * ff + shared_ff),
             )
         }
         MoeVersion::V1 => (

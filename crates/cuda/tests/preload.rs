@@ -1,13 +1,10 @@
 //! The q8 expert down matvec that loads its weights ahead of the input's quantization
-//! (`moe_decode.cu`), and the one that copies them to shared memory before its wait on CTAs
-//! of 4 and 8 warps (`moe_staged.cu`), against the kernel that loads as it goes, bit for
-//! bit: the same terms in the same order. Every type with q8 dots; rows of one and two items per lane, 16 and 32
+//! (`moe_decode.cu`) against the kernel that loads as it goes, bit for bit: the same terms
+//! in the same order. Every type with q8 dots; rows of one and two items per lane, 16 and 32
 //! lanes per row, an expert id out of range, with and without the shared expert. Skips with
 //! a message where there is no GPU.
 
-use redlite_cuda::{
-    moe_down, moe_gate_up, with_preload, with_staged, CudaSlice, Device, Q8_DOT_TYPES,
-};
+use redlite_cuda::{moe_down, moe_gate_up, with_preload, CudaSlice, Device, Q8_DOT_TYPES};
 use redlite_gguf::GgmlType;
 
 mod common;
@@ -71,63 +68,53 @@ fn expert_down_with_weights_loaded_ahead_is_bit_identical() {
             let x = device.upload(&x).unwrap();
             let shared_weight = device.upload(&[0.375f32]).unwrap();
             for with_shared in [false, true] {
-                let run = |on: bool, staged: Option<u32>| {
+                let run = |on: bool| {
                     with_preload(on, || {
-                        with_staged(staged, || {
-                            let mut act = device.alloc_zeros::<f32>(used * ff).unwrap();
-                            let mut act_shared = device.alloc_zeros::<f32>(ff).unwrap();
-                            let mut act_shared_view = act_shared.as_view_mut();
-                            let shared =
-                                with_shared.then_some((&s_gate, &s_up, &mut act_shared_view));
-                            let (xv, iv) = (x.as_view(), ids.as_view());
-                            moe_gate_up(
-                                &device,
-                                &gate,
-                                &up,
-                                ff,
-                                &iv,
-                                (&xv, None),
-                                &mut act.as_view_mut(),
-                                shared,
-                            )
-                            .unwrap();
-                            let mut out = device.alloc_zeros::<f32>(rows).unwrap();
-                            let (av, sv, wv) =
-                                (act.as_view(), act_shared.as_view(), shared_weight.as_view());
-                            let shared = with_shared.then_some((&s_down, &wv, &sv));
-                            let rv = routing.as_view();
-                            moe_down(
-                                &device,
-                                &down,
-                                rows,
-                                &iv,
-                                &rv,
-                                &av,
-                                &mut out.as_view_mut(),
-                                false,
-                                shared,
-                                true,
-                            )
-                            .unwrap();
-                            let get = |s: &CudaSlice<f32>| device.download(s).unwrap();
-                            (get(&act), get(&act_shared), get(&out))
-                        })
+                        let mut act = device.alloc_zeros::<f32>(used * ff).unwrap();
+                        let mut act_shared = device.alloc_zeros::<f32>(ff).unwrap();
+                        let mut act_shared_view = act_shared.as_view_mut();
+                        let shared = with_shared.then_some((&s_gate, &s_up, &mut act_shared_view));
+                        let (xv, iv) = (x.as_view(), ids.as_view());
+                        moe_gate_up(
+                            &device,
+                            &gate,
+                            &up,
+                            ff,
+                            &iv,
+                            (&xv, None),
+                            &mut act.as_view_mut(),
+                            shared,
+                        )
+                        .unwrap();
+                        let mut out = device.alloc_zeros::<f32>(rows).unwrap();
+                        let (av, sv, wv) =
+                            (act.as_view(), act_shared.as_view(), shared_weight.as_view());
+                        let shared = with_shared.then_some((&s_down, &wv, &sv));
+                        let rv = routing.as_view();
+                        moe_down(
+                            &device,
+                            &down,
+                            rows,
+                            &iv,
+                            &rv,
+                            &av,
+                            &mut out.as_view_mut(),
+                            false,
+                            shared,
+                            true,
+                        )
+                        .unwrap();
+                        let get = |s: &CudaSlice<f32>| device.download(s).unwrap();
+                        (get(&act), get(&act_shared), get(&out))
                     })
                 };
-                let plain = run(false, None);
-                let runs = [
-                    ("loaded ahead", run(true, None)),
-                    ("staged, 4 warps", run(true, Some(4))),
-                    ("staged, 8 warps", run(true, Some(8))),
-                ];
+                let (plain, ahead) = (run(false), run(true));
                 let case = format!("{ty:?} ff {ff} shared={with_shared}");
-                for (name, a, b) in runs.iter().flat_map(|(kernel, r)| {
-                    [
-                        (format!("gate/up, {kernel}"), &plain.0, &r.0),
-                        (format!("shared gate/up, {kernel}"), &plain.1, &r.1),
-                        (format!("down, {kernel}"), &plain.2, &r.2),
-                    ]
-                }) {
+                for (name, a, b) in [
+                    ("gate/up", &plain.0, &ahead.0),
+                    ("shared gate/up", &plain.1, &ahead.1),
+                    ("down", &plain.2, &ahead.2),
+                ] {
                     let differ = differing(a, b);
                     assert!(
                         differ.is_empty(),

@@ -29,8 +29,6 @@
 //      REDLITE_DOWN_WARPS=4 keeps 4) against 4.
 //   11. (twenty-second session) the expert down with its ids loaded as a group, EARLY or not,
 //      against moe_down_q8_kernel's one id at a time (a skipped token, an id out of range).
-//   12. (twenty-third session) the expert down with its terms' rows copied to shared memory
-//      before the wait (REDLITE_DOWN_STAGED=4|8) against the EARLY preloading one.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -702,24 +700,6 @@ void down_id_group(const char* type) {
     verdict(name, same("down", group, one));
 }
 
-// The expert down with its terms' rows copied to shared memory before the wait
-// (REDLITE_DOWN_STAGED=4|8, moe_staged.cu) against the EARLY preloading down, which holds
-// them in registers: out bit for bit on CTAs of 4 and 8 warps, with a skipped token and an
-// id out of range.
-template <class B>
-void down_staged(const char* type) {
-    using C = DownCase<B>;
-    C c(3);
-    c.ids[2 * c.used] = SKIP_PAIR;
-    const auto preload = c.run(4, mo::moe_down_q8_preload_kernel<B, 4, C::LANES, C::IPL, true>);
-    const auto four = c.run(4, mo::moe_down_q8_staged_kernel<B, 4, C::LANES, C::IPL>);
-    const auto eight = c.run(8, mo::moe_down_q8_staged_kernel<B, 8, C::LANES, C::IPL>);
-    char name[140];
-    snprintf(name, sizeof name, "%s: expert down staged in shared memory, 4 and 8 warps = preloaded (3 tokens, one skipped)",
-             type);
-    verdict(name, same("4 warps", preload, four) & same("8 warps", preload, eight));
-}
-
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention or
     // moe.
@@ -763,9 +743,6 @@ int main(int argc, char** argv) {
         down_id_group<mo::IQ2XXS, true>("IQ2_XXS");
         down_id_group<mo::IQ2XXS, false>("IQ2_XXS");
         down_id_group<mo::Q2K, true>("Q2_K");
-        down_staged<mo::IQ2XXS>("IQ2_XXS");
-        down_staged<mo::Q2K>("Q2_K");
-        down_staged<mo::Q4K>("Q4_K");
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }

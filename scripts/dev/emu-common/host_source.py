@@ -2,9 +2,8 @@
 """Turns a kernel module's NVRTC source (`dump_module`) into C++ for the host emulators
 (scripts/dev/*-emu): the inline PTX they know becomes calls into their shims (f16
 conversions, mma.sync), the PTX that only schedules (L2 prefetch, programmatic dependent
-launch) goes, an asynchronous copy to shared memory and a volatile shared load become plain
-ones, launch bounds go and dynamic shared memory becomes plain extern arrays that each
-harness defines. Any other inline PTX
+launch) goes, a volatile shared load becomes a plain one, launch bounds go and dynamic
+shared memory becomes plain extern arrays that each harness defines. Any other inline PTX
 (outside comments) is refused: the emulator would not know it.
 
 Usage: host_source.py EMULATOR IN.cu OUT.cu
@@ -23,15 +22,6 @@ s = re.sub(
     s,
     flags=re.S,
 )
-# An asynchronous copy done at once: the kernels wait for their copies and then pass a
-# barrier before any thread reads them, so the barrier publishes it as on the GPU.
-s = re.sub(
-    r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16;".*?\);',
-    "*reinterpret_cast<uint4*>(shared_dst) = *reinterpret_cast<const uint4*>(global_src); (void)dst;",
-    s,
-    flags=re.S,
-)
-s = re.sub(r'asm volatile\("cp\.async\.wait_all;" ::: "memory"\);', "", s)
 s = re.sub(r'asm volatile\("griddepcontrol\.[a-z_]+;" ::: "memory"\);', "", s)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', "emu_mma_k32(c, a, b0, b1);", s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', "emu_mma_k16(c, a0, a1, b0);", s, flags=re.S)

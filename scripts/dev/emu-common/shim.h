@@ -35,9 +35,6 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-// The shared-window address that volatile shared loads and asynchronous copies take
-// (host_source.py turns the accesses themselves into plain ones).
-inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 struct uint3 { unsigned x, y, z; };
 // blockIdx and friends; a kernel may pass blockIdx on as a uint3.
 struct Dim {

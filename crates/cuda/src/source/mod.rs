@@ -26,7 +26,6 @@ const ATTENTION_PREFILL: &str = include_str!("../../kernels/attention_prefill.cu
 const MOE: &str = include_str!("../../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../../kernels/moe_route.cu");
 const MOE_DECODE: &str = include_str!("../../kernels/moe_decode.cu");
-const MOE_STAGED: &str = include_str!("../../kernels/moe_staged.cu");
 const Q8DOT: &str = include_str!("../../kernels/q8dot.cuh");
 const EXPERT_COPY: &str = include_str!("../../kernels/expert_copy.cuh");
 const EXPERT_CACHE: &str = include_str!("../../kernels/expert_cache.cu");
@@ -195,7 +194,7 @@ fn module_families() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "moe".to_string(),
-            source: with_q8_dots(&[MOE, MOE_DECODE, MOE_STAGED, MOE_ROUTE].join("\n")),
+            source: with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n")),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
@@ -236,7 +235,6 @@ fn module_families() -> Vec<ModuleSource> {
                         })
                     })
                 }))
-                .chain(staged_down_kernels())
                 .chain([
                     "moe_route_kernel".to_string(),
                     route_v2_kernel(),
@@ -333,23 +331,6 @@ fn module_families() -> Vec<ModuleSource> {
     ]
 }
 
-/// The staged expert downs (`moe_staged.cu`), built under PDL for one item a lane (the 80B
-/// model's rows of 512 values on 16 or 32 lanes) on CTAs of 4 and 8 warps;
-/// `REDLITE_DOWN_STAGED` picks one at run time.
-fn staged_down_kernels() -> Vec<String> {
-    if !crate::raw::pdl_requested() {
-        return Vec::new();
-    }
-    q8_kinds()
-        .filter(|k| staged_down_built(k.ty))
-        .flat_map(|k| {
-            MOE_LANES.iter().flat_map(move |&lanes| {
-                STAGED_WARPS.map(|warps| moe_down_q8_staged_kernel(k, lanes, 1, warps))
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +403,6 @@ mod tests {
             MOE,
             MOE_ROUTE,
             MOE_DECODE,
-            MOE_STAGED,
             EXPERT_CACHE,
             MOE_CACHED,
             MMA,

@@ -225,40 +225,6 @@ pub(crate) fn moe_down_q8_preload_kernel(
     )
 }
 
-/// Warps a CTA of the staged expert downs that are built (`moe_staged.cu`).
-pub(crate) const STAGED_WARPS: [u32; 2] = [4, 8];
-
-/// `REDLITE_DOWN_STAGED=4|8`: the one-token expert down of resident experts under PDL copies
-/// its terms' rows to shared memory before its wait, on CTAs of that many warps
-/// (`moe_staged.cu`); unset or anything else: off.
-pub(crate) fn down_staged_warps() -> Option<u32> {
-    static WARPS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| match std::env::var("REDLITE_DOWN_STAGED").as_deref() {
-        Ok("4") => Some(4),
-        Ok("8") => Some(8),
-        _ => None,
-    })
-}
-
-/// Whether the staged expert down is built for `ty`: every q8 type but Q4_K, whose
-/// instances keep 8 bytes in local memory on sm_80.
-pub(crate) fn staged_down_built(ty: GgmlType) -> bool {
-    ty != GgmlType::Q4K
-}
-
-/// The staged expert down (`moe_staged.cu`) on CTAs of `warps` warps.
-pub(crate) fn moe_down_q8_staged_kernel(
-    kind: WeightKind,
-    lanes: usize,
-    items: usize,
-    warps: u32,
-) -> String {
-    format!(
-        "moe_down_q8_staged_kernel<{}, {warps}, {lanes}, {items}>",
-        kind.cuda_name
-    )
-}
-
 /// Warps a CTA of the preloading expert down of `kind`: 8 (128 CTAs a token for the 80B
 /// model's 2,048 rows instead of 256 of 4, the same 8 warps a multiprocessor), so each CTA
 /// quantizes the down's input (22 blocks of 256) in one load round instead of two, at the
