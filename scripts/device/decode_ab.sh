@@ -11,7 +11,7 @@
 #   3. tg128 at depth 0 (and 4096 for the first two settings) with the defaults and each
 #      setting of DECODE_AB, one process each, then every setting 0.5 % or more above the
 #      defaults at depth 0 together (depths 0 and 4096); then the host clocks of a replayed
-#      step (REDLITE_STEP_TIMES), with and without REDLITE_GRAPH_EARLY_LAUNCH;
+#      step (REDLITE_STEP_TIMES), with the early graph launch (the default) and without;
 #   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`, with the defaults and each setting of
 #      MTP_AB;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
@@ -126,7 +126,7 @@ if stage decode; then
     note "the winners together ($combo): $(dec 0,4096 $combo)"
   fi
   # The host's share of a replayed step (REDLITE_STEP_TIMES), with and without the early launch.
-  for v in REDLITE_UNUSED=0 REDLITE_GRAPH_EARLY_LAUNCH=1; do
+  for v in REDLITE_UNUSED=0 REDLITE_GRAPH_EARLY_LAUNCH=0; do
     note "host clocks, $v: $(env "$v" REDLITE_STEP_TIMES=1 "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 1 2>&1 \
       | grep -E '^step times|^\| tg' | tr -s ' ' | tr '\n' ' ')"
   done

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine: decode settings measured in interleaved rounds (one process each, every
+# setting once a round, ROUNDS rounds), tg128 at DEPTHS with f16 KV on the full synthetic
+# IQ2_XXS+MTP file, then each setting's mean beside the defaults'. decode_ab.sh runs each
+# setting once; process-to-process spread (about 1 %) needs rounds for effects of that size.
+# Carry .cache/device/redlite.xz (scripts/device/prepare.sh).
+#
+#   AB="REDLITE_GRAPH_EARLY_LAUNCH=0 REDLITE_ATTN_SPLIT_WARPS=8" bash scripts/device/ab_rounds.sh
+#
+# Env: AB (settings, each VAR=value or several joined by +), ROUNDS (3), DEPTHS (0,4096),
+# BENCH_EXTRA (more bench arguments), OUT.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"; SUMMARY="$OUT/summary.txt"
+mkdir -p "$W" "$OUT" "$ROOT/target/release"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
+R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+  "$D/redlite.xz" "$R" && chmod +x "$R"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+[ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
+settings=(REDLITE_UNUSED=0 ${AB:-})
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  stamp "round $round"
+  for v in "${settings[@]}"; do
+    # shellcheck disable=SC2086
+    env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 3 \
+      --kv f16 ${BENCH_EXTRA:-} > "$OUT/ab-${v//[=+]/_}-$round.txt" 2>&1
+    note "$v: $(grep -E '^\| tg' "$OUT/ab-${v//[=+]/_}-$round.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
+done
+python3 - "$OUT" "${settings[@]}" <<'PY' | tee -a "$SUMMARY"
+import glob, re, statistics, sys
+out, settings = sys.argv[1], sys.argv[2:]
+def means(v):
+    rows = {}
+    for path in sorted(glob.glob(f"{out}/ab-{re.sub('[=+]', '_', v)}-*.txt")):
+        for test, tps in re.findall(r"^\|\s*(tg\S+(?: @ d\d+)?)\s*\|\s*([\d.]+)", open(path).read(), re.M):
+            rows.setdefault(test, []).append(float(tps))
+    return {t: statistics.mean(x) for t, x in rows.items()}
+base = means(settings[0])
+print("| setting | " + " | ".join(base) + " |")
+for v in settings:
+    m = means(v)
+    cells = [f"{m[t]:.2f} ({100 * (m[t] / base[t] - 1):+.1f} %)" if t in m else "-" for t in base]
+    print(f"| {v} | " + " | ".join(cells) + " |")
+PY
