@@ -4,16 +4,29 @@
 //! waited for; into page-locked memory it is one DMA at the link's rate, then one host copy
 //! into the caller's buffer.
 
-use cudarc::driver::{CudaView, PinnedHostSlice};
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, CudaView, PinnedHostSlice};
 
 use crate::device::Device;
-use crate::error::CudaError;
+use crate::error::{CudaError, CudaOp};
 use crate::raw;
 
 /// A page-locked buffer, grown to the largest copy it has taken.
 #[derive(Default)]
 pub struct HostStage {
     floats: Option<PinnedHostSlice<f32>>,
+    /// The pieces queued since `begin_pieces`, in order (`queue_piece`).
+    pieces: Vec<Range<usize>>,
+    /// The stream the pieces' copies run on and each piece's events (made on first use).
+    copies: Option<PieceCopies>,
+}
+
+struct PieceCopies {
+    stream: Arc<CudaStream>,
+    /// Piece i's (computed on the main stream, copied to the page-locked buffer).
+    events: Vec<(CudaEvent, CudaEvent)>,
 }
 
 impl HostStage {
@@ -30,11 +43,7 @@ impl HostStage {
         out: &mut Vec<f32>,
     ) -> Result<(), CudaError> {
         let n = src.len();
-        if self.floats.as_ref().map_or(0, |f| f.len()) < n {
-            // Dropped first: the old buffer's pages are unpinned before new ones are pinned.
-            self.floats = None;
-            self.floats = Some(raw::alloc_host_floats(device.context(), n)?);
-        }
+        self.grow(device, n)?;
         let Some(floats) = self.floats.as_mut() else {
             return Ok(());
         };
@@ -54,5 +63,159 @@ impl HostStage {
             .map_err(CudaError::driver("cuStreamSynchronize"))?;
         out.extend_from_slice(&host[..n]);
         Ok(())
+    }
+}
+
+/// One row's logits in pieces: the caller queues each piece's product on the main stream and
+/// then `queue_piece`, whose copy to the page-locked buffer runs on a stream of its own as
+/// soon as that product is done; `finish_pieces` appends each piece to the caller's buffer
+/// as its copy lands. The copies and the host's appends of the first pieces run while the
+/// GPU computes the later ones, where one copy and one append after the whole product
+/// followed it (608 KB for Qwen3-Next: a DMA, then a host copy of about as long).
+impl HostStage {
+    /// Starts a row of `total` floats.
+    pub fn begin_pieces(&mut self, device: &Device, total: usize) -> Result<(), CudaError> {
+        self.grow(device, total)?;
+        self.pieces.clear();
+        if self.copies.is_none() {
+            let stream = device
+                .context()
+                .new_stream()
+                .map_err(CudaError::driver("cuStreamCreate"))?;
+            self.copies = Some(PieceCopies {
+                stream,
+                events: Vec::new(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues the copy of `src`, floats `range` of the row, after the work queued on the
+    /// device's stream so far (its product).
+    pub fn queue_piece(
+        &mut self,
+        device: &Device,
+        src: &CudaView<'_, f32>,
+        range: Range<usize>,
+    ) -> Result<(), CudaError> {
+        let (Some(floats), Some(copies)) = (self.floats.as_mut(), self.copies.as_mut()) else {
+            return Err(CudaError::Shape {
+                op: CudaOp::Matmul,
+                what: "logits pieces before begin_pieces",
+                expected: 1,
+                found: 0,
+            });
+        };
+        if range.end > floats.len() || range.len() != src.len() {
+            return Err(CudaError::Shape {
+                op: CudaOp::Matmul,
+                what: "logits piece",
+                expected: floats.len().min(range.len()),
+                found: src.len(),
+            });
+        }
+        let i = self.pieces.len();
+        if copies.events.len() == i {
+            let event = || {
+                device
+                    .context()
+                    .new_event(None)
+                    .map_err(CudaError::driver("cuEventCreate"))
+            };
+            copies.events.push((event()?, event()?));
+        }
+        let (computed, copied) = &copies.events[i];
+        computed
+            .record(device.stream())
+            .map_err(CudaError::driver("cuEventRecord"))?;
+        copies
+            .stream
+            .wait(computed)
+            .map_err(CudaError::driver("cuStreamWaitEvent"))?;
+        let host = floats
+            .as_mut_slice()
+            .map_err(CudaError::driver("cuEventSynchronize"))?;
+        copies
+            .stream
+            .memcpy_dtoh(src, &mut host[range.clone()])
+            .map_err(CudaError::driver("cuMemcpyDtoHAsync"))?;
+        copied
+            .record(&copies.stream)
+            .map_err(CudaError::driver("cuEventRecord"))?;
+        self.pieces.push(range);
+        Ok(())
+    }
+
+    /// Appends every queued piece to `out`, in order, each once its copy has landed.
+    pub fn finish_pieces(&mut self, out: &mut Vec<f32>) -> Result<(), CudaError> {
+        let pieces = std::mem::take(&mut self.pieces);
+        let (Some(floats), Some(copies)) = (self.floats.as_mut(), self.copies.as_ref()) else {
+            return Ok(());
+        };
+        out.reserve(pieces.iter().map(|r| r.len()).sum());
+        for (range, (_, copied)) in pieces.into_iter().zip(&copies.events) {
+            copied
+                .synchronize()
+                .map_err(CudaError::driver("cuEventSynchronize"))?;
+            let host = floats
+                .as_mut_slice()
+                .map_err(CudaError::driver("cuEventSynchronize"))?;
+            out.extend_from_slice(&host[range]);
+        }
+        Ok(())
+    }
+
+    /// The page-locked buffer holds at least `n` floats.
+    fn grow(&mut self, device: &Device, n: usize) -> Result<(), CudaError> {
+        if self.floats.as_ref().map_or(0, |f| f.len()) < n {
+            // Dropped first: the old buffer's pages are unpinned before new ones are pinned.
+            self.floats = None;
+            self.floats = Some(raw::alloc_host_floats(device.context(), n)?);
+        }
+        Ok(())
+    }
+}
+
+/// `rows` rows in at most `n` consecutive pieces, each starting at a multiple of 64 rows (so
+/// that a quantized matrix's rows of a piece start 16-byte aligned), together every row
+/// once; one piece when `n` < 2 or the rows are fewer than 64 a piece.
+pub fn row_pieces(rows: usize, n: usize) -> Vec<Range<usize>> {
+    if n < 2 || rows < 64 * n {
+        return vec![0..rows];
+    }
+    let piece = rows.div_ceil(n).next_multiple_of(64);
+    (0..rows)
+        .step_by(piece)
+        .map(|start| start..(start + piece).min(rows))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_pieces;
+
+    #[test]
+    fn row_pieces_cover_every_row_once_from_multiples_of_64() {
+        for (rows, n) in [
+            (151_936, 4),
+            (151_936, 8),
+            (151_936, 16),
+            (1000, 4),
+            (257, 4),
+            (64, 1),
+        ] {
+            let pieces = row_pieces(rows, n);
+            assert!(pieces.len() <= n.max(1), "{rows} rows in {n}: {pieces:?}");
+            let mut next = 0;
+            for piece in &pieces {
+                assert_eq!(piece.start, next, "{rows} rows in {n}: {pieces:?}");
+                assert_eq!(piece.start % 64, 0, "{rows} rows in {n}: {pieces:?}");
+                assert!(!piece.is_empty());
+                next = piece.end;
+            }
+            assert_eq!(next, rows, "{rows} rows in {n}: {pieces:?}");
+        }
+        assert_eq!(row_pieces(151_936, 4).len(), 4);
+        assert_eq!(row_pieces(200, 4), vec![0..200]);
     }
 }

@@ -157,6 +157,21 @@ impl DeviceMatrix {
         }
     }
 
+    /// Rows `range` of the matrix (consecutive rows are consecutive bytes), or `None` past
+    /// its rows.
+    pub fn rows_view(&self, range: std::ops::Range<usize>) -> Option<WeightMatrix<'_>> {
+        let row_bytes = self.row_bytes();
+        (range.start < range.end && range.end <= self.rows).then(|| WeightMatrix {
+            ty: self.ty,
+            rows: range.len(),
+            cols: self.cols,
+            bytes: self
+                .bytes
+                .slice(range.start * row_bytes..range.end * row_bytes),
+            dots: self.dots,
+        })
+    }
+
     /// The matrix with the rows stored after it (a router with the shared-expert gate row),
     /// or `None` when there are none.
     pub fn view_with_extra_rows(&self) -> Option<WeightMatrix<'_>> {
