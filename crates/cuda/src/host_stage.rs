@@ -181,7 +181,7 @@ impl HostStage {
 /// once; one piece when `n` < 2 or the rows are fewer than 64 a piece.
 pub fn row_pieces(rows: usize, n: usize) -> Vec<Range<usize>> {
     if n < 2 || rows < 64 * n {
-        return vec![0..rows];
+        return std::iter::once(0..rows).collect();
     }
     let piece = rows.div_ceil(n).next_multiple_of(64);
     (0..rows)
@@ -216,6 +216,6 @@ mod tests {
             assert_eq!(next, rows, "{rows} rows in {n}: {pieces:?}");
         }
         assert_eq!(row_pieces(151_936, 4).len(), 4);
-        assert_eq!(row_pieces(200, 4), vec![0..200]);
+        assert_eq!(row_pieces(200, 4), [0..200]);
     }
 }
