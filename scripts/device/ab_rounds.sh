@@ -11,14 +11,10 @@
 # BENCH_EXTRA (more bench arguments), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"; SUMMARY="$OUT/summary.txt"
-mkdir -p "$W" "$OUT" "$ROOT/target/release"
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 # shellcheck source=scripts/device/common.sh
 source "$ROOT/scripts/device/common.sh"
 R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
-python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-  "$D/redlite.xz" "$R" && chmod +x "$R"
+unpack "$D/redlite.xz" "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
 settings=(REDLITE_UNUSED=0 ${AB:-})

@@ -9,16 +9,11 @@
 #   TESTS="cuda_parity cuda_expert_cache" bash scripts/device/vs_base.sh
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-D="$ROOT/.cache/device"; W=/tmp/rl; OUT="${OUT:-$W/results}"; SUMMARY="$OUT/summary.txt"
-mkdir -p "$W" "$OUT" "$ROOT/target/release"
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 # shellcheck source=scripts/device/common.sh
 source "$ROOT/scripts/device/common.sh"
 R="$ROOT/target/release/redlite"; B="$W/redlite-base"; M="$W/full-IQ2_XXS-mtp.gguf"
-for pair in "redlite.xz:$R" "redlite-base.xz:$B"; do
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$D/${pair%%:*}" "${pair#*:}" && chmod +x "${pair#*:}"
-done
+unpack "$D/redlite.xz" "$R"
+unpack "$D/redlite-base.xz" "$B"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
 
