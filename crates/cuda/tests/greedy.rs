@@ -1,11 +1,12 @@
 //! What a decode step reads back: greedy sampling on the device (`argmax`) against the
 //! host's rule (the largest finite value, the lower index on ties, -0 and +0 equal, NaN and
 //! infinities never chosen, `None` when no value is finite), and logits through page-locked
-//! memory (`HostStage`) against the plain copy. GPU tests print a message and pass when no
+//! memory (`HostStage`, whole or in pieces) against the plain copy. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, HostStage, MAX_ARGMAX_ROWS,
+    argmax, argmax_rows, argmax_rows_queued, ids_of_keys, row_pieces, token_of_key, HostStage,
+    MAX_ARGMAX_ROWS,
 };
 
 mod common;
@@ -163,4 +164,55 @@ fn the_host_stage_appends_what_the_plain_copy_reads() {
         );
         out.truncate(3);
     }
+}
+
+#[test]
+fn the_host_stage_appends_pieces_in_order() {
+    let Some(device) = device("the_host_stage_appends_pieces_in_order") else {
+        return;
+    };
+    let mut rng = Rng(6);
+    let mut stage = HostStage::new();
+    let mut out = vec![-1.0f32; 3];
+    // The LM head's pieces (one, four, eight, sixteen), a row of another length after them,
+    // then a piece queued out of the buffer's range: refused, the next row unharmed.
+    for (n, pieces) in [
+        (151_936usize, 1usize),
+        (151_936, 4),
+        (151_936, 8),
+        (2049, 16),
+        (4096, 3),
+    ] {
+        let values: Vec<f32> = (0..n)
+            .map(|_| (rng.next() % 1000) as f32 * 0.25 - 9.0)
+            .collect();
+        let x = device.upload(&values).unwrap();
+        stage.begin_pieces(&device, n).unwrap();
+        for range in row_pieces(n, pieces) {
+            stage
+                .queue_piece(&device, &x.slice(range.clone()), range)
+                .unwrap();
+        }
+        stage.finish_pieces(&mut out).unwrap();
+        assert_eq!(out.len(), 3 + n, "{n} values in {pieces} pieces");
+        assert!(
+            out[3..]
+                .iter()
+                .zip(&values)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{n} values in {pieces} pieces differ from the uploaded ones"
+        );
+        assert_eq!(
+            &out[..3],
+            &[-1.0; 3],
+            "what was in the buffer before is kept"
+        );
+        out.truncate(3);
+    }
+    let x = device.upload(&[1.0f32; 64]).unwrap();
+    stage.begin_pieces(&device, 64).unwrap();
+    let huge = 1usize << 40;
+    assert!(stage
+        .queue_piece(&device, &x.slice(0..64), huge..huge + 64)
+        .is_err());
 }
