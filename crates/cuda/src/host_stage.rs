@@ -190,21 +190,43 @@ pub fn row_pieces(rows: usize, n: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// `rows` rows in at most `n` consecutive pieces that halve (a half, a quarter, ... and the
+/// rest last), each starting at a multiple of 64 rows: the last pieces, whose copies follow
+/// the whole product, are the small ones. One piece when `n` < 2 or the rows are fewer than
+/// 64 << `n`.
+pub fn row_pieces_halving(rows: usize, n: usize) -> Vec<Range<usize>> {
+    if !(2..=16).contains(&n) || rows < 64 << n {
+        return std::iter::once(0..rows).collect();
+    }
+    let mut pieces = Vec::with_capacity(n);
+    let mut start = 0;
+    for _ in 0..n - 1 {
+        let len = ((rows - start) / 2).next_multiple_of(64);
+        pieces.push(start..start + len);
+        start += len;
+    }
+    pieces.push(start..rows);
+    pieces
+}
+
 #[cfg(test)]
 mod tests {
-    use super::row_pieces;
+    use super::{row_pieces, row_pieces_halving};
 
     #[test]
     fn row_pieces_cover_every_row_once_from_multiples_of_64() {
-        for (rows, n) in [
+        let cases = [
             (151_936, 4),
             (151_936, 8),
             (151_936, 16),
             (1000, 4),
             (257, 4),
             (64, 1),
-        ] {
-            let pieces = row_pieces(rows, n);
+        ];
+        let both = cases.iter().flat_map(|&(rows, n)| {
+            [row_pieces(rows, n), row_pieces_halving(rows, n)].map(|p| (rows, n, p))
+        });
+        for (rows, n, pieces) in both {
             assert!(pieces.len() <= n.max(1), "{rows} rows in {n}: {pieces:?}");
             let mut next = 0;
             for piece in &pieces {
@@ -216,6 +238,9 @@ mod tests {
             assert_eq!(next, rows, "{rows} rows in {n}: {pieces:?}");
         }
         assert_eq!(row_pieces(151_936, 4).len(), 4);
+        let halving = row_pieces_halving(151_936, 5);
+        let lens: Vec<usize> = halving.iter().map(|r| r.len()).collect();
+        assert_eq!(lens, [75_968, 38_016, 19_008, 9_472, 9_472]);
         assert_eq!(
             row_pieces(200, 4),
             std::iter::once(0..200).collect::<Vec<_>>()

@@ -45,7 +45,7 @@ pub use act::CudaAct;
 /// Switches of paths written without a GPU, which GPU tests set to compare them with the
 /// default paths in one process.
 pub mod switches {
-    pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, PINNED_LOGITS};
+    pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, LOGITS_HALVING, PINNED_LOGITS};
     pub use super::moe_route::ROUTER_TOPK_APART;
     pub use redlite_cuda::{MOE_BATCH_ROWS, ROUTER_NORM};
 }
