@@ -1,14 +1,122 @@
-// The q8 expert down matvec of moe.cu with the weights loaded ahead (the default for one
-// row per lane group; `REDLITE_MOE_DOWN_PRELOAD=0` keeps moe_down_q8_kernel). That kernel
-// is a latency chain per lane: it loads an item of the first selected expert, waits,
-// computes, then loads the next expert's (10 + 1 one after the other; 12 % occupancy and no
-// eligible warp 64 % of cycles on the H200). Here each lane first issues the loads of all
-// its terms' items (`Q8Dot::load`: the bits only, no arithmetic on them), then quantizes
-// the input while they are in flight, then computes. The sum runs in moe_down_q8_kernel's
-// order by the same operations: the same bits. Measured on the H200 (IQ2_XXS experts of the
-// 80B model): 12.8 -> 11.5 us a launch. The same scheme for the dense and gate/up matvecs,
-// whose lanes hold 2-4 items, was slower (10.0 -> 11.1 and 13.3 -> 15.1 us) and was
-// removed. Needs moe.cu (the skip tests, quantize_down_input) and q8dot.cuh before it.
+// The one-token q8 expert down + weighted sum: moe_down_q8_kernel (a lane group's rows
+// loaded as it goes; `REDLITE_MOE_DOWN_PRELOAD=0`, and the rows a lane group other than one)
+// and moe_down_q8_preload_kernel (the default for one row per lane group). The first is a
+// latency chain per lane: it loads an item of the first selected expert, waits, computes,
+// then loads the next expert's (10 + 1 one after the other; 12 % occupancy and no eligible
+// warp 64 % of cycles on the H200). The second has each lane first issue the loads of all its
+// terms' items (`Q8Dot::load`: the bits only, no arithmetic on them), then quantize the input
+// while they are in flight, then compute. The sum runs in moe_down_q8_kernel's order by the
+// same operations: the same bits. Measured on the H200 (IQ2_XXS experts of the 80B model):
+// 12.8 -> 11.5 us a launch. The same scheme for the dense and gate/up matvecs, whose lanes
+// hold 2-4 items, was slower (10.0 -> 11.1 and 13.3 -> 15.1 us) and was removed. Needs
+// moe.cu (the skip tests) and q8dot.cuh before it.
+
+// Blocks a warp of the down quantizes at a time: with REDLITE_DOWN_INPUT_UNROLL=6 on sm_90
+// a CTA of 4 warps issues the loads of the 80B model's 22 blocks (10 experts and the shared
+// one, 512 values each) in one round instead of two; the same codes either way (host
+// emulator). 4 until a GPU has measured it, and always before sm_90, where 6 put three down
+// kernels' values on the stack.
+#ifndef REDLITE_DOWN_INPUT_UNROLL
+#define REDLITE_DOWN_INPUT_UNROLL 4
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define DOWN_INPUT_UNROLL Q8_UNROLL
+#else
+#define DOWN_INPUT_UNROLL REDLITE_DOWN_INPUT_UNROLL
+#endif
+
+// The down kernels' input of token t quantized into shared memory `staging`: the `used`
+// SwiGLU rows of act (ff values each), then the shared expert's (shared_ff values; 0 when
+// none). `ad` gets the block scales, `aq` the codes (the routed ones first). Ends with a
+// CTA barrier.
+static __device__ __forceinline__ void quantize_down_input(float4* staging,
+                                                           const float* __restrict__ act,
+                                                           const float* __restrict__ act_shared,
+                                                           int t, int used, int ff,
+                                                           int shared_ff, float*& ad, i8*& aq) {
+    const int routed = used * ff;
+    ad = reinterpret_cast<float*>(staging);
+    aq = reinterpret_cast<i8*>(staging) + q8_scales_bytes(routed + shared_ff);
+    quantize_q8k_shared<DOWN_INPUT_UNROLL>(act + i64(t) * routed, routed,
+                        shared_ff > 0 ? act_shared + i64(t) * shared_ff : nullptr, shared_ff,
+                        ad, aq);
+}
+
+template <class B, int WARPS, int LANES, int ROWS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
+                   const float* __restrict__ weights, const float* __restrict__ act,
+                   float* __restrict__ out, int rows, int ff, int used, int n_expert,
+                   int accumulate, const u8* __restrict__ shared_down,
+                   const float* __restrict__ shared_weight, const float* __restrict__ act_shared,
+                   int shared_ff) {
+    pdl_begin();
+    if (skipped_token(ids, blockIdx.y, used)) return;
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    const int t = blockIdx.y;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int member = lane % LANES;
+    const int row0 = ((blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES) * ROWS;
+    const int rows_here = min(ROWS, rows - row0);
+    const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
+    const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
+    const int* id = ids + t * used;
+    const int terms = used + (shared_down != nullptr ? 1 : 0);
+    if (rows_here > 0) {
+        for (int k = member; k < terms; k += LANES) {
+            if (k == used) {
+                prefetch_l2(shared_down + i64(row0) * shared_row_bytes,
+                            rows_here * shared_row_bytes, 0, 1);
+            } else if (id[k] >= 0 && id[k] < n_expert) {
+                prefetch_l2(down + (i64(id[k]) * rows + row0) * row_bytes, rows_here * row_bytes,
+                            0, 1);
+            }
+        }
+    }
+    const int routed = used * ff;
+    float* ad;
+    i8* aq;
+    quantize_down_input(q8_shared, act, act_shared, t, used, ff,
+                        shared_down != nullptr ? shared_ff : 0, ad, aq);
+    if (rows_here <= 0) return;
+    const int blocks = ff / B::VALUES;
+    float partial[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) partial[r] = 0.0f;
+    for (int k = 0; k < used; ++k) {
+        const i64 expert = id[k];
+        if (expert < 0 || expert >= n_expert) continue;
+        const u8* w = down + (expert * rows + row0) * row_bytes;
+        const float weight = weights[t * used + k];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += weight * row_dot_lane_q8<B, LANES>(w + r * row_bytes, aq + k * ff,
+                                                                 ad + k * blocks, ff, member);
+            }
+        }
+    }
+    if (shared_down != nullptr) {
+        const u8* w = shared_down + i64(row0) * shared_row_bytes;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r < rows_here) {
+                partial[r] += shared_weight[t] *
+                              row_dot_lane_q8<B, LANES>(w + r * shared_row_bytes, aq + routed,
+                                                        ad + used * blocks, shared_ff, member);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float total = group_reduce_sum<LANES>(partial[r]);
+        if (member == 0 && r < rows_here) {
+            float* o = out + i64(t) * rows + row0 + r;
+            *o = (accumulate ? *o : 0.0f) + total;
+        }
+    }
+}
 
 // Down + weighted sum: one row per lane group (moe_down_q8_kernel with ROWS = 1). A term is
 // a selected expert or the shared one (k = used); each lane holds at most IPL items of a

@@ -32,7 +32,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// off until measured: 63 → 80 registers), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
-/// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe.cu`, the same
+/// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe_decode.cu`, the same
 /// codes; off: it costs MTP 7 %), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs
 /// of 4 warps instead of 8 (`source::down_warps`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
