@@ -43,6 +43,7 @@ impl HostStage {
         out: &mut Vec<f32>,
     ) -> Result<(), CudaError> {
         let n = src.len();
+        self.settle()?;
         self.grow(device, n)?;
         let Some(floats) = self.floats.as_mut() else {
             return Ok(());
@@ -75,8 +76,8 @@ impl HostStage {
 impl HostStage {
     /// Starts a row of `total` floats.
     pub fn begin_pieces(&mut self, device: &Device, total: usize) -> Result<(), CudaError> {
+        self.settle()?;
         self.grow(device, total)?;
-        self.pieces.clear();
         if self.copies.is_none() {
             let stream = device
                 .context()
@@ -163,6 +164,22 @@ impl HostStage {
             out.extend_from_slice(&host[range]);
         }
         Ok(())
+    }
+
+    /// Waits for the copies of pieces a failed row left queued (an error between
+    /// `queue_piece` and `finish_pieces`), so that none lands in the buffer while it is reused
+    /// or replaced.
+    fn settle(&mut self) -> Result<(), CudaError> {
+        if std::mem::take(&mut self.pieces).is_empty() {
+            return Ok(());
+        }
+        match &self.copies {
+            Some(copies) => copies
+                .stream
+                .synchronize()
+                .map_err(CudaError::driver("cuStreamSynchronize")),
+            None => Ok(()),
+        }
     }
 
     /// The page-locked buffer holds at least `n` floats.

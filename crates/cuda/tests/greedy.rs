@@ -215,4 +215,12 @@ fn the_host_stage_appends_pieces_in_order() {
     assert!(stage
         .queue_piece(&device, &x.slice(0..64), huge..huge + 64)
         .is_err());
+    // A row left with a piece queued, then the whole-row path on the same buffer.
+    stage.begin_pieces(&device, 64).unwrap();
+    stage.queue_piece(&device, &x.slice(0..64), 0..64).unwrap();
+    out.clear();
+    stage
+        .append_to_host(&device, &x.as_view(), &mut out)
+        .unwrap();
+    assert_eq!(out, [1.0f32; 64]);
 }
