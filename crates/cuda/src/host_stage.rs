@@ -149,20 +149,28 @@ impl HostStage {
 
     /// Appends every queued piece to `out`, in order, each once its copy has landed.
     pub fn finish_pieces(&mut self, out: &mut Vec<f32>) -> Result<(), CudaError> {
-        let pieces = std::mem::take(&mut self.pieces);
-        let (Some(floats), Some(copies)) = (self.floats.as_mut(), self.copies.as_ref()) else {
+        let HostStage {
+            floats,
+            pieces,
+            copies,
+        } = self;
+        let (Some(floats), Some(copies)) = (floats.as_mut(), copies.as_ref()) else {
+            pieces.clear();
             return Ok(());
         };
+        let host = floats
+            .as_mut_slice()
+            .map_err(CudaError::driver("cuEventSynchronize"))?;
         out.reserve(pieces.iter().map(|r| r.len()).sum());
-        for (range, (_, copied)) in pieces.into_iter().zip(&copies.events) {
+        for (range, (_, copied)) in pieces.iter().zip(&copies.events) {
             copied
                 .synchronize()
                 .map_err(CudaError::driver("cuEventSynchronize"))?;
-            let host = floats
-                .as_mut_slice()
-                .map_err(CudaError::driver("cuEventSynchronize"))?;
-            out.extend_from_slice(&host[range]);
+            out.extend_from_slice(&host[range.clone()]);
         }
+        // Cleared only now (an error above leaves them for `settle`), keeping the capacity
+        // for the next row's ranges.
+        pieces.clear();
         Ok(())
     }
 
@@ -170,9 +178,10 @@ impl HostStage {
     /// `queue_piece` and `finish_pieces`), so that none lands in the buffer while it is reused
     /// or replaced.
     fn settle(&mut self) -> Result<(), CudaError> {
-        if std::mem::take(&mut self.pieces).is_empty() {
+        if self.pieces.is_empty() {
             return Ok(());
         }
+        self.pieces.clear();
         match &self.copies {
             Some(copies) => copies
                 .stream
@@ -194,41 +203,42 @@ impl HostStage {
 }
 
 /// `rows` rows in at most `n` consecutive pieces, each starting at a multiple of 64 rows (so
-/// that a quantized matrix's rows of a piece start 16-byte aligned), together every row
-/// once; one piece when `n` < 2 or the rows are fewer than 64 a piece.
-pub fn row_pieces(rows: usize, n: usize) -> Vec<Range<usize>> {
-    if n < 2 || rows < 64 * n {
-        return std::iter::once(0..rows).collect();
-    }
-    let piece = rows.div_ceil(n).next_multiple_of(64);
-    (0..rows)
-        .step_by(piece)
-        .map(|start| start..(start + piece).min(rows))
-        .collect()
-}
-
-/// `rows` rows in at most `n` consecutive pieces that halve (a half, a quarter, ... and the
-/// rest last), each starting at a multiple of 64 rows: the last pieces, whose copies follow
-/// the whole product, are the small ones. One piece when `n` < 2 or the rows are fewer than
-/// 64 << `n`.
-pub fn row_pieces_halving(rows: usize, n: usize) -> Vec<Range<usize>> {
-    if !(2..=16).contains(&n) || rows < 64 << n {
-        return std::iter::once(0..rows).collect();
-    }
-    let mut pieces = Vec::with_capacity(n);
+/// that a quantized matrix's rows of a piece start 16-byte aligned), together every row once,
+/// computed as they are taken (no allocation on a decode step). Equal pieces, or with
+/// `halving` a half, a quarter, ... and the rest last, so that the last pieces, whose copies
+/// follow the whole product, are the small ones. One piece when `n` < 2, `n` > 16 or the rows
+/// are fewer than 64 a piece (equal) or 64 << `n` (halving).
+pub fn row_pieces(rows: usize, n: usize, halving: bool) -> impl Iterator<Item = Range<usize>> {
+    let least = if halving {
+        64usize << n.min(16)
+    } else {
+        64 * n
+    };
+    let n = if (2..=16).contains(&n) && rows >= least {
+        n
+    } else {
+        1
+    };
+    let equal = rows.div_ceil(n).next_multiple_of(64);
     let mut start = 0;
-    for _ in 0..n - 1 {
-        let len = ((rows - start) / 2).next_multiple_of(64);
-        pieces.push(start..start + len);
+    (0..n).map_while(move |i| {
+        let rest = rows - start;
+        let len = match (i + 1 == n, halving) {
+            _ if rest == 0 => return None,
+            (true, _) => rest,
+            (false, true) => (rest / 2).next_multiple_of(64),
+            (false, false) => equal.min(rest),
+        };
+        let piece = start..start + len;
         start += len;
-    }
-    pieces.push(start..rows);
-    pieces
+        Some(piece)
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{row_pieces, row_pieces_halving};
+    use super::row_pieces;
+    use std::ops::Range;
 
     #[test]
     fn row_pieces_cover_every_row_once_from_multiples_of_64() {
@@ -240,8 +250,9 @@ mod tests {
             (257, 4),
             (64, 1),
         ];
+        let pieces = |rows, n, halving| row_pieces(rows, n, halving).collect::<Vec<_>>();
         let both = cases.iter().flat_map(|&(rows, n)| {
-            [row_pieces(rows, n), row_pieces_halving(rows, n)].map(|p| (rows, n, p))
+            [pieces(rows, n, false), pieces(rows, n, true)].map(|p| (rows, n, p))
         });
         for (rows, n, pieces) in both {
             assert!(pieces.len() <= n.max(1), "{rows} rows in {n}: {pieces:?}");
@@ -254,13 +265,10 @@ mod tests {
             }
             assert_eq!(next, rows, "{rows} rows in {n}: {pieces:?}");
         }
-        assert_eq!(row_pieces(151_936, 4).len(), 4);
-        let halving = row_pieces_halving(151_936, 5);
-        let lens: Vec<usize> = halving.iter().map(|r| r.len()).collect();
+        assert_eq!(pieces(151_936, 4, false).len(), 4);
+        let lens: Vec<usize> = pieces(151_936, 5, true).iter().map(|r| r.len()).collect();
         assert_eq!(lens, [75_968, 38_016, 19_008, 9_472, 9_472]);
-        assert_eq!(
-            row_pieces(200, 4),
-            std::iter::once(0..200).collect::<Vec<_>>()
-        );
+        let one: Vec<Range<usize>> = std::iter::once(0..200).collect();
+        assert_eq!(pieces(200, 4, false), one);
     }
 }

@@ -129,6 +129,24 @@ fn queued_keys_hand_their_tokens_on_without_the_host() {
     assert_eq!(&ids[1..], &on_device[..], "the ids written on the device");
 }
 
+/// `out` is the three -1.0 it held, then `want` bit for bit; cut back to the three.
+fn assert_appended(out: &mut Vec<f32>, want: &[f32], case: &str) {
+    assert_eq!(out.len(), 3 + want.len(), "{case}");
+    assert!(
+        out[3..]
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{case}: the values differ"
+    );
+    assert_eq!(
+        &out[..3],
+        &[-1.0; 3],
+        "{case}: what was in the buffer before is kept"
+    );
+    out.truncate(3);
+}
+
 #[test]
 fn the_host_stage_appends_what_the_plain_copy_reads() {
     let Some(device) = device("the_host_stage_appends_what_the_plain_copy_reads") else {
@@ -145,24 +163,14 @@ fn the_host_stage_appends_what_the_plain_copy_reads() {
         let x = device.upload(&values).unwrap();
         let mut plain = vec![0.0f32; n];
         device.copy_to_host(&x.as_view(), &mut plain).unwrap();
-        let start = out.len();
         stage
             .append_to_host(&device, &x.as_view(), &mut out)
             .unwrap();
-        assert_eq!(out.len(), start + n, "{n} values");
-        assert!(
-            out[start..]
-                .iter()
-                .zip(&plain)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{n} values differ from the plain copy"
+        assert_appended(
+            &mut out,
+            &plain,
+            &format!("{n} values, against the plain copy"),
         );
-        assert_eq!(
-            &out[..3],
-            &[-1.0; 3],
-            "what was in the buffer before is kept"
-        );
-        out.truncate(3);
     }
 }
 
@@ -188,26 +196,13 @@ fn the_host_stage_appends_pieces_in_order() {
             .collect();
         let x = device.upload(&values).unwrap();
         stage.begin_pieces(&device, n).unwrap();
-        for range in row_pieces(n, pieces) {
+        for range in row_pieces(n, pieces, false) {
             stage
                 .queue_piece(&device, &x.slice(range.clone()), range)
                 .unwrap();
         }
         stage.finish_pieces(&mut out).unwrap();
-        assert_eq!(out.len(), 3 + n, "{n} values in {pieces} pieces");
-        assert!(
-            out[3..]
-                .iter()
-                .zip(&values)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{n} values in {pieces} pieces differ from the uploaded ones"
-        );
-        assert_eq!(
-            &out[..3],
-            &[-1.0; 3],
-            "what was in the buffer before is kept"
-        );
-        out.truncate(3);
+        assert_appended(&mut out, &values, &format!("{n} values in {pieces} pieces"));
     }
     let x = device.upload(&[1.0f32; 64]).unwrap();
     stage.begin_pieces(&device, 64).unwrap();

@@ -23,7 +23,7 @@ impl CudaBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         if let (&[row], Some(pieces)) = (rows, logits_pieces(head.rows)) {
-            return self.head_logits_in_pieces(head, row, x, &pieces, out);
+            return self.head_logits_in_pieces(head, row, x, pieces, out);
         }
         self.head_runs(head, rows, x, usize::MAX, |scratch, n| {
             let logits = scratch.logits.slice(..n * head.rows);
@@ -50,7 +50,7 @@ impl CudaBackend {
         head: &weights::DeviceMatrix,
         row: usize,
         x: &CudaAct,
-        pieces: &[std::ops::Range<usize>],
+        pieces: impl Iterator<Item = std::ops::Range<usize>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         graph::lock(&self.graphs)?.interrupt()?;
@@ -144,7 +144,7 @@ fn pinned_logits() -> bool {
 /// IQ2_XXS file's logits over 24 tokens, H100). H100, twenty-third session, tg128 at depths
 /// 0 / 4096 against one piece: 4 pieces +0.8 / +1.0 % and +0.8 / +0.6 % (two interleaved
 /// rounds), then +1.1 / +0.5 %; 8 pieces +1.2 / +0.6 %; 16 pieces -0.1 / -0.3 %.
-fn logits_pieces(vocab: usize) -> Option<Vec<std::ops::Range<usize>>> {
+fn logits_pieces(vocab: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
     static PIECES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let n = *PIECES.get_or_init(|| {
         std::env::var("REDLITE_LOGITS_PIECES")
@@ -153,15 +153,13 @@ fn logits_pieces(vocab: usize) -> Option<Vec<std::ops::Range<usize>>> {
             .filter(|n| (1..=16).contains(n))
             .unwrap_or(4)
     });
-    let pieces = match LOGITS_HALVING.on() {
-        true => redlite_cuda::row_pieces_halving(vocab, n),
-        false => redlite_cuda::row_pieces(vocab, n),
-    };
-    (pinned_logits() && pieces.len() > 1).then_some(pieces)
+    let mut pieces = redlite_cuda::row_pieces(vocab, n, LOGITS_HALVING.on()).peekable();
+    let several = pieces.peek().is_some_and(|first| first.len() < vocab);
+    (pinned_logits() && several).then_some(pieces)
 }
 
 /// `REDLITE_LOGITS_HALVING=1` (an A/B, off until measured on a GPU): the logits' pieces halve
-/// (a half, a quarter, ... `redlite_cuda::row_pieces_halving`) instead of being equal, so the
+/// (a half, a quarter, ...: `redlite_cuda::row_pieces`) instead of being equal, so the
 /// copy and host append that follow the whole product are the smallest piece's: with 5
 /// pieces 9,472 of 151,936 floats instead of 4 equal pieces' 37,888. Predicted against the
 /// default: +0.3-0.5 % (~15 µs of the ~20 µs tail of 4 equal pieces).
