@@ -8,12 +8,12 @@
 #   AB="REDLITE_GRAPH_EARLY_LAUNCH=0 REDLITE_ATTN_SPLIT_WARPS=8" bash scripts/device/ab_rounds.sh
 #
 # Env: AB (settings, each VAR=value or several joined by +), ROUNDS (3), DEPTHS (0,4096),
-# BENCH_EXTRA (more bench arguments), OUT.
+# BENCH_EXTRA (more bench arguments), M (the file; written with its MTP block if absent), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/device/common.sh
 source "$ROOT/scripts/device/common.sh"
-R="$ROOT/target/release/redlite"; M="$W/full-IQ2_XXS-mtp.gguf"
+R="$ROOT/target/release/redlite"; M="${M:-$W/full-IQ2_XXS-mtp.gguf}"
 unpack "$D/redlite.xz" "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 [ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
