@@ -13,6 +13,7 @@ use crate::source::{
     SMALL_BATCH_MAX_TOKENS,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
+use std::sync::OnceLock;
 
 /// An element type of the KV cache: f32, or f16 stored as its bits (`u16`).
 pub trait KvElement: DeviceRepr {
@@ -165,7 +166,23 @@ pub fn attention_prep<T: KvElement>(
 /// shorter `partials` buffer uses fewer splits, and one too short for two runs the
 /// single-pass kernel.
 pub fn attention_partials_len(tokens: usize, heads: usize, head_dim: usize) -> usize {
-    tokens * heads * ATTENTION_MAX_SPLITS * (head_dim + 2)
+    tokens * heads * attention_max_splits() * (head_dim + 2)
+}
+
+/// Most KV-length splits a token's attention takes: [`ATTENTION_MAX_SPLITS`], or
+/// `REDLITE_ATTN_MAX_SPLITS=N` (2 to 256), a measurement switch (the planner counts the
+/// default's scratch). More splits shorten each split CTA's walk over the cache (at depth 4096
+/// each warp of 64 splits walks 5 groups of 4 positions, of 128 splits 3) and lengthen the
+/// combine's.
+pub fn attention_max_splits() -> usize {
+    static MOST: OnceLock<usize> = OnceLock::new();
+    *MOST.get_or_init(|| {
+        std::env::var("REDLITE_ATTN_MAX_SPLITS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (2..=256).contains(n))
+            .unwrap_or(ATTENTION_MAX_SPLITS)
+    })
 }
 
 /// The kernels that run a batch's attention (the same result to f32 rounding).

@@ -1,6 +1,7 @@
 //! Launchers of the layer kernels: pick the specialization, size the grid and the dynamic
 //! shared memory for a shape the op entry (`layer_ops`) already validated.
 
+use crate::attention_ops::attention_max_splits;
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_ops::TokenWalk;
@@ -9,9 +10,8 @@ pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route, 
 use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_GQA_GROUP, ATTENTION_GQA_WARPS,
-    ATTENTION_HEADS_PER_CTA, ATTENTION_MAX_SPLITS, ATTENTION_MIN_CHUNK, ATTENTION_WARPS,
-    CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS, LAYER_WARPS,
-    SMALL_BATCH_MAX_TOKENS,
+    ATTENTION_HEADS_PER_CTA, ATTENTION_MIN_CHUNK, ATTENTION_WARPS, CONV_TOKENS_THREADS,
+    DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
 };
 use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
@@ -359,7 +359,7 @@ fn split_enabled() -> bool {
 }
 
 /// Splits of the KV length for `d` (1: the single-pass kernel): one per
-/// `ATTENTION_MIN_CHUNK` positions, at most `ATTENTION_MAX_SPLITS`, and as many as
+/// `ATTENTION_MIN_CHUNK` positions, at most `attention_max_splits()`, and as many as
 /// `partials_len` floats hold. `REDLITE_ATTN_SPLIT=0` forces the single-pass kernel.
 fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
     if !split_enabled() {
@@ -368,7 +368,7 @@ fn attention_splits(d: &AttnDims, partials_len: usize) -> usize {
     let per_split = d.tokens * d.heads * (d.head_dim + 2);
     (d.pos0 + d.tokens)
         .div_ceil(ATTENTION_MIN_CHUNK)
-        .min(ATTENTION_MAX_SPLITS)
+        .min(attention_max_splits())
         .min(partials_len / per_split.max(1))
         .max(1)
 }
@@ -466,7 +466,7 @@ fn device_pos_splits(d: &AttnDims, partials_len: usize) -> usize {
         return 1;
     }
     let per_split = d.tokens * d.heads * (d.head_dim + 2);
-    ATTENTION_MAX_SPLITS.min(partials_len / per_split.max(1))
+    attention_max_splits().min(partials_len / per_split.max(1))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -57,8 +57,8 @@ mod switch;
 mod tables;
 
 pub use attention_ops::{
-    attention, attention_on, attention_partials_len, attention_prep, AttentionKernels,
-    AttentionShape, KvElement, Position,
+    attention, attention_max_splits, attention_on, attention_partials_len, attention_prep,
+    AttentionKernels, AttentionShape, KvElement, Position,
 };
 pub use attention_prefill::FLASH_PREFILL_MIN_TOKENS;
 pub use cache::cache_dir;

@@ -77,7 +77,8 @@ pub(crate) const CONV_KERNELS: [usize; 1] = [4];
 pub(crate) const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Warps per CTA of the attention kernels.
 pub(crate) const ATTENTION_WARPS: u32 = 4;
-/// Most KV-length splits of the flash-decoding attention (per token and head).
+/// Most KV-length splits of the flash-decoding attention (per token and head), unless
+/// `REDLITE_ATTN_MAX_SPLITS` says otherwise (`attention_max_splits`).
 pub const ATTENTION_MAX_SPLITS: usize = 64;
 /// Fewest positions per split: shorter ranges do not pay for their partials.
 pub(crate) const ATTENTION_MIN_CHUNK: usize = 32;
