@@ -22,6 +22,8 @@ pub struct Device {
     side: SideStream,
     /// Products of a layer that need nothing of each other: see [`Device::on_branch`].
     branch: SideStream,
+    /// A third lane for such products: see [`Device::on_second_branch`].
+    second_branch: SideStream,
     arch: String,
     multiprocessors: u32,
     /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
@@ -79,6 +81,7 @@ impl Device {
         let stream = raw::single_stream(&context)?;
         let side = SideStream::new(&context)?;
         let branch = SideStream::new(&context)?;
+        let second_branch = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
         let modules = modules();
         for compiled in compile_modules_cached(&modules, &arch)? {
@@ -99,6 +102,7 @@ impl Device {
             stream,
             side,
             branch,
+            second_branch,
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
@@ -181,18 +185,21 @@ impl Device {
     /// stream. Nothing otherwise.
     pub fn mark(&self, component: &'static str) {
         // Side and branch work is not a component of the main stream's timeline.
-        if !self.side.is_active() && !self.branch.is_active() {
+        if !self.side.is_active() && !self.branch.is_active() && !self.second_branch.is_active() {
             crate::profile::mark(self.stream(), component);
         }
     }
 
     /// The stream the ops of this device are queued on: the main stream, the side stream
-    /// inside [`Device::on_side`], or the branch stream inside [`Device::on_branch`].
+    /// inside [`Device::on_side`], or a branch stream inside [`Device::on_branch`] or
+    /// [`Device::on_second_branch`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         if self.side.is_active() {
             &self.side.stream
         } else if self.branch.is_active() {
             &self.branch.stream
+        } else if self.second_branch.is_active() {
+            &self.second_branch.stream
         } else {
             &self.stream
         }
@@ -223,9 +230,19 @@ impl Device {
         self.fork_onto(&self.branch, work)
     }
 
-    /// The main stream waits for all the branch stream's work (nothing when there is none).
+    /// [`Device::on_branch`] on a stream of its own beside the first branch: three products
+    /// that read the same input side by side.
+    pub fn on_second_branch<T, E: From<CudaError>>(
+        &self,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.fork_onto(&self.second_branch, work)
+    }
+
+    /// The main stream waits for all the branch streams' work (nothing when there is none).
     pub fn join_branch(&self) -> Result<(), CudaError> {
-        self.join_from(&self.branch)
+        self.join_from(&self.branch)?;
+        self.join_from(&self.second_branch)
     }
 
     fn fork_onto<T, E: From<CudaError>>(

@@ -36,14 +36,12 @@ pub fn forward(
     let mut k = s.k.slice_mut(..t * kv_width);
     let mut v = s.v.slice_mut(..t * kv_width);
     device.mark("attention projections");
-    beside::products(
+    beside::products3(
         device,
         t,
         || Ok(matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?),
-        || {
-            matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?;
-            Ok(matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?)
-        },
+        || Ok(matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?),
+        || Ok(matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?),
     )?;
     let shape = AttentionShape {
         tokens: t,

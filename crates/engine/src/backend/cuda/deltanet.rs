@@ -58,7 +58,7 @@ pub fn forward(
         Some(_) => &mut qkv,
         None => &mut proj,
     };
-    beside::products(
+    beside::products3(
         device,
         t,
         || {
@@ -73,8 +73,9 @@ pub fn forward(
             if let Some(gate) = &w.gate_proj {
                 matmul_quantized(device, &gate.view(), (h, h_q8), &mut z)?;
             }
-            Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?)
+            Ok(())
         },
+        || Ok(matmul_quantized(device, &w.ba.view(), (h, h_q8), &mut ba)?),
     )?;
     if w.gate_proj.is_none() {
         deltanet_split(device, &shape, &proj.as_view(), &mut qkv, &mut z)?;
