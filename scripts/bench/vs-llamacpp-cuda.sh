@@ -8,7 +8,6 @@
 #   bash scripts/bench/vs-llamacpp-cuda.sh build     # llama-bench, in the background (~5 min)
 #   bash scripts/bench/vs-llamacpp-cuda.sh synth     # the model file (RECIPE, default IQ2_XXS)
 #   bash scripts/bench/vs-llamacpp-cuda.sh bench     # waits for the build, then both benches
-#   bash scripts/bench/vs-llamacpp-cuda.sh pack      # the build into $OUT, for a later machine
 #
 # Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS), TG (128), DEPTHS (0,4096), PP (512),
 # ROUNDS (2), KV (f32), OUT (where logs go; $OUT on the device machine).
@@ -20,16 +19,8 @@ MODEL="$WORK/full-$RECIPE.gguf"
 mkdir -p "$WORK" "$LOGS"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 
-PACKED="$ROOT/.cache/device/llama-bench.tar.xz"
 case "${1:-all}" in
 build)
-  # A build packed by an earlier machine (`pack`, carried back as .cache/device/llama-bench.tar.xz)
-  # is unpacked where it was built (its binary's run path), instead of five minutes of nvcc.
-  if [ ! -x "$WORK/llama/build/bin/llama-bench" ] && [ -f "$PACKED" ]; then
-    mkdir -p "$WORK/llama" && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-      "$PACKED" "$WORK/llama" && echo unpacked > "$WORK/llama/build.done"
-    echo "llama-bench unpacked from $(basename "$PACKED")"
-  fi
   # Not again while an earlier call's build runs on this machine (its log exists).
   if [ ! -x "$WORK/llama/build/bin/llama-bench" ] && [ ! -f "$WORK/llama/build.log" ]; then
     mkdir -p "$WORK/llama" && tar xzf "$ROOT/.cache/device/llama-src.tgz" -C "$WORK/llama"
@@ -75,15 +66,6 @@ for name, (l, o) in rows.items():
     lm = statistics.mean(l) if l else float("nan"); om = statistics.mean(o) if o else float("nan")
     print(f"| {name} | {lm:.1f} | {om:.1f} | {om / lm:.2f}x |")
 PY
-  ;;
-pack)
-  # llama-bench and its libraries, xz-compressed into $OUT for a later machine's `build`
-  # (a file comes back if at most 16 MiB).
-  while [ ! -f "$WORK/llama/build.done" ]; do sleep 5; done
-  (cd "$WORK/llama" && python3 -c 'import sys, tarfile
-with tarfile.open(sys.argv[1], "w:xz") as t:
-    for f in sys.argv[2:]: t.add(f)' "$LOGS/llama-bench.tar.xz" build/bin/llama-bench build/bin/*.so*)
-  ls -la "$LOGS/llama-bench.tar.xz"
   ;;
 all) "$0" build; "$0" synth; "$0" bench ;;
 esac
