@@ -16,7 +16,7 @@ use crate::error::Result;
 
 /// Queues `first` and `others` for `tokens` rows, beside each other where that applies, in
 /// this order otherwise; either way both are done before what the main stream queues next.
-pub fn products(
+fn products(
     device: &Device,
     tokens: usize,
     first: impl FnOnce() -> Result<()>,
