@@ -158,11 +158,11 @@ fn logits_pieces(vocab: usize) -> Option<impl Iterator<Item = std::ops::Range<us
     (pinned_logits() && several).then_some(pieces)
 }
 
-/// `REDLITE_LOGITS_HALVING=1` (an A/B, off until measured on a GPU): the logits' pieces halve
-/// (a half, a quarter, ...: `redlite_cuda::row_pieces`) instead of being equal, so the
-/// copy and host append that follow the whole product are the smallest piece's: with 5
-/// pieces 9,472 of 151,936 floats instead of 4 equal pieces' 37,888. Predicted against the
-/// default: +0.3-0.5 % (~15 µs of the ~20 µs tail of 4 equal pieces).
+/// `REDLITE_LOGITS_HALVING=1` (an A/B, off): the logits' pieces halve (a half, a quarter,
+/// ...: `redlite_cuda::row_pieces`) instead of being equal, so the copy and host append that
+/// follow the whole product are the smallest piece's: with 5 pieces 9,472 of 151,936 floats
+/// instead of 4 equal pieces' 37,888. Predicted +0.3-0.5 %; H100, twenty-fourth session, two
+/// interleaved rounds: +0.2 / +0.1 % at depths 0 / 4096, within the spread between processes.
 pub static LOGITS_HALVING: Switch = Switch::new("REDLITE_LOGITS_HALVING", false);
 
 /// Greedy steps, MTP drafts and verifications pick their tokens on the device

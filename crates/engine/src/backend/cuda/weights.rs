@@ -147,21 +147,18 @@ impl DeviceMatrix {
     }
 
     pub fn view(&self) -> WeightMatrix<'_> {
-        let bytes = self.row_bytes() * self.rows;
-        WeightMatrix {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            bytes: self.bytes.slice(..bytes),
-            dots: self.dots,
-        }
+        self.slice_rows(0..self.rows)
     }
 
     /// Rows `range` of the matrix (consecutive rows are consecutive bytes), or `None` past
     /// its rows.
     pub fn rows_view(&self, range: std::ops::Range<usize>) -> Option<WeightMatrix<'_>> {
+        (range.start < range.end && range.end <= self.rows).then(|| self.slice_rows(range))
+    }
+
+    fn slice_rows(&self, range: std::ops::Range<usize>) -> WeightMatrix<'_> {
         let row_bytes = self.row_bytes();
-        (range.start < range.end && range.end <= self.rows).then(|| WeightMatrix {
+        WeightMatrix {
             ty: self.ty,
             rows: range.len(),
             cols: self.cols,
@@ -169,7 +166,7 @@ impl DeviceMatrix {
                 .bytes
                 .slice(range.start * row_bytes..range.end * row_bytes),
             dots: self.dots,
-        })
+        }
     }
 
     /// The matrix with the rows stored after it (a router with the shared-expert gate row),
