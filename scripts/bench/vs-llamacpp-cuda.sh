@@ -9,8 +9,15 @@
 #   bash scripts/bench/vs-llamacpp-cuda.sh synth     # the model file (RECIPE, default IQ2_XXS)
 #   bash scripts/bench/vs-llamacpp-cuda.sh bench     # waits for the build, then both benches
 #
-# Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS), TG (128), DEPTHS (0,4096), PP (512),
-# ROUNDS (2), KV (f32), OUT (where logs go; $OUT on the device machine).
+# Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS), TG (128), DEPTHS (0,4096), PP (512; 0: no
+# prompt test, which at depth 32768 saves most of a round), ROUNDS (2), KV (redlite's KV cache:
+# f32, f16, or a list such as f16,f32: each round runs llama-bench once, with its default f16
+# cache, then redlite once per listed type), OUT (where logs go; $OUT on the device machine).
+#
+# Issue 6's matrix, each recipe on one warm machine after `build` (llama.cpp builds in about 2
+# minutes on an H100; `bench` waits for it):
+#   RECIPE=IQ1_M bash scripts/bench/vs-llamacpp-cuda.sh synth
+#   RECIPE=IQ1_M KV=f16,f32 PP=0 DEPTHS=0,4096,32768 ROUNDS=1 bash scripts/bench/vs-llamacpp-cuda.sh bench
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/rl}"; RECIPE="${RECIPE:-IQ2_XXS}"; TG="${TG:-128}"; PP="${PP:-512}"
@@ -38,33 +45,46 @@ synth)
 bench)
   while [ ! -f "$WORK/llama/build.done" ]; do sleep 5; done
   [ -x "$WORK/llama/build/bin/llama-bench" ] || { tail -20 "$WORK/llama/build.log"; exit 1; }
+  # llama-bench takes -p 0 as "no prompt test"; so does redlite's bench.
   for round in $(seq 1 "$ROUNDS"); do
     "$WORK/llama/build/bin/llama-bench" -m "$MODEL" -ngl 99 -fa 1 -p "$PP" -n "$TG" -d "$DEPTHS" -r 3 -o json \
       > "$LOGS/llamacpp-$round.json" 2> "$LOGS/llamacpp-$round.log" || tail -5 "$LOGS/llamacpp-$round.log"
-    "$ROOT/target/release/redlite" bench -m "$MODEL" --device cuda --kv "$KV" -p "$PP" -n "$TG" -d "$DEPTHS" -r 3 --json \
-      > "$LOGS/redlite-$round.json" 2> "$LOGS/redlite-$round.log" || tail -5 "$LOGS/redlite-$round.log"
+    for kv in ${KV//,/ }; do
+      "$ROOT/target/release/redlite" bench -m "$MODEL" --device cuda --kv "$kv" -p "$PP" -n "$TG" -d "$DEPTHS" -r 3 --json \
+        > "$LOGS/redlite-$kv-$round.json" 2> "$LOGS/redlite-$kv-$round.log" || tail -5 "$LOGS/redlite-$kv-$round.log"
+    done
   done
-  python3 - "$LOGS" "$ROUNDS" "$MODEL" <<'PY'
+  python3 - "$LOGS" "$ROUNDS" "$MODEL" "$KV" <<'PY'
 import json, sys, statistics, os
-logs, rounds, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+logs, rounds, model, kvs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split(",")
+# rows[test] = [llama.cpp figures, {kv: redlite figures}]
 rows = {}
+def row(name):
+    return rows.setdefault(name, [[], {kv: [] for kv in kvs}])
 for r in range(1, rounds + 1):
     try:
         for x in json.load(open(f"{logs}/llamacpp-{r}.json")):
-            name = f"pp{x['n_prompt']}" if x["n_gen"] == 0 else f"tg{x['n_gen']}" + (f" @ d{x['n_depth']}" if x.get("n_depth") else "")
-            rows.setdefault(name, [[], []])[0].append(x["avg_ts"])
+            if x["n_gen"] == 0 and x["n_prompt"] == 0:
+                continue
+            name = f"pp{x['n_prompt']}" if x["n_gen"] == 0 else f"tg{x['n_gen']}"
+            name += f" @ d{x['n_depth']}" if x.get("n_depth") else ""
+            row(name)[0].append(x["avg_ts"])
     except Exception as e:
         print("llama.cpp round", r, "unreadable:", e)
-    try:
-        for x in json.load(open(f"{logs}/redlite-{r}.json"))["results"]:
-            rows.setdefault(x["test"], [[], []])[1].append(x["avg_ts"])
-    except Exception as e:
-        print("redlite round", r, "unreadable:", e)
-print(f"file {os.path.basename(model)}, {rounds} alternating rounds")
-print("| test | llama.cpp t/s | redlite t/s | ratio |\n|---|---|---|---|")
-for name, (l, o) in rows.items():
-    lm = statistics.mean(l) if l else float("nan"); om = statistics.mean(o) if o else float("nan")
-    print(f"| {name} | {lm:.1f} | {om:.1f} | {om / lm:.2f}x |")
+    for kv in kvs:
+        try:
+            for x in json.load(open(f"{logs}/redlite-{kv}-{r}.json"))["results"]:
+                row(x["test"])[1][kv].append(x["avg_ts"])
+        except Exception as e:
+            print(f"redlite ({kv} KV) round", r, "unreadable:", e)
+mean = lambda xs: statistics.mean(xs) if xs else float("nan")
+print(f"file {os.path.basename(model)}, {rounds} alternating rounds; llama.cpp with its f16 KV cache")
+print("| test | llama.cpp t/s | " + " | ".join(f"redlite {kv} KV | ratio" for kv in kvs) + " |")
+print("|---|---|" + "---|---|" * len(kvs))
+for name, (l, ours) in rows.items():
+    lm = mean(l)
+    cells = " | ".join(f"{mean(ours[kv]):.1f} | {mean(ours[kv]) / lm:.2f}x" for kv in kvs)
+    print(f"| {name} | {lm:.1f} | {cells} |")
 PY
   ;;
 all) "$0" build; "$0" synth; "$0" bench ;;
