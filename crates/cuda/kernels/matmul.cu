@@ -260,26 +260,6 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
     // batch: an MTP verification, serving slots) while the previous kernel still runs.
     if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
     const int items = cols / B::VALUES * B::ITEMS;
-#if REDLITE_SMALL_LOADS_AHEAD
-    // Compile option REDLITE_SMALL_LOADS_AHEAD=1 (compile.rs; off until measured: 63 → 80
-    // registers a thread, 4 → 3 CTAs a multiprocessor, and Q5_K spills): small batches (one
-    // row a warp, the instantiations of `matmul_q8_small_kernel`) load the lane's first items
-    // before the wait too, as matmul_q8_kernel does for one token; the prompts' tiles keep the
-    // plain loop. The same sums in the same order either way.
-    constexpr int AHEAD = ROWS == 1 ? Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, 1) : 0;
-#else
-    constexpr int AHEAD = 0;
-#endif
-    typename Q8Dot<B>::Raw raw[AHEAD > 0 ? AHEAD : 1];
-    if constexpr (AHEAD > 0) {
-#pragma unroll
-        for (int p = 0; p < AHEAD; ++p) {
-            const int i = lane + p * WARP_SIZE;
-            if (i < items && row0 < rows) {
-                raw[p] = Q8Dot<B>::load(w + i64(i / B::ITEMS) * B::BYTES, i % B::ITEMS);
-            }
-        }
-    }
     pdl_begin();
     q8_prepare<B>();
     extern __shared__ float4 q8_shared[];
@@ -291,25 +271,7 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[r][j] = 0.0f;
     }
-    int first = lane;
-    if constexpr (AHEAD > 0) {
-#pragma unroll
-        for (int p = 0; p < AHEAD; ++p) {
-            const int i = lane + p * WARP_SIZE;
-            if (i < items) {
-                const int block = i / B::ITEMS, item = i % B::ITEMS;
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    if (j < nt) {
-                        acc[0][j] += Q8Dot<B>::dot(raw[p], item, xq + j * cols + block * B::VALUES,
-                                                   xd[j * nb + block]);
-                    }
-                }
-            }
-        }
-        first = lane + AHEAD * WARP_SIZE;
-    }
-    for (int i = first; i < items; i += WARP_SIZE) {
+    for (int i = lane; i < items; i += WARP_SIZE) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const u8* wb = w + i64(block) * B::BYTES;
 #pragma unroll

@@ -11,20 +11,6 @@
 // hold 2-4 items, was slower (10.0 -> 11.1 and 13.3 -> 15.1 us) and was removed. Needs
 // moe.cu (the skip tests) and q8dot.cuh before it.
 
-// Blocks a warp of the down quantizes at a time: with REDLITE_DOWN_INPUT_UNROLL=6 on sm_90
-// a CTA of 4 warps issues the loads of the 80B model's 22 blocks (10 experts and the shared
-// one, 512 values each) in one round instead of two; the same codes either way (host
-// emulator). 4 until a GPU has measured it, and always before sm_90, where 6 put three down
-// kernels' values on the stack.
-#ifndef REDLITE_DOWN_INPUT_UNROLL
-#define REDLITE_DOWN_INPUT_UNROLL 4
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define DOWN_INPUT_UNROLL Q8_UNROLL
-#else
-#define DOWN_INPUT_UNROLL REDLITE_DOWN_INPUT_UNROLL
-#endif
-
 // The down kernels' input of token t quantized into shared memory `staging`: the `used`
 // SwiGLU rows of act (ff values each), then the shared expert's (shared_ff values; 0 when
 // none). `ad` gets the block scales, `aq` the codes (the routed ones first). Ends with a
@@ -37,7 +23,7 @@ static __device__ __forceinline__ void quantize_down_input(float4* staging,
     const int routed = used * ff;
     ad = reinterpret_cast<float*>(staging);
     aq = reinterpret_cast<i8*>(staging) + q8_scales_bytes(routed + shared_ff);
-    quantize_q8k_shared<DOWN_INPUT_UNROLL>(act + i64(t) * routed, routed,
+    quantize_q8k_shared(act + i64(t) * routed, routed,
                         shared_ff > 0 ? act_shared + i64(t) * shared_ff : nullptr, shared_ff,
                         ad, aq);
 }

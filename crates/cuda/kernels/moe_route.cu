@@ -376,158 +376,31 @@ static __device__ __forceinline__ void route_in_last_cta(const float* logits, fl
 }
 
 // One decode token's router and routing in one launch (`REDLITE_ROUTER_TOPK=0`: the
-// router's split-K matmul, then the routing with the gate row, moe_route_gate_kernel). `w`:
-// the F32 router's n_expert rows; `gate_w`: the shared expert's gate row, in blocks GB (F32
-// rows stored after the router's, or an F16 row of its own as the real files have). Grid
-// n_expert + 1 CTAs of WARPS warps, CTA r reducing row r as matmul_splitk_kernel<F32x4,
-// WARPS> (the gate row: <GB, WARPS>) does (same lanes, same order) into logits[r]. Under PDL
-// each CTA asks L2 for its row before the wait, as the split-K matmul does. The last CTA to
-// finish (a ticket counter that it resets for the next launch) copies the logits to shared
-// memory and its first warp routes as moe_route_v2_kernel does: the same bits as the split-K
-// launches and the routing.
-template <int PER, int WARPS, class GB>
+// router's split-K matmul, then the routing). `w`: the F32 router's n_expert rows, then the
+// shared expert's gate row (stored after them). Grid n_expert + 1 CTAs of WARPS warps, CTA r
+// reducing row r as matmul_splitk_kernel<F32x4, WARPS> does (same lanes, same order) into
+// logits[r]. Under PDL each CTA asks L2 for its row before the wait, as the split-K matmul
+// does. The last CTA to finish (a ticket counter that it resets for the next launch) copies
+// the logits to shared memory and its first warp routes as moe_route_v2_kernel does: the same
+// bits as the split-K launch and the routing.
+template <int PER, int WARPS>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
-router_topk_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
-                   const float* __restrict__ x, float* __restrict__ logits,
-                   int* __restrict__ ticket, int* __restrict__ ids, float* __restrict__ weights,
-                   float* __restrict__ shared_weight, int cols, int n_expert, int used) {
+router_topk_kernel(const u8* __restrict__ w, const float* __restrict__ x,
+                   float* __restrict__ logits, int* __restrict__ ticket, int* __restrict__ ids,
+                   float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
+                   int n_expert, int used) {
     __shared__ float scratch[32];
     __shared__ float l[32 * PER + 1];
     const int row = blockIdx.x;
-    const bool gate_row = row == n_expert;
     const i64 row_bytes = i64(cols / F32x4::VALUES) * F32x4::BYTES;
-    const u8* r = gate_row ? gate_w : w + row * row_bytes;
+    const u8* r = w + row * row_bytes;
 #if REDLITE_PDL
     // The row asked of L2 while the previous kernel still runs.
-    prefetch_l2(r, gate_row ? i64(cols / GB::VALUES) * GB::BYTES : row_bytes, threadIdx.x,
-                WARPS * WARP_SIZE);
+    prefetch_l2(r, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
 #endif
     pdl_begin();
-    const float part = gate_row ? row_dot_lane<GB, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x)
-                                : row_dot_lane<F32x4, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x);
+    const float part = row_dot_lane<F32x4, WARPS * WARP_SIZE>(r, x, cols, threadIdx.x);
     const float sum = block_reduce_sum(part, scratch);
     if (!last_router_cta(logits, row, sum, ticket)) return;
-    route_in_last_cta<PER>(logits, l, ticket, ids, weights, shared_weight, n_expert, used);
-}
-
-// One decode token's post-mixer add + RMSNorm, router and routing in one launch
-// (`REDLITE_ROUTER_NORM=1`): add_rms_norm_q8_kernel then router_topk_kernel, the same bits,
-// one kernel boundary a layer fewer and the norm off the critical path's single CTA. Every
-// CTA adds the mixer's output y to the residual x and normalizes the row itself the way
-// norm_row's vector path does in the norm kernel's CTA of ROUTER_NORM_THREADS threads: thread
-// i here plays its threads i and i + blockDim (the same float4 chunks in the same order, the
-// same warp sums, the same sum of the 8 warp sums), so each CTA holds the norm's output bits,
-// staged in shared memory for its row's dot (router_topk_kernel's, reading the stage instead
-// of global memory). CTA b < cols / 256 writes the normed row's block b and its Q8_K codes
-// (quantize_q8k_blocks, a block per warp whatever the CTA's size: the norm kernel's codes);
-// the last CTA, when every CTA has read x, writes the updated residual and routes. Needs cols
-// a multiple of 256, at most ROUTER_NORM_CHUNKS x 4 x ROUTER_NORM_THREADS, 16-byte aligned
-// rows (the launcher checks: norm_row's vector path), and n_expert + 1 >= cols / 256 CTAs.
-// Dynamic shared memory: cols floats.
-#define ROUTER_NORM_THREADS 256
-#define ROUTER_NORM_CHUNKS 4 // norm_row's NORM_CHUNKS (elementwise.cu)
-template <int PER, int WARPS, class GB>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
-router_topk_norm_kernel(const u8* __restrict__ w, const u8* __restrict__ gate_w,
-                        float* __restrict__ x, const float* __restrict__ y,
-                        const float* __restrict__ norm_w, float* __restrict__ h,
-                        float* __restrict__ hd, i8* __restrict__ hq, float* __restrict__ logits,
-                        int* __restrict__ ticket, int* __restrict__ ids,
-                        float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
-                        int n_expert, int used, float eps) {
-    constexpr int T = WARPS * WARP_SIZE;
-    static_assert(2 * T == ROUTER_NORM_THREADS, "each thread plays two of the norm kernel's");
-    __shared__ float scratch[32];
-    __shared__ float l[32 * PER + 1];
-    extern __shared__ float4 router_norm_stage[];
-    float* stage = reinterpret_cast<float*>(router_norm_stage);
-    const int row = blockIdx.x;
-    const bool gate_row = row == n_expert;
-    const i64 row_bytes = i64(cols / F32x4::VALUES) * F32x4::BYTES;
-    const u8* r = gate_row ? gate_w : w + row * row_bytes;
-    const int chunks = cols / 4;
-#if REDLITE_PDL
-    prefetch_l2(r, gate_row ? i64(cols / GB::VALUES) * GB::BYTES : row_bytes, threadIdx.x, T);
-#endif
-    // Chunk i of the row belongs to the norm kernel's thread i % ROUTER_NORM_THREADS; this
-    // thread plays threads threadIdx.x (s = 0) and threadIdx.x + T (s = 1).
-    float4 wv[2][ROUTER_NORM_CHUNKS], v[2][ROUTER_NORM_CHUNKS];
-    // The norm's weight before the wait, as norm_row does under PDL (no kernel writes it).
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-        for (int c = 0; c < ROUTER_NORM_CHUNKS; ++c) {
-            const int i = threadIdx.x + s * T + c * ROUTER_NORM_THREADS;
-            if (i < chunks) wv[s][c] = reinterpret_cast<const float4*>(norm_w)[i];
-        }
-    }
-    pdl_begin();
-    float ss[2];
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        // norm_row's sums, expression for expression.
-        ss[s] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < ROUTER_NORM_CHUNKS; ++c) {
-            const int i = threadIdx.x + s * T + c * ROUTER_NORM_THREADS;
-            if (i < chunks) {
-                v[s][c] = reinterpret_cast<const float4*>(x)[i];
-                const float4 a = reinterpret_cast<const float4*>(y)[i];
-                v[s][c] = make_float4(v[s][c].x + a.x, v[s][c].y + a.y, v[s][c].z + a.z,
-                                      v[s][c].w + a.w);
-                ss[s] += v[s][c].x * v[s][c].x;
-                ss[s] += v[s][c].y * v[s][c].y;
-                ss[s] += v[s][c].z * v[s][c].z;
-                ss[s] += v[s][c].w * v[s][c].w;
-            }
-        }
-    }
-    // block_reduce_sum over the norm kernel's 8 warps: this warp's two are warp and
-    // warp + WARPS there.
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    {
-        const float first = warp_reduce_sum(ss[0]), second = warp_reduce_sum(ss[1]);
-        if (lane == 0) {
-            scratch[warp] = first;
-            scratch[warp + WARPS] = second;
-        }
-    }
-    __syncthreads();
-    const float total = warp_reduce_sum(lane < 2 * WARPS ? scratch[lane] : 0.0f);
-    const float scale = 1.0f / sqrtf(total / float(cols) + eps);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-        for (int c = 0; c < ROUTER_NORM_CHUNKS; ++c) {
-            const int i = threadIdx.x + s * T + c * ROUTER_NORM_THREADS;
-            if (i < chunks) {
-                reinterpret_cast<float4*>(stage)[i] =
-                    make_float4(v[s][c].x * scale * wv[s][c].x, v[s][c].y * scale * wv[s][c].y,
-                                v[s][c].z * scale * wv[s][c].z, v[s][c].w * scale * wv[s][c].w);
-            }
-        }
-    }
-    __syncthreads();
-    if (row < cols / Q8K_VALUES) {
-        // Block `row` of the normed row for the expert products: f32 and Q8_K.
-        for (int j = threadIdx.x; j < Q8K_VALUES; j += T) {
-            h[row * Q8K_VALUES + j] = stage[row * Q8K_VALUES + j];
-        }
-        quantize_q8k_blocks([=](int) { return stage + row * Q8K_VALUES; }, 1, hd + row,
-                            hq + row * Q8K_VALUES);
-    }
-    const float part = gate_row ? row_dot_lane<GB, T>(r, stage, cols, threadIdx.x)
-                                : row_dot_lane<F32x4, T>(r, stage, cols, threadIdx.x);
-    const float sum = block_reduce_sum(part, scratch);
-    if (!last_router_cta(logits, row, sum, ticket)) return;
-    // Every CTA has read x (before its ticket): the residual can move on.
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-        for (int c = 0; c < ROUTER_NORM_CHUNKS; ++c) {
-            const int i = threadIdx.x + s * T + c * ROUTER_NORM_THREADS;
-            if (i < chunks) reinterpret_cast<float4*>(x)[i] = v[s][c];
-        }
-    }
     route_in_last_cta<PER>(logits, l, ticket, ids, weights, shared_weight, n_expert, used);
 }

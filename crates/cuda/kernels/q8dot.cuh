@@ -126,13 +126,12 @@ static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int bl
 
 // The input is `values` from `x` then `values2` from `x2` (both whole blocks; `x2` may be
 // null when `values2` is 0), staged back to back.
-template <int UNROLL = Q8_UNROLL>
 static __device__ __forceinline__ void quantize_q8k_shared(const float* __restrict__ x,
                                                            int values,
                                                            const float* __restrict__ x2,
                                                            int values2, float* d, i8* q) {
     const int blocks1 = values / Q8K_VALUES;
-    quantize_q8k_blocks<UNROLL>(
+    quantize_q8k_blocks(
         [=](int b) {
             return b < blocks1 ? x + i64(b) * Q8K_VALUES : x2 + i64(b - blocks1) * Q8K_VALUES;
         },
@@ -219,9 +218,6 @@ static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_
 // fewer where `rows` rows' Raws would pass the type's PRELOAD budget (registers): `Q8Ahead`.
 #ifndef REDLITE_Q8_LOADS_AHEAD
 #define REDLITE_Q8_LOADS_AHEAD 1
-#endif
-#ifndef REDLITE_SMALL_LOADS_AHEAD
-#define REDLITE_SMALL_LOADS_AHEAD 0
 #endif
 
 // Q8Dot<B>::dot(block, item, q, d8): item `item` of a B block (the same item split as

@@ -9,8 +9,7 @@ use crate::layer_launch::{self as launch, AttnDims, SplitKernel, SHARED_MAX_BYTE
 use crate::layer_ops::{supported, tokens_fit, MAX_GRID_YZ};
 use crate::ops::{fits, shape};
 use crate::source::{
-    ATTENTION_GQA_GROUP, ATTENTION_HEADS_PER_CTA, ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS,
-    SMALL_BATCH_MAX_TOKENS,
+    ATTENTION_HEADS_PER_CTA, ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, SMALL_BATCH_MAX_TOKENS,
 };
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
 use std::sync::OnceLock;
@@ -200,11 +199,6 @@ pub enum AttentionKernels {
     /// warps a CTA (the bits of `PerTokenHeads(4)`), the others eight and eight. Needs eight
     /// query heads to a KV head.
     PerTokenDepth(usize),
-    /// [`PerToken`](Self::PerToken) with one split CTA for all the query heads of a KV head,
-    /// four lanes a position (`attention_split_gqa_kernel`; the default's choice under
-    /// `REDLITE_ATTN_GQA=1`): other sums than the grouped kernels', so other bits. Needs
-    /// eight query heads to a KV head.
-    PerTokenGqa,
     /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
     /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
     FlashPrefill,
@@ -289,17 +283,6 @@ pub fn attention_on<T: KvElement>(
                 });
             }
             Some(SplitKernel::Heads(hpc))
-        }
-        AttentionKernels::PerTokenGqa => {
-            if group != ATTENTION_GQA_GROUP {
-                return Err(CudaError::NoSpecialization {
-                    op,
-                    what: "query heads to a KV head for the GQA split kernel",
-                    found: group,
-                    supported: "8",
-                });
-            }
-            Some(SplitKernel::Gqa)
         }
         AttentionKernels::FlashPrefill => None,
     };

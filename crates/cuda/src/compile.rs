@@ -27,14 +27,10 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
 /// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
 /// see `q8dot.cuh`), `REDLITE_Q8_LOADS_AHEAD=0` the one-token q8 products loading each item
-/// where they use it (`q8dot.cuh`), `REDLITE_SMALL_LOADS_AHEAD=1` the small batches' q8
-/// products (2 to 4 tokens) loading the lane's first items before the wait too (`matmul.cu`;
-/// off until measured: 63 → 80 registers), `REDLITE_PDL=0` the kernels without their programmatic
+/// where they use it (`q8dot.cuh`), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
-/// `raw/launcher.rs`), `REDLITE_DOWN_INPUT_UNROLL=6` the expert down's
-/// input quantized 6 blocks a warp at a time on sm_90 instead of 4 (`moe_decode.cu`, the same
-/// codes; off: it costs MTP 7 %), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs
-/// of 4 warps instead of 8 (`source::down_warps`);
+/// `raw/launcher.rs`), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs of 4 warps
+/// instead of 8 (`source::down_warps`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -45,11 +41,6 @@ fn options(arch: &str) -> Vec<String> {
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
-    let small_ahead = std::env::var("REDLITE_SMALL_LOADS_AHEAD").as_deref() == Ok("1");
-    let down_unroll = match std::env::var("REDLITE_DOWN_INPUT_UNROLL").as_deref() {
-        Ok("6") => 6,
-        _ => 4,
-    };
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -59,9 +50,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
-        format!("-DREDLITE_SMALL_LOADS_AHEAD={}", u8::from(small_ahead)),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
-        format!("-DREDLITE_DOWN_INPUT_UNROLL={down_unroll}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(

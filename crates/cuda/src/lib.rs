@@ -76,7 +76,6 @@ pub use greedy::{
     argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
 };
 pub use host_stage::{row_pieces, HostStage};
-pub use layer_launch::ATTN_GQA;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
     embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
@@ -89,7 +88,7 @@ pub use mma::{
 pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_cached::{moe_gate_up_cached, moe_gate_up_cached_takes, CacheCopies};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
-pub use moe_launch::{with_preload, MOE_BATCH_ROWS};
+pub use moe_launch::with_preload;
 pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
@@ -99,10 +98,7 @@ pub use q8_input::{
 };
 pub use route_gate::{moe_route_gate, moe_route_gate_takes};
 pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
-pub use router_topk::{
-    router_norm_on, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
-    PostNorm, RouterRows, ROUTER_NORM,
-};
+pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
     Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,

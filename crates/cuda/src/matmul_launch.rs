@@ -277,11 +277,6 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
     if let Some(r) = forced {
         return r;
     }
-    if q8 && rows >= HEAD_MIN_ROWS {
-        if let Some(r) = head_rows() {
-            return r;
-        }
-    }
     if q8 {
         return 1;
     }
@@ -292,27 +287,6 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         .copied()
         .find(|&r| ctas(r) >= 2 * multiprocessors)
         .unwrap_or(1)
-}
-
-/// Products of at least this many rows: the LM head (151,936 rows for Qwen3-Next; no other
-/// product of the model has more than 8,192).
-const HEAD_MIN_ROWS: usize = 65_536;
-
-/// `REDLITE_HEAD_ROWS=2` or `4` (off until measured): that many rows a warp in the one-token
-/// q8 products of at least `HEAD_MIN_ROWS` rows. The LM head reads 214 MB in 86 µs on the
-/// H200 (2.5 TB/s, nineteenth session): ~19,000 CTAs of warps that each hold one row's
-/// 1.4 KB in flight, then reduce, store and retire. Several rows a warp keep more bytes in
-/// flight per warp and share the prologue; the 8,192-row products keep one row (several rows a
-/// warp measured slower for them: `matmul_rows_per_warp`). The same bits (each row summed in
-/// one order).
-fn head_rows() -> Option<usize> {
-    static ROWS: OnceLock<Option<usize>> = OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::env::var("REDLITE_HEAD_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| MATMUL_V2_ROWS.contains(r))
-    })
 }
 
 /// Small batches' q8 products with all their tokens in each CTA, unless

@@ -7,11 +7,7 @@ use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREAD
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
-use crate::source::{
-    self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_PRELOAD_ITEMS, MOE_V3_WARPS,
-    ONE_TOKEN_KERNELS_MAX_TOKENS,
-};
-use crate::switch::Switch;
+use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_PRELOAD_ITEMS, MOE_V3_WARPS};
 use cudarc::driver::{CudaView, CudaViewMut};
 use redlite_gguf::GgmlType;
 use std::cell::Cell;
@@ -86,14 +82,15 @@ fn moe_q8_rows() -> usize {
     })
 }
 
-/// Rows per lane group of the q8 expert gate/up matvec for a batch of `tokens`:
-/// `REDLITE_MOE_GATE_UP_ROWS` (1, 2 or 4), else `REDLITE_MOE_ROWS` if set, else 2, or 4 for a
-/// batch of several tokens with [`MOE_BATCH_ROWS`]. Each row sums in the same order whatever
-/// the count (the same bits). Two rows halve the CTAs, so the 10 + 1 experts of a token
+/// Rows per lane group of the q8 expert gate/up matvec: `REDLITE_MOE_GATE_UP_ROWS` (1, 2 or
+/// 4), else `REDLITE_MOE_ROWS` if set, else 2, for any batch (four rows for batches of 2 to 16
+/// tokens measured slower on the H200, eighteenth session: pp2 504.7 vs 515.5 t/s, MTP one
+/// draft at 0.7 403.9 vs 410.4). Each row sums in the same order whatever the count (the same
+/// bits). Two rows halve the CTAs, so the 10 + 1 experts of a token
 /// fit one wave on the H200 and each CTA's input quantization serves twice the rows:
 /// tg128 +2.2 % over one row (docs/PERF.md, tenth session); the down matvec keeps one row
 /// (its loads-ahead kernel).
-fn gate_up_rows(tokens: usize) -> usize {
+fn gate_up_rows() -> usize {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         let forced = |name| {
@@ -104,22 +101,8 @@ fn gate_up_rows(tokens: usize) -> usize {
         };
         forced("REDLITE_MOE_GATE_UP_ROWS").or_else(|| forced("REDLITE_MOE_ROWS"))
     });
-    match forced {
-        Some(rows) => rows,
-        None if (2..=ONE_TOKEN_KERNELS_MAX_TOKENS).contains(&tokens) && MOE_BATCH_ROWS.on() => 4,
-        None => 2,
-    }
+    forced.unwrap_or(2)
 }
-
-/// `REDLITE_MOE_BATCH_ROWS=1` (eighteenth session; off: on the H200 the same bits but slower,
-/// pp2 504.7 vs 515.5 t/s and MTP one draft at 0.7 403.9 vs 410.4, docs/PERF.md; kept for GPUs
-/// whose waves differ): four rows a lane group in the q8 expert gate/up of a batch of 2 to 16
-/// tokens (an MTP verification, serving slots decoding together). With two, a token's 10 + 1
-/// experts take 704 CTAs of 72 registers (IQ2_XXS), 7 a multiprocessor: one wave of the H200's
-/// 132 for one token, but 1,408 CTAs (two waves) for two; with four, 352 CTAs a token of 80
-/// registers, 6 a multiprocessor (792 a wave): two tokens in one wave, four in two instead of
-/// four (the arithmetic that did not hold). The same sums per row (the same bits).
-pub static MOE_BATCH_ROWS: Switch = Switch::new("REDLITE_MOE_BATCH_ROWS", false);
 
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
 /// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
@@ -210,8 +193,8 @@ pub(crate) fn moe_gate_up(
                 ty: kind.ty,
             });
         };
-        let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows(1);
-        let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows(1));
+        let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
+        let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
         return gate_up_cached(
             device,
             device.kernel(&kernel)?,
@@ -237,12 +220,8 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_gate_up_q8_kernel(
-                kind,
-                lanes,
-                gate_up_rows(tokens),
-            ))?,
-            LAYER_WARPS as usize * 32 / lanes * gate_up_rows(tokens),
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()))?,
+            LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
         ),

@@ -43,7 +43,7 @@ fn gate_block(gate: &WeightMatrix<'_>, tokens: usize, n_expert: usize) -> Option
 
 /// The wide block the split-K matmul reads a float matrix with (F32 or F16 rows in whole
 /// wide blocks, not quantized by its dots), or `None`.
-pub(crate) fn wide_float_block(m: &WeightMatrix<'_>) -> Option<&'static str> {
+fn wide_float_block(m: &WeightMatrix<'_>) -> Option<&'static str> {
     if m.dots.quantizes(m.ty) {
         return None;
     }

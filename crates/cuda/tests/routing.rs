@@ -1,14 +1,11 @@
 //! The MoE routing kernels: the routing against a host reference (ties included), the fused
-//! decode router (alone, and with the post-mixer add + norm before it) and the routing with
-//! the shared expert's gate row against the split-K matmul then the routing bit for bit, and
-//! the benchmark-only skewed routing's law. GPU tests print a message and pass when no
+//! decode router and the routing with the shared expert's gate row against the split-K
+//! matmul then the routing bit for bit, and the benchmark-only skewed routing's law. GPU tests print a message and pass when no
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    add_rms_norm_quantized, matmul, moe_route, moe_route_gate, moe_route_gate_takes,
-    moe_route_skew, router_topk, router_topk_norm, router_topk_norm_takes, router_topk_takes,
-    skew_permutation, CudaSlice, Device, Dots, PostNorm, Q8RowsMut, RouteSkew, RouterRows,
-    WeightMatrix,
+    matmul, moe_route, moe_route_gate, moe_route_gate_takes, moe_route_skew, router_topk,
+    router_topk_takes, skew_permutation, CudaSlice, Device, Dots, RouteSkew, WeightMatrix,
 };
 use redlite_gguf::GgmlType;
 
@@ -53,10 +50,11 @@ fn routing_buffers(device: &Device, used: usize) -> RoutingBuffers {
     )
 }
 
-/// The fused router of `rows` for one token `x`: its n_expert + 1 logits and its routing.
+/// The fused router of `router` (the experts' rows, then the gate row) for one token `x`:
+/// its n_expert + 1 logits and its routing.
 fn fused_routing(
     device: &Device,
-    rows: RouterRows<'_, '_>,
+    router: &WeightMatrix<'_>,
     x: &CudaSlice<f32>,
     (n_expert, used): (usize, usize),
     ticket: &mut CudaSlice<i32>,
@@ -65,7 +63,7 @@ fn fused_routing(
     let (mut ids, mut w, mut shared) = routing_buffers(device, used);
     router_topk(
         device,
-        rows,
+        router,
         &x.as_view(),
         &mut logits.as_view_mut(),
         &mut ticket.as_view_mut(),
@@ -114,93 +112,15 @@ fn fused_router_equals_matmul_then_routing() {
                 &mut want_shared.as_view_mut(),
             )
             .unwrap();
-            let (fused_logits, (ids, w, shared)) = fused_routing(
-                &device,
-                RouterRows::Merged(&router),
-                &x,
-                (n_expert, used),
-                &mut ticket,
-            );
+            assert!(router_topk_takes(&router), "{n_expert} experts: not taken");
+            let (fused_logits, (ids, w, shared)) =
+                fused_routing(&device, &router, &x, (n_expert, used), &mut ticket);
             let case = format!("{n_expert} experts x {cols}, top {used}, round {round}");
             assert_eq!(
                 bits(&device, &logits),
                 bits(&device, &fused_logits),
                 "{case}: logits"
             );
-            let want = (&want_ids, &want_w, &want_shared);
-            assert_same_routing(&device, &case, want, (&ids, &w, &shared));
-            assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
-        }
-    }
-}
-
-/// The fused decode router with the gate row apart (an F32 router and an F16 gate row, as the
-/// real files have) against the split-K router matmul then the routing with the gate row
-/// (the path of batches of decode size), bit for bit: router logits, expert ids, weights and
-/// the shared expert's weight; three launches in a row (the ticket resets). Also an F32 gate
-/// row apart. The model's shape (512 experts, top 10) and a small one.
-#[test]
-fn fused_router_with_the_gate_apart_equals_router_then_routing_with_gate() {
-    let Some(device) =
-        device("fused_router_with_the_gate_apart_equals_router_then_routing_with_gate")
-    else {
-        return;
-    };
-    let mut rng = Rng(11);
-    for (n_expert, cols, used, gate_ty) in [
-        (512, 2048, 10, GgmlType::F16),
-        (40, 256, 3, GgmlType::F16),
-        (40, 256, 3, GgmlType::F32),
-    ] {
-        let router_bytes = device
-            .upload(&random_matrix(GgmlType::F32, n_expert, cols, &mut rng))
-            .unwrap();
-        let gate_bytes = device
-            .upload(&random_matrix(gate_ty, 1, cols, &mut rng))
-            .unwrap();
-        let router = WeightMatrix {
-            ty: GgmlType::F32,
-            rows: n_expert,
-            cols,
-            bytes: router_bytes.as_view(),
-            dots: Dots::Q8K,
-        };
-        let gate = WeightMatrix {
-            ty: gate_ty,
-            rows: 1,
-            cols,
-            bytes: gate_bytes.as_view(),
-            dots: Dots::Q8K,
-        };
-        let rows = RouterRows::Apart {
-            router: &router,
-            gate: &gate,
-        };
-        assert!(router_topk_takes(&rows), "{n_expert} experts: not taken");
-        assert!(moe_route_gate_takes(&gate, 1, n_expert));
-        let mut ticket = device.alloc_zeros::<i32>(1).unwrap();
-        for round in 0..3 {
-            let x: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
-            let x = device.upload(&x).unwrap();
-            let mut logits = device.alloc_zeros::<f32>(n_expert).unwrap();
-            matmul(&device, &router, &x.as_view(), &mut logits.as_view_mut()).unwrap();
-            let (mut want_ids, mut want_w, mut want_shared) = routing_buffers(&device, used);
-            moe_route_gate(
-                &device,
-                &logits.as_view(),
-                &gate,
-                &x.as_view(),
-                &mut want_ids.as_view_mut(),
-                &mut want_w.as_view_mut(),
-                &mut want_shared.as_view_mut(),
-            )
-            .unwrap();
-            let (fused_logits, (ids, w, shared)) =
-                fused_routing(&device, rows, &x, (n_expert, used), &mut ticket);
-            let case = format!("{n_expert} experts x {cols}, {gate_ty:?} gate, round {round}");
-            let mut fused = bits(&device, &fused_logits);
-            fused.truncate(n_expert);
-            assert_eq!(bits(&device, &logits), fused, "{case}: router logits");
             let want = (&want_ids, &want_w, &want_shared);
             assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
@@ -389,149 +309,6 @@ fn skewed_routing_draws_distinct_experts_from_the_law() {
                 (share - want).abs() < tolerance,
                 "layer {layer}: the hottest {hottest} ranks took {share:.3} of the picks, the law {want:.3}"
             );
-        }
-    }
-}
-
-/// The fused router with the post-mixer add + norm in its launch against the quantizing
-/// add + norm then the fused router, bit for bit: the updated residual, the normed row and
-/// its Q8_K codes, the router's logits, expert ids, weights and the shared expert's weight;
-/// three launches in a row (the ticket resets). The model's shape with its F16 gate row
-/// apart, the gate row merged (F32), and a small shape (2 blocks of 256 values, 40 experts).
-#[test]
-fn router_with_the_norm_equals_norm_then_router() {
-    let Some(device) = device("router_with_the_norm_equals_norm_then_router") else {
-        return;
-    };
-    let mut rng = Rng(13);
-    for (n_expert, cols, used, gate_ty) in [
-        (512, 2048, 10, Some(GgmlType::F16)),
-        (512, 2048, 10, None),
-        (40, 512, 3, Some(GgmlType::F16)),
-    ] {
-        // `None`: the gate row stored after the router's rows (F32).
-        let merged_rows = n_expert + usize::from(gate_ty.is_none());
-        let router_bytes = device
-            .upload(&random_matrix(GgmlType::F32, merged_rows, cols, &mut rng))
-            .unwrap();
-        let gate_bytes = device
-            .upload(&random_matrix(
-                gate_ty.unwrap_or(GgmlType::F32),
-                1,
-                cols,
-                &mut rng,
-            ))
-            .unwrap();
-        let router = WeightMatrix {
-            ty: GgmlType::F32,
-            rows: merged_rows,
-            cols,
-            bytes: router_bytes.as_view(),
-            dots: Dots::Q8K,
-        };
-        let gate = WeightMatrix {
-            ty: gate_ty.unwrap_or(GgmlType::F32),
-            rows: 1,
-            cols,
-            bytes: gate_bytes.as_view(),
-            dots: Dots::Q8K,
-        };
-        let rows = match gate_ty {
-            Some(_) => RouterRows::Apart {
-                router: &router,
-                gate: &gate,
-            },
-            None => RouterRows::Merged(&router),
-        };
-        assert!(
-            router_topk_norm_takes(&rows, cols),
-            "{n_expert} x {cols}: not taken"
-        );
-        let norm_w: Vec<f32> = (0..cols).map(|_| 1.0 + 0.5 * rng.signed()).collect();
-        let norm_w = device.upload(&norm_w).unwrap();
-        let mut ticket = device.alloc_zeros::<i32>(1).unwrap();
-        for round in 0..3 {
-            let case = format!("{n_expert} experts x {cols}, gate {gate_ty:?}, round {round}");
-            let x: Vec<f32> = (0..cols).map(|_| 3.0 * rng.signed()).collect();
-            let y: Vec<f32> = (0..cols).map(|_| rng.signed()).collect();
-            let y = device.upload(&y).unwrap();
-            let eps = 1e-6;
-            // Expected: the quantizing add + norm, then the fused router on its output.
-            let mut want_x = device.upload(&x).unwrap();
-            let mut want_h = device.alloc_zeros::<f32>(cols).unwrap();
-            let mut want_d = device.alloc_zeros::<f32>(cols / 256).unwrap();
-            let mut want_q = device.alloc_zeros::<i8>(cols).unwrap();
-            add_rms_norm_quantized(
-                &device,
-                &mut want_x.as_view_mut(),
-                &y.as_view(),
-                &norm_w.as_view(),
-                &mut want_h.as_view_mut(),
-                &mut Q8RowsMut {
-                    scales: want_d.as_view_mut(),
-                    codes: want_q.as_view_mut(),
-                },
-                eps,
-            )
-            .unwrap();
-            let (want_logits, want_routing) =
-                fused_routing(&device, rows, &want_h, (n_expert, used), &mut ticket);
-            // Found: one launch.
-            let mut got_x = device.upload(&x).unwrap();
-            let mut got_h = device.alloc_zeros::<f32>(cols).unwrap();
-            let mut got_d = device.alloc_zeros::<f32>(cols / 256).unwrap();
-            let mut got_q = device.alloc_zeros::<i8>(cols).unwrap();
-            let mut logits = device.alloc_zeros::<f32>(n_expert + 1).unwrap();
-            let (mut ids, mut w, mut shared) = routing_buffers(&device, used);
-            router_topk_norm(
-                &device,
-                rows,
-                PostNorm {
-                    x: &mut got_x.as_view_mut(),
-                    y: &y.as_view(),
-                    w: &norm_w.as_view(),
-                    h: &mut got_h.as_view_mut(),
-                    h_q8: &mut Q8RowsMut {
-                        scales: got_d.as_view_mut(),
-                        codes: got_q.as_view_mut(),
-                    },
-                    eps,
-                },
-                &mut logits.as_view_mut(),
-                &mut ticket.as_view_mut(),
-                &mut ids.as_view_mut(),
-                &mut w.as_view_mut(),
-                &mut shared.as_view_mut(),
-            )
-            .unwrap();
-            assert_eq!(
-                bits(&device, &want_x),
-                bits(&device, &got_x),
-                "{case}: residual"
-            );
-            assert_eq!(
-                bits(&device, &want_h),
-                bits(&device, &got_h),
-                "{case}: normed row"
-            );
-            assert_eq!(
-                bits(&device, &want_d),
-                bits(&device, &got_d),
-                "{case}: Q8_K scales"
-            );
-            assert_eq!(
-                device.download(&want_q).unwrap(),
-                device.download(&got_q).unwrap(),
-                "{case}: Q8_K codes"
-            );
-            assert_eq!(
-                bits(&device, &want_logits),
-                bits(&device, &logits),
-                "{case}: router logits"
-            );
-            let want = (&want_routing.0, &want_routing.1, &want_routing.2);
-            assert_same_routing(&device, &case, want, (&ids, &w, &shared));
-            assert_eq!(device.download(&ticket).unwrap(), vec![0], "{case}: ticket");
         }
     }
 }

@@ -433,12 +433,10 @@ fn a_multi_sequence_batch_matches_the_cpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The paths written without a GPU behind switches keep the logits' bits: decode steps after
-/// a prompt, through the decode graph and eagerly, with each switch on against all off (the
-/// router with the post-mixer norm and the fused router with the gate row apart; logits
-/// through page-locked memory, a step's in pieces of the vocabulary, equal or halving; four
-/// expert rows a lane group for batches). The switches are
-/// the process's: run the GPU tests one at a time (`--test-threads=1`, as
+/// The paths behind switches keep the logits' bits: decode steps after a prompt, through the
+/// decode graph and eagerly, with each switch on against all off (logits through page-locked
+/// memory, a step's in pieces of the vocabulary, equal or halving). The switches are the
+/// process's: run the GPU tests one at a time (`--test-threads=1`, as
 /// `scripts/device/common.sh` does), or a test running beside this one may meet a switch
 /// flipped in the middle of a step.
 #[test]
@@ -447,28 +445,15 @@ fn switches_written_without_a_gpu_keep_the_logits_bits() {
     let Some(device) = device("switches_written_without_a_gpu_keep_the_logits_bits") else {
         return;
     };
-    // The prompt's 8 tokens are a batch of decode size (the expert gate/up with four rows
-    // under MOE_BATCH_ROWS), the steps one token each.
-    let settings: [(&str, &[&Switch]); 5] = [
-        (
-            "router norm",
-            &[&switches::ROUTER_NORM, &switches::ROUTER_TOPK_APART],
-        ),
-        ("fused router apart", &[&switches::ROUTER_TOPK_APART]),
+    // The prompt's 8 tokens are a batch of decode size, the steps one token each.
+    let settings: [(&str, &[&Switch]); 2] = [
         ("pinned logits", &[&switches::PINNED_LOGITS]),
         (
             "pinned logits in halving pieces",
             &[&switches::PINNED_LOGITS, &switches::LOGITS_HALVING],
         ),
-        ("four expert rows for batches", &[&switches::MOE_BATCH_ROWS]),
     ];
-    let all: [&Switch; 5] = [
-        &switches::ROUTER_NORM,
-        &switches::ROUTER_TOPK_APART,
-        &switches::PINNED_LOGITS,
-        &switches::LOGITS_HALVING,
-        &switches::MOE_BATCH_ROWS,
-    ];
+    let all: [&Switch; 2] = [&switches::PINNED_LOGITS, &switches::LOGITS_HALVING];
     let dir = tempfile::tempdir().unwrap();
     let tokens = prompt(24);
     let run = |gguf: &GgufModel, graphs: bool| -> Vec<u32> {

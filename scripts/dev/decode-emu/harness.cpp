@@ -1,34 +1,25 @@
-// The decode kernels written without a GPU (fifteenth to nineteenth sessions) on the host
+// The decode kernels written without a GPU (fifteenth to twenty-second sessions) on the host
 // (run.sh), each against the launches it replaces, bit for bit: both sides are the kernels'
 // own code compiled alike, so any difference is a fault of layout, indexing or order, not of
-// rounding. Cases:
-//   1. router_topk_norm_kernel (REDLITE_ROUTER_NORM=1) against add_rms_norm_q8_kernel then
-//      router_topk_kernel: residual, normed row, its Q8_K codes, logits, routing, ticket.
-//   2. router_topk_kernel with the gate row apart (REDLITE_ROUTER_TOPK_APART=1) or merged
-//      against the split-K router then moe_route_gate_kernel / moe_route_v2_kernel.
-//   3. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
+// rounding. Cases (the switches measured slower on a GPU were removed with their cases):
+//   1. router_topk_kernel (the router with the gate row stored after it) against the split-K
+//      router then moe_route_v2_kernel; route_token_tree against route_token_v2.
+//   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
-//   4. The small-batch q8 products (2 to 4 tokens, MTP verifications), with and without the
-//      compile option REDLITE_SMALL_LOADS_AHEAD, against the one-token product per token.
-//   5. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS,
-//      REDLITE_HEAD_ROWS) against one row a warp.
-//   6. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
-//      other sums) and with 4, then merged, each against a double-precision reference.
-//   7. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
-//      (REDLITE_MOE_BATCH_ROWS=1) against two, the shared expert and an invalid expert id
-//      included (full run here before CI was given this cut: 2 and 4 tokens, 16 and 32 lanes,
-//      x quantized or not, IQ2_XXS, Q4_K, Q5_K, IQ1_M: the same bits).
-//   8. (nineteenth session) route_token_tree (the routing kernels') against route_token_v2 on
-//      logits with ties, infinities and NaN; attention_split_depth_kernel
-//      (REDLITE_ATTN_LONG_FROM) against the grouped split kernels of 4 heads and 4 warps and
-//      of 8 and 8, token by token; the expert down's input quantized 6 blocks a warp at a
-//      time against 4.
-//   9. (twentieth session) attention_split_gqa_kernel (REDLITE_ATTN_GQA=1) then the merge,
-//      against doubles: f32 and f16 caches, tiles cut short, warps and splits without positions.
-//   10. (twentieth session) the expert down on CTAs of 8 warps (the default since 0821e26;
-//      REDLITE_DOWN_WARPS=4 keeps 4) against 4.
-//   11. (twenty-second session) the expert down with its ids loaded as a group, EARLY or not,
-//      against moe_down_q8_kernel's one id at a time (a skipped token, an id out of range).
+//   3. The small-batch q8 products (2 to 4 tokens, MTP verifications) against the one-token
+//      product per token.
+//   4. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS) against
+//      one row a warp.
+//   5. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
+//      other sums) and with 4, then merged, each against a double-precision reference;
+//      attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split
+//      kernels of 4 heads and 4 warps and of 8 and 8, token by token.
+//   6. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
+//      (REDLITE_MOE_GATE_UP_ROWS=4) against two, the shared expert and an invalid expert id
+//      included; the expert down on CTAs of 8 warps (the default since 0821e26;
+//      REDLITE_DOWN_WARPS=4 keeps 4) against 4; the expert down with its ids loaded as a
+//      group, EARLY or not, against moe_down_q8_kernel's one id at a time (a skipped token,
+//      an id out of range).
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -43,7 +34,7 @@ float4 norm_stage[1 << 12];
 namespace mo {
 #include "moe_host.cu"
 float as[1 << 14], p[1 << 14], xs[1 << 14];
-float4 q8_shared[1 << 14], router_norm_stage[1 << 12];
+float4 q8_shared[1 << 14];
 }  // namespace mo
 
 namespace mm {
@@ -56,15 +47,6 @@ namespace at {
 #include "attention_host.cu"
 float buf[1 << 14], factor[1 << 12], prefill_shared[1 << 12];
 }  // namespace at
-
-// The same module with the small batches' loads ahead of the wait.
-#undef REDLITE_SMALL_LOADS_AHEAD
-#define REDLITE_SMALL_LOADS_AHEAD 1
-namespace ma {
-#include "matmul_host.cu"
-float x_shared[1 << 14];
-float4 q8_shared[1 << 14], x_shared4[1 << 12];
-}  // namespace ma
 
 #include "../emu-common/random_blocks.h"
 #include <algorithm>
@@ -107,18 +89,14 @@ void verdict(const char* name, bool ok) {
     failures += !ok;
 }
 
-// Router rows: n_expert F32 rows of `cols` values, then (merged) the gate row as F32, or the
-// gate row apart as F16.
+// Router rows: n_expert F32 rows of `cols` values, then the gate row as F32.
 struct Router {
     int cols, n_expert, used;
     std::vector<float> rows;  // (n_expert + 1) x cols: the gate row last
-    std::vector<unsigned short> gate_f16;
 };
 
 Router random_router(int cols, int n_expert, int used) {
-    Router r{cols, n_expert, used, uniform((size_t)(n_expert + 1) * cols, -0.05f, 0.05f), {}};
-    for (int i = 0; i < cols; ++i) r.gate_f16.push_back(emu_to_half(r.rows[(size_t)n_expert * cols + i]));
-    return r;
+    return Router{cols, n_expert, used, uniform((size_t)(n_expert + 1) * cols, -0.05f, 0.05f)};
 }
 
 struct Routing {
@@ -142,88 +120,36 @@ bool same_routing(const Routing& a, const Routing& b, bool logits) {
 constexpr int PER = 16, SPLIT_WARPS = 4;
 
 // The fused router on the normed row `h` (router_topk_kernel).
-template <class GB>
-Routing router_topk(const Router& r, const u8* gate, const float* h, float fill) {
+Routing router_topk(const Router& r, const float* h, float fill) {
     Routing out(r, fill);
     const u8* w = reinterpret_cast<const u8*>(r.rows.data());
     launch({(unsigned)r.n_expert + 1, 1, 0}, SPLIT_WARPS * 32, [&] {
-        mo::router_topk_kernel<PER, SPLIT_WARPS, GB>(w, gate, h, out.logits.data(), out.ticket.data(),
-                                                     out.ids.data(), out.weights.data(),
-                                                     out.shared_weight.data(), r.cols, r.n_expert,
-                                                     r.used);
+        mo::router_topk_kernel<PER, SPLIT_WARPS>(w, h, out.logits.data(), out.ticket.data(),
+                                                 out.ids.data(), out.weights.data(),
+                                                 out.shared_weight.data(), r.cols, r.n_expert,
+                                                 r.used);
     });
     return out;
 }
 
-template <class GB>
-void router_with_norm(const char* name, const Router& r, const u8* gate) {
-    const int cols = r.cols;
-    const float eps = 1e-6f;
-    auto x = uniform(cols, -2, 2), y = uniform(cols, -1, 1), w = uniform(cols, 0.5f, 1.5f);
-    // Reference: the add + norm kernel (256 threads, one row), then the fused router.
-    auto x_ref = x;
-    std::vector<float> h_ref(cols, NAN), d_ref(cols / 256, NAN);
-    std::vector<i8> q_ref(cols, 0);
-    launch({1, 1, 0}, 256, [&] {
-        el::add_rms_norm_q8_kernel(x_ref.data(), y.data(), w.data(), h_ref.data(), d_ref.data(),
-                                   q_ref.data(), cols, eps);
-    });
-    Routing ref = router_topk<GB>(r, gate, h_ref.data(), NAN);
-    // Under test: one launch.
-    auto x_new = x;
-    std::vector<float> h_new(cols, 7.0f), d_new(cols / 256, 7.0f);
-    std::vector<i8> q_new(cols, 99);
-    Routing got(r, -3.0f);
-    const u8* rows = reinterpret_cast<const u8*>(r.rows.data());
-    launch({(unsigned)r.n_expert + 1, 1, 0}, SPLIT_WARPS * 32, [&] {
-        mo::router_topk_norm_kernel<PER, SPLIT_WARPS, GB>(
-            rows, gate, x_new.data(), y.data(), w.data(), h_new.data(), d_new.data(), q_new.data(),
-            got.logits.data(), got.ticket.data(), got.ids.data(), got.weights.data(),
-            got.shared_weight.data(), cols, r.n_expert, r.used, eps);
-    });
-    bool ok = same("residual", x_ref, x_new) & same("normed row", h_ref, h_new) &
-              same("Q8_K scales", d_ref, d_new) & same("Q8_K codes", q_ref, q_new) &
-              same_routing(ref, got, true);
-    verdict(name, ok);
-}
-
-// Reference of the fused router: the split-K router (n_expert rows, or with the merged gate
-// row n_expert + 1), then the routing with the gate row apart or the plain routing.
-template <class GB>
-void router_fused(const char* name, const Router& r, bool apart) {
+// Reference of the fused router: the split-K router (the n_expert + 1 rows), then the routing.
+void router_fused(const char* name, const Router& r) {
     const int cols = r.cols;
     auto h = uniform(cols, -1, 1);
     const u8* rows = reinterpret_cast<const u8*>(r.rows.data());
-    const u8* gate = apart ? reinterpret_cast<const u8*>(r.gate_f16.data())
-                           : rows + (size_t)r.n_expert * cols * sizeof(float);
     Routing ref(r, NAN);
-    const int reduced = apart ? r.n_expert : r.n_expert + 1;
+    const int reduced = r.n_expert + 1;
     launch({(unsigned)reduced, 1, 0}, SPLIT_WARPS * 32, [&] {
         mm::matmul_splitk_kernel<mm::F32x4, SPLIT_WARPS>(rows, h.data(), ref.logits.data(), reduced,
                                                          cols);
     });
-    if (apart) {
-        launch({1, 1, 0}, (1 + SPLIT_WARPS) * 32, [&] {
-            mo::moe_route_gate_kernel<PER, GB, SPLIT_WARPS>(ref.logits.data(), gate, h.data(),
-                                                            ref.ids.data(), ref.weights.data(),
-                                                            ref.shared_weight.data(), cols,
-                                                            r.n_expert, r.used);
-        });
-    } else {
-        launch({1, 1, 0}, 32, [&] {
-            mo::moe_route_v2_kernel<PER>(ref.logits.data(), ref.logits.data() + r.n_expert,
-                                         ref.ids.data(), ref.weights.data(),
-                                         ref.shared_weight.data(), r.n_expert, r.used);
-        });
-    }
-    Routing got = router_topk<GB>(r, gate, h.data(), -3.0f);
-    // The gate's logit is not an output of the routing with the gate row: compare the experts'.
-    bool ok = same_routing(ref, got, false);
-    if (!apart) ok &= same("logits", ref.logits, got.logits);
-    std::vector<float> a(ref.logits.begin(), ref.logits.begin() + r.n_expert);
-    std::vector<float> b(got.logits.begin(), got.logits.begin() + r.n_expert);
-    ok &= same("expert logits", a, b);
-    verdict(name, ok);
+    launch({1, 1, 0}, 32, [&] {
+        mo::moe_route_v2_kernel<PER>(ref.logits.data(), ref.logits.data() + r.n_expert,
+                                     ref.ids.data(), ref.weights.data(), ref.shared_weight.data(),
+                                     r.n_expert, r.used);
+    });
+    Routing got = router_topk(r, h.data(), -3.0f);
+    verdict(name, same_routing(ref, got, true));
 }
 
 // The host's greedy argmax: the largest finite value, the lower index on ties, -0 = +0.
@@ -268,10 +194,9 @@ void argmax_and_ids() {
 constexpr int MATMUL_WARPS = 8;
 
 // The one-token q8 product of every token (a CTA row per token) against the small-batch
-// product of all of them (the tiles kernel with one row a warp and T tokens), without and
-// with the loads ahead of the wait (`ma`); x quantized in the kernels, or read quantized
-// from gd / gq (`quantized`). BM and BA are the same block type in the two modules.
-template <class BM, class BA, int T>
+// product of all of them (the tiles kernel with one row a warp and T tokens); x quantized in
+// the kernels, or read quantized from gd / gq (`quantized`).
+template <class BM, int T>
 bool small_batch_case(int rows, int cols, bool quantized) {
     auto w = random_blocks<BM>(rng, rows, cols);
     auto x = uniform((size_t)T * cols, -1, 1);
@@ -280,8 +205,7 @@ bool small_batch_case(int rows, int cols, bool quantized) {
     if (quantized) quantize_rows(x, T, cols, gd, gq);
     const float* d = quantized ? gd.data() : nullptr;
     const i8* q = quantized ? gq.data() : nullptr;
-    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f),
-        ahead((size_t)T * rows, -2.0f);
+    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f);
     const unsigned ctas = (rows + MATMUL_WARPS - 1) / MATMUL_WARPS;
     launch({ctas, (unsigned)T, 0}, MATMUL_WARPS * 32, [&] {
         mm::matmul_q8_kernel<BM, MATMUL_WARPS, 1>(w.data(), x.data(), d, q, one.data(), rows, cols);
@@ -290,33 +214,29 @@ bool small_batch_case(int rows, int cols, bool quantized) {
         mm::matmul_q8_tiles_kernel<BM, MATMUL_WARPS, 1, T>(w.data(), x.data(), d, q, small.data(),
                                                            rows, cols, T);
     });
-    launch({ctas, 1, 0}, MATMUL_WARPS * 32, [&] {
-        ma::matmul_q8_tiles_kernel<BA, MATMUL_WARPS, 1, T>(w.data(), x.data(), d, q, ahead.data(),
-                                                           rows, cols, T);
-    });
-    return same("small batch", one, small) & same("small batch, loads ahead", one, ahead);
+    return same("small batch", one, small);
 }
 
-template <class BM, class BA>
+template <class BM>
 void small_batches(const char* type) {
     // 61 rows: the last CTA's warps partly past the rows.
     const int rows = 61, cols = 2048;
     bool ok = true;
     for (bool quantized : {false, true}) {
-        ok &= small_batch_case<BM, BA, 2>(rows, cols, quantized);
-        ok &= small_batch_case<BM, BA, 3>(rows, cols, quantized);
-        ok &= small_batch_case<BM, BA, 4>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 2>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 3>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 4>(rows, cols, quantized);
     }
     char name[160];
     snprintf(name, sizeof name,
-             "%s: 2-4 token products (loads ahead or not, x quantized in the kernel or read "
-             "quantized) = one-token products",
+             "%s: 2-4 token products (x quantized in the kernel or read quantized) = one-token "
+             "products",
              type);
     verdict(name, ok);
 }
 
-// One-token q8 products with two and four rows a warp (REDLITE_MATMUL_ROWS,
-// REDLITE_HEAD_ROWS) against one: the same bits.
+// One-token q8 products with two and four rows a warp (REDLITE_MATMUL_ROWS) against one: the
+// same bits.
 template <class B>
 void rows_a_warp(const char* type) {
     const int rows = 61, cols = 2048;
@@ -402,51 +322,6 @@ double attention_error(int tokens, int pos0) {
         at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
     });
     return attention_reference_error(q, qg, k, v, o, tokens, pos0);
-}
-
-// The GQA split kernel (REDLITE_ATTN_GQA=1: the 8 query heads of a KV head in one CTA, four
-// lanes a position), every split launched as the decode graph does, then the merge; against
-// doubles over the caches' values (f32, or f16 read back as the kernel widens them).
-template <class KV>
-double attention_gqa_error(int tokens, int pos0) {
-    constexpr int HD = 256, VPL = HD / 32, HEADS = 16, KV_HEADS = 2, SPLITS = 64, MIN_CHUNK = 32;
-    const float scale = 1.0f / 16.0f;
-    const int len = pos0 + tokens;
-    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
-    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
-    auto k = uniform((size_t)len * KV_HEADS * HD, -1, 1), v = uniform((size_t)len * KV_HEADS * HD, -1, 1);
-    std::vector<KV> kc(k.size()), vc(v.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-        if constexpr (sizeof(KV) == 2) {
-            kc[i] = emu_to_half(k[i]), vc[i] = emu_to_half(v[i]);
-            k[i] = emu_half(kc[i]), v[i] = emu_half(vc[i]);
-        } else {
-            kc[i] = k[i], vc[i] = v[i];
-        }
-    }
-    std::vector<float> partials((size_t)tokens * HEADS * SPLITS * (HD + 2), NAN), o((size_t)tokens * HEADS * HD, NAN);
-    launch({(unsigned)tokens, KV_HEADS, SPLITS}, 4 * 32, [&] {
-        at::attention_split_gqa_kernel<KV, VPL, HEADS / KV_HEADS>(q.data(), kc.data(), vc.data(),
-                                                                   partials.data(), nullptr, pos0, HEADS,
-                                                                   KV_HEADS, 0, MIN_CHUNK, scale);
-    });
-    launch({(unsigned)tokens, HEADS, 1}, 256, [&] {
-        at::attention_combine_kernel(partials.data(), qg.data(), o.data(), HEADS, HD, SPLITS);
-    });
-    return attention_reference_error(q, qg, k, v, o, tokens, pos0);
-}
-
-void attention_gqa() {
-    // One position; a split of 23 positions (a tile cut short, a warp without any); 33 a
-    // split, warp 0 with a second tile of one position (f16).
-    const double one = attention_gqa_error<float>(1, 0), short_splits = attention_gqa_error<float>(3, 45),
-                 deep = attention_gqa_error<unsigned short>(1, 2100);
-    char name[200];
-    snprintf(name, sizeof name,
-             "attention decode, GQA split kernel: depth 0 %.1e, depth 45 (3 tokens) %.1e, depth 2100 "
-             "f16 %.1e relative L2 (at most 1e-5)",
-             one, short_splits, deep);
-    verdict(name, one <= 1e-5 && short_splits <= 1e-5 && deep <= 1e-5);
 }
 
 // attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split kernel of
@@ -617,27 +492,6 @@ void route_tree() {
     verdict(name, ok);
 }
 
-// The expert down's input quantized 6 blocks a warp at a time (sm_90's
-// REDLITE_DOWN_INPUT_UNROLL; the emulator builds as sm_80, where the down takes 4) against 4:
-// the 80B model's 22 blocks (10 SwiGLU rows of 512 values and the shared expert's) on a CTA
-// of 4 warps, scales and codes bit for bit.
-void down_input_unroll() {
-    const int used = 10, ff = 512, blocks = (used + 1) * ff / 256;
-    auto act = uniform((size_t)used * ff, -3, 3), act_shared = uniform(ff, -1, 1);
-    act[700] = 0.0f;
-    for (int i = 256; i < 512; ++i) act[i] = 0.0f;  // an all-zero block: scale 0
-    std::vector<float> d4(blocks, NAN), d6(blocks, -1.0f);
-    std::vector<i8> q4((size_t)blocks * 256, 5), q6((size_t)blocks * 256, -5);
-    launch({1, 1, 0}, 128, [&] {
-        mo::quantize_q8k_shared<4>(act.data(), used * ff, act_shared.data(), ff, d4.data(), q4.data());
-    });
-    launch({1, 1, 0}, 128, [&] {
-        mo::quantize_q8k_shared<6>(act.data(), used * ff, act_shared.data(), ff, d6.data(), q6.data());
-    });
-    verdict("the down's input quantized 6 blocks a warp at a time = 4 (22 blocks, 4 warps)",
-            same("scales", d4, d6) & same("codes", q4, q6));
-}
-
 // An expert down launch's inputs at the 80B model's term shapes (10 + 1 terms of 512 values,
 // 256 rows here): the shared expert folded in, token 0's fourth id out of range (no term).
 template <class B>
@@ -706,24 +560,19 @@ int main(int argc, char** argv) {
     const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
     // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
     const Router r = random_router(2048, 512, 10);
-    const u8* merged_gate = reinterpret_cast<const u8*>(r.rows.data()) + (size_t)512 * 2048 * 4;
-    const u8* f16_gate = reinterpret_cast<const u8*>(r.gate_f16.data());
     if (group("router")) {
-    router_with_norm<mo::F32x4>("router_topk_norm_kernel, F32 gate row merged = add + norm, then router_topk_kernel", r, merged_gate);
-    router_with_norm<mo::F16x8>("router_topk_norm_kernel, F16 gate row apart = add + norm, then router_topk_kernel", r, f16_gate);
-    router_fused<mo::F16x8>("router_topk_kernel, F16 gate row apart = split-K router, then moe_route_gate_kernel", r, true);
-    router_fused<mo::F32x4>("router_topk_kernel, F32 gate row merged = split-K router, then moe_route_v2_kernel", r, false);
-    route_tree();
+        router_fused("router_topk_kernel = split-K router, then moe_route_v2_kernel", r);
+        route_tree();
     }
     if (group("argmax")) argmax_and_ids();
     if (group("small")) {
-    small_batches<mm::IQ2XXS, ma::IQ2XXS>("IQ2_XXS");
-    small_batches<mm::IQ2XS, ma::IQ2XS>("IQ2_XS");
-    small_batches<mm::Q2K, ma::Q2K>("Q2_K");
-    small_batches<mm::Q4K, ma::Q4K>("Q4_K");
-    small_batches<mm::Q5K, ma::Q5K>("Q5_K");
-    small_batches<mm::Q6K, ma::Q6K>("Q6_K");
-    small_batches<mm::IQ1M, ma::IQ1M>("IQ1_M");
+        small_batches<mm::IQ2XXS>("IQ2_XXS");
+        small_batches<mm::IQ2XS>("IQ2_XS");
+        small_batches<mm::Q2K>("Q2_K");
+        small_batches<mm::Q4K>("Q4_K");
+        small_batches<mm::Q5K>("Q5_K");
+        small_batches<mm::Q6K>("Q6_K");
+        small_batches<mm::IQ1M>("IQ1_M");
     }
     if (group("rows")) {
         rows_a_warp<mm::IQ2XXS>("IQ2_XXS");
@@ -732,12 +581,10 @@ int main(int argc, char** argv) {
         rows_a_warp<mm::Q6K>("Q6_K");
     }
     if (group("attention")) {
-        attention_gqa();
         attention_split_warps();
         attention_depth();
     }
     if (group("moe")) {
-        down_input_unroll();
         down_warps<mo::IQ2XXS>("IQ2_XXS");
         down_warps<mo::Q2K>("Q2_K");
         down_id_group<mo::IQ2XXS, true>("IQ2_XXS");

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Runs the decode kernels written without a GPU (the router with the post-mixer norm, the
-# fused router with the gate row apart, the device argmax and its ids, the small-batch q8
-# products with their loads ahead, two rows a warp, attention splits of 8 warps and by depth,
-# four rows a lane group in the expert gate/up of a batch, the routing's tree of picks, the
-# down's input 6 blocks a warp at a time, the GQA attention split) on the host: the modules' sources compiled as C++
+# Runs the decode kernels written without a GPU (the fused router, the device argmax and its
+# ids, the small-batch q8 products, two rows a warp, attention splits of 8 warps and by depth,
+# four rows a lane group in the expert gate/up, the routing's tree of picks, the expert down's
+# CTA sizes and id groups) on the host: the modules' sources compiled as C++
 # with stand-ins for the CUDA built-ins (../emu-common/shim.h, emu.h), every CUDA thread a host thread. harness.cpp checks each
 # against the launches it replaces, bit for bit (both sides compiled alike: a difference is
 # a fault of layout, indexing or order), the attention against doubles. Needs g++ with C++20

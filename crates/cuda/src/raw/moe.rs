@@ -66,14 +66,14 @@ pub(crate) fn launch_moe_route_gate(
     })
 }
 
-/// `router_topk_kernel(w, gate_w, x, logits, ticket, ids, weights, shared_weight, cols,
-/// n_expert, used)`, one CTA per router row and one for the gate row.
+/// `router_topk_kernel(w, x, logits, ticket, ids, weights, shared_weight, cols, n_expert,
+/// used)`, one CTA per router row (the gate row the last).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_router_topk(
     stream: &CudaStream,
     kernel: &CudaFunction,
     config: LaunchConfig,
-    (w, gate_w, x): (&CudaView<'_, u8>, &CudaView<'_, u8>, &CudaView<'_, f32>),
+    (w, x): (&CudaView<'_, u8>, &CudaView<'_, f32>),
     logits: &mut CudaViewMut<'_, f32>,
     ticket: &mut CudaViewMut<'_, i32>,
     (ids, weights, shared_weight): (
@@ -86,7 +86,6 @@ pub(crate) fn launch_router_topk(
     let mut launch = builder(stream, kernel);
     launch
         .arg(w)
-        .arg(gate_w)
         .arg(x)
         .arg(logits)
         .arg(ticket)
@@ -96,66 +95,10 @@ pub(crate) fn launch_router_topk(
         .arg(&cols)
         .arg(&n_expert)
         .arg(&used);
-    // SAFETY: arguments match the signature; w holds n_expert F32 rows of cols (a multiple
-    // of 4, 16-byte aligned rows) and gate_w one row of cols in the kernel's gate block, x
-    // cols values, logits n_expert + 1 (= grid.x), ticket one (zero between launches),
+    // SAFETY: arguments match the signature; w holds n_expert + 1 F32 rows of cols (a
+    // multiple of 4, 16-byte aligned rows: the experts', then the gate's), x cols values, logits n_expert + 1 (= grid.x), ticket one (zero between launches),
     // ids/weights `used` (≤ n_expert ≤ 32 x PER), shared_weight one.
     launched(stream, "cuLaunchKernel(router_topk)", unsafe {
-        launch.launch(config)
-    })
-}
-
-/// `router_topk_norm_kernel`'s launch: `router_topk_kernel`'s arguments with the norm's
-/// between the weights and the logits.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_router_topk_norm(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    (w, gate_w): (&CudaView<'_, u8>, &CudaView<'_, u8>),
-    (x, y, norm_w): (
-        &mut CudaViewMut<'_, f32>,
-        &CudaView<'_, f32>,
-        &CudaView<'_, f32>,
-    ),
-    (h, hd, hq): (
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, i8>,
-    ),
-    logits: &mut CudaViewMut<'_, f32>,
-    ticket: &mut CudaViewMut<'_, i32>,
-    (ids, weights, shared_weight): (
-        &mut CudaViewMut<'_, i32>,
-        &mut CudaViewMut<'_, f32>,
-        &mut CudaViewMut<'_, f32>,
-    ),
-    (cols, n_expert, used, eps): (i32, i32, i32, f32),
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch
-        .arg(w)
-        .arg(gate_w)
-        .arg(x)
-        .arg(y)
-        .arg(norm_w)
-        .arg(h)
-        .arg(hd)
-        .arg(hq)
-        .arg(logits)
-        .arg(ticket)
-        .arg(ids)
-        .arg(weights)
-        .arg(shared_weight)
-        .arg(&cols)
-        .arg(&n_expert)
-        .arg(&used)
-        .arg(&eps);
-    // SAFETY: arguments match the signature; as launch_router_topk for the router's, and x,
-    // y, norm_w and h hold cols values (a multiple of 256, 16-byte aligned), hd cols / 256
-    // and hq cols; grid.x = n_expert + 1 >= cols / 256; the dynamic shared memory holds cols
-    // floats (op entry).
-    launched(stream, "cuLaunchKernel(router_topk_norm)", unsafe {
         launch.launch(config)
     })
 }

@@ -21,7 +21,6 @@ const GEMM: &str = include_str!("../../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../../kernels/deltanet.cu");
 const DELTANET_CHUNKED: &str = include_str!("../../kernels/deltanet_chunked.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
-const ATTENTION_GQA: &str = include_str!("../../kernels/attention_gqa.cu");
 const ATTENTION_PREFILL: &str = include_str!("../../kernels/attention_prefill.cu");
 const MOE: &str = include_str!("../../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../../kernels/moe_route.cu");
@@ -240,10 +239,7 @@ fn module_families() -> Vec<ModuleSource> {
                     route_v2_kernel(),
                     route_gate_kernel(WIDE_F32.0),
                     route_gate_kernel(WIDE_F16.0),
-                    router_topk_kernel(WIDE_F32.0),
-                    router_topk_kernel(WIDE_F16.0),
-                    router_topk_norm_kernel(WIDE_F32.0),
-                    router_topk_norm_kernel(WIDE_F16.0),
+                    router_topk_kernel(),
                     MOE_ROUTE_SKEW_KERNEL.to_string(),
                     MOE_COMBINE_KERNEL.to_string(),
                 ])
@@ -283,7 +279,7 @@ fn module_families() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "attention".to_string(),
-            source: with_reduce(&[ATTENTION, ATTENTION_GQA, ATTENTION_PREFILL].join("\n")),
+            source: with_reduce(&[ATTENTION, ATTENTION_PREFILL].join("\n")),
             kernels: KV_CUDA_TYPES
                 .iter()
                 .flat_map(|&kv| {
@@ -293,7 +289,6 @@ fn module_families() -> Vec<ModuleSource> {
                                 attention_kernel(kv, hd),
                                 attention_split_kernel(kv, hd),
                                 attention_split_depth_kernel(kv, hd),
-                                attention_split_gqa_kernel(kv, hd),
                                 attention_prefill_kernel(kv, hd),
                             ]
                             .into_iter()
@@ -365,25 +360,6 @@ mod tests {
         );
     }
 
-    /// The router's own norm reproduces the quantizing norms' launch: its thread count and
-    /// chunks a thread must be theirs, or its bits would not be the norm's.
-    #[test]
-    fn the_router_norm_plays_the_norm_kernels_threads() {
-        assert_eq!(
-            ROUTER_NORM_THREADS,
-            crate::layer_launch::ROW_THREADS as usize
-        );
-        for define in [
-            format!("#define ROUTER_NORM_THREADS {ROUTER_NORM_THREADS}\n"),
-            format!("#define ROUTER_NORM_CHUNKS {ROUTER_NORM_CHUNKS} "),
-        ] {
-            assert!(MOE_ROUTE.contains(&define), "moe_route.cu lacks {define:?}");
-        }
-        let norm = format!("#define NORM_CHUNKS {ROUTER_NORM_CHUNKS}\n");
-        assert!(ELEMENTWISE.contains(&norm), "elementwise.cu lacks {norm:?}");
-        assert_eq!(2 * MATMUL_SPLITK_WARPS as usize * 32, ROUTER_NORM_THREADS);
-    }
-
     /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
     /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
     /// (the norm kernels through `norm_row`, which does).
@@ -398,7 +374,6 @@ mod tests {
             DELTANET,
             DELTANET_CHUNKED,
             ATTENTION,
-            ATTENTION_GQA,
             ATTENTION_PREFILL,
             MOE,
             MOE_ROUTE,

@@ -232,8 +232,9 @@ pub(crate) fn moe_down_q8_preload_kernel(
 /// same 128 registers; the IQ2_XS instances keep 4 (at 8 they spill 24-32 bytes). Each row's
 /// lanes and sums are the same: the same bits. H100, f16 KV, three sets of three interleaved
 /// rounds (twentieth session): tg128 +2.2 %, +0.9 %, +1.1 %, MTP one draft at 0.7 unchanged
-/// (`REDLITE_DOWN_INPUT_UNROLL=6`, the other way to one round, costs MTP 7 %: 151
-/// registers). `REDLITE_DOWN_WARPS=4` (a compile option) keeps 4 for every type.
+/// (the other way to one round, 6 blocks a warp at a time in CTAs of 4 warps, cost MTP 7 %
+/// at 151 registers, and was removed). `REDLITE_DOWN_WARPS=4` (a compile option) keeps 4 for
+/// every type.
 pub(crate) fn down_warps(kind: WeightKind) -> u32 {
     if down_warps_option() == LAYER_WARPS || kind.ty == GgmlType::IQ2XS {
         LAYER_WARPS
@@ -307,22 +308,10 @@ pub(crate) fn route_gate_kernel(block: &str) -> String {
     format!("moe_route_gate_kernel<{ROUTE_V2_PER_LANE}, {block}, {MATMUL_SPLITK_WARPS}>")
 }
 
-/// The fused decode router and routing (`router_topk.rs`), for a shared-expert gate row in
-/// the split-K matmul's wide float block `gate_block`.
-pub(crate) fn router_topk_kernel(gate_block: &str) -> String {
-    format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}, {gate_block}>")
+/// The fused decode router and routing (`router_topk.rs`).
+pub(crate) fn router_topk_kernel() -> String {
+    format!("router_topk_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}>")
 }
-
-/// [`router_topk_kernel`] with the post-mixer add + norm before it in the same launch.
-pub(crate) fn router_topk_norm_kernel(gate_block: &str) -> String {
-    format!("router_topk_norm_kernel<{ROUTE_V2_PER_LANE}, {MATMUL_SPLITK_WARPS}, {gate_block}>")
-}
-
-/// Threads of the CTA whose norm `router_topk_norm_kernel` reproduces (`ROUTER_NORM_THREADS`
-/// in `moe_route.cu`): the quantizing norms' launch (`layer_launch::ROW_THREADS`).
-pub(crate) const ROUTER_NORM_THREADS: usize = 256;
-/// Float4 chunks a thread of that norm keeps (`ROUTER_NORM_CHUNKS`, norm_row's `NORM_CHUNKS`).
-pub(crate) const ROUTER_NORM_CHUNKS: usize = 4;
 
 /// Warps (rows) per CTA of the version-3 expert matvecs.
 pub(crate) const MOE_V3_WARPS: u32 = 8;
@@ -401,20 +390,6 @@ pub(crate) fn attention_split_heads_kernel(
 /// (`REDLITE_ATTN_LONG_FROM`), 8 warps.
 pub(crate) fn attention_split_depth_kernel(kv: &str, head_dim: usize) -> String {
     format!("attention_split_depth_kernel<{kv}, {}>", head_dim / 32)
-}
-
-/// Query heads of one KV head the GQA split kernel is built for (`REDLITE_ATTN_GQA`), and
-/// its warps (`GQA_WARPS` in attention.cu).
-pub(crate) const ATTENTION_GQA_GROUP: usize = 8;
-pub(crate) const ATTENTION_GQA_WARPS: u32 = 4;
-
-/// The split kernel taking all the query heads of a KV head in one CTA, four lanes a
-/// position (`REDLITE_ATTN_GQA=1`).
-pub(crate) fn attention_split_gqa_kernel(kv: &str, head_dim: usize) -> String {
-    format!(
-        "attention_split_gqa_kernel<{kv}, {}, {ATTENTION_GQA_GROUP}>",
-        head_dim / 32
-    )
 }
 
 pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {

@@ -174,20 +174,6 @@ pub trait Backend {
         self.add(b, x, y)?;
         self.rms_norm(norm, b, x, out)
     }
-    /// A block's second half: `x += mix`, `h = rms_norm(x)` with block `layer`'s post-mixer
-    /// norm, then the block's MoE from `h` into `mix`; a backend may fuse the norm into the
-    /// MoE's first launch (the same bits as the two calls).
-    fn add_norm_moe(
-        &self,
-        layer: usize,
-        b: Batch,
-        x: &mut Self::Act,
-        mix: &mut Self::Act,
-        h: &mut Self::Act,
-    ) -> Result<()> {
-        self.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
-        self.moe(layer, b, h, mix)
-    }
     /// LM-head logits of the given rows (ascending), appended to `out` (`[rows][vocab]`).
     fn logits(&self, rows: &[usize], x: &Self::Act, out: &mut Vec<f32>) -> Result<()>;
     /// The greedy token of each of `rows` (ascending; the largest finite logit, the lower id

@@ -308,7 +308,8 @@ fn run<B: Backend>(
             LayerKind::DeltaNet => backend.deltanet(layer, segs, h, mix)?,
             LayerKind::Attention => backend.attention(layer, segs, h, mix)?,
         }
-        backend.add_norm_moe(layer, b, x, mix, h)?;
+        backend.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
+        backend.moe(layer, b, h, mix)?;
         // The residual add, fused with the next layer's input norm.
         if layer + 1 < layers.len() {
             backend.add_rms_norm(Norm::Attn(layer + 1), b, x, mix, h)?;

@@ -3,13 +3,12 @@
 //! logits and the MTP block's input; each queues kernels (or is skipped when the decode
 //! graph recorded it: `graph`).
 
-use redlite_cuda::{Position, PostNorm};
+use redlite_cuda::Position;
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
 use super::head::{device_greedy, CHAINED_GREEDY};
 use super::moe::{self, LayerSkew};
-use super::moe_route;
 use super::prefetch::{self, NextBlock};
 use super::state::CudaState;
 use super::weights::Mixer;
@@ -219,63 +218,7 @@ impl Backend for CudaBackend {
         if self.gate(Op::Moe(layer), b.tokens, buffers)? == Gate::Skip {
             return Ok(());
         }
-        self.moe_launches(layer, b, h, out, false)
-    }
-
-    /// With `REDLITE_ROUTER_NORM=1`, one decode token's post-mixer add + norm runs in the
-    /// router's launch (`moe::route_with_norm`): one launch a layer fewer, the same bits.
-    fn add_norm_moe(
-        &self,
-        layer: usize,
-        b: Batch,
-        x: &mut CudaAct,
-        mix: &mut CudaAct,
-        h: &mut CudaAct,
-    ) -> Result<()> {
-        if !self.router_norm_fits(layer, b, h)? {
-            self.add_rms_norm(Norm::Post(layer), b, x, mix, h)?;
-            return self.moe(layer, b, h, mix);
-        }
-        // Both ops gated as the two calls would be: a graph recorded here is replayed by
-        // either path.
-        let device = &self.device;
-        let norm = [x.address(device)?, mix.address(device)?, h.address(device)?];
-        let norm_gate = self.gate(Op::AddNorm(Norm::Post(layer)), b.tokens, norm)?;
-        let moe = [h.address(device)?, mix.address(device)?, 0];
-        let moe_gate = self.gate(Op::Moe(layer), b.tokens, moe)?;
-        if norm_gate == Gate::Skip || moe_gate == Gate::Skip {
-            if norm_gate != moe_gate {
-                return Err(EngineError::Cuda(format!(
-                    "block {layer}: the post-mixer norm and the MoE are not replayed together"
-                )));
-            }
-            x.rows_mut(b.tokens)?;
-            h.norm_writes(b.tokens);
-            return Ok(());
-        }
-        self.device.mark("norms and residuals");
-        {
-            let mut scratch = self.scratch(b.tokens)?;
-            let w = &self.weights.layer(layer)?.moe;
-            let norm_w = self.norm_weights(Norm::Post(layer))?.as_view();
-            let y = mix.rows(b.tokens)?;
-            let mut x = x.rows_mut(b.tokens)?;
-            let (mut h, Some(mut h_q8)) = h.rows_mut_quantized(b.tokens)? else {
-                return Err(EngineError::Cuda(format!(
-                    "block {layer}: the normed row keeps no Q8_K codes"
-                )));
-            };
-            let norm = PostNorm {
-                x: &mut x,
-                y: &y,
-                w: &norm_w,
-                h: &mut h,
-                h_q8: &mut h_q8,
-                eps: self.config.rms_eps,
-            };
-            moe_route::route_with_norm(&self.device, &self.config, w, &mut scratch, norm)?;
-        }
-        self.moe_launches(layer, b, h, mix, true)
+        self.moe_launches(layer, b, h, out)
     }
 
     fn add(&self, b: Batch, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
@@ -448,16 +391,8 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// The MoE block's launches (its gate passed); `routed`: `route_with_norm` routed the
-    /// token already.
-    fn moe_launches(
-        &self,
-        layer: usize,
-        b: Batch,
-        h: &CudaAct,
-        out: &mut CudaAct,
-        routed: bool,
-    ) -> Result<()> {
+    /// The MoE block's launches (its gate passed).
+    fn moe_launches(&self, layer: usize, b: Batch, h: &CudaAct, out: &mut CudaAct) -> Result<()> {
         if self.residency == ExpertResidency::Cpu {
             let host = self.host_moe.as_ref().ok_or_else(|| {
                 EngineError::BadConfig(
@@ -500,26 +435,6 @@ impl CudaBackend {
             &mut scratch,
             (&h.rows(b.tokens)?, h.q8_range(0, b.tokens).as_ref()),
             &mut out.rows_mut(b.tokens)?,
-            routed,
         )
-    }
-
-    /// Whether [`Backend::add_norm_moe`] fuses the norm into the router for this call: one
-    /// token of a decode step, `REDLITE_ROUTER_NORM=1`, the add + norm fused (the default),
-    /// the normed row kept in Q8_K, the experts on the GPU and no prefetch, and the fused
-    /// router taking the block.
-    fn router_norm_fits(&self, layer: usize, b: Batch, h: &CudaAct) -> Result<bool> {
-        if !redlite_cuda::router_norm_on() || b.tokens != 1 || !fuse_add_norm() {
-            return Ok(false);
-        }
-        let prefetching = self
-            .prefetch
-            .lock()
-            .map_err(|_| EngineError::Cuda("prefetch lock poisoned by a panic".into()))?
-            .is_some();
-        Ok(!prefetching
-            && self.residency != ExpertResidency::Cpu
-            && h.keeps_codes(b.tokens)
-            && moe_route::takes_route_with_norm(&self.config, &self.weights.layer(layer)?.moe))
     }
 }

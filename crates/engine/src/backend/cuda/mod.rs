@@ -46,8 +46,6 @@ pub use act::CudaAct;
 /// default paths in one process.
 pub mod switches {
     pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, LOGITS_HALVING, PINNED_LOGITS};
-    pub use super::moe_route::ROUTER_TOPK_APART;
-    pub use redlite_cuda::{MOE_BATCH_ROWS, ROUTER_NORM};
 }
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};

@@ -55,8 +55,7 @@ pub struct LayerSkew {
 /// in) first and the products read slots; a prompt's experts come through in waves
 /// (`moe_pairs`). With `skew`, the chosen experts are replaced before anything reads them.
 /// With `next` (one token, `REDLITE_CACHE_PREFETCH=1`), the next block's likely experts are
-/// brought into its cache on the side stream meanwhile (`prefetch.rs`). `routed`:
-/// `moe_route::route_with_norm` has routed the token already (its ids and weights are in `s`).
+/// brought into its cache on the side stream meanwhile (`prefetch.rs`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     device: &Device,
@@ -67,7 +66,6 @@ pub fn forward(
     s: &mut Scratch,
     (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
-    routed: bool,
 ) -> Result<()> {
     // The previous block's prefetch into this block's cache ends before its lookup.
     device.join_side()?;
@@ -77,7 +75,7 @@ pub fn forward(
         }
         _ => None,
     };
-    block(device, c, w, (cache, skew), s, (h, h_q8), out, routed)?;
+    block(device, c, w, (cache, skew), s, (h, h_q8), out)?;
     if let Some(prefetch) = prefetch {
         prefetch.finish(device)?;
     }
@@ -94,14 +92,11 @@ fn block(
     s: &mut Scratch,
     (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     out: &mut CudaViewMut<'_, f32>,
-    routed: bool,
 ) -> Result<()> {
     let e = c.n_embd;
     let t = h.len() / e;
     let used = c.n_expert_used;
-    if !routed {
-        route(device, c, w, s, h, t)?;
-    }
+    route(device, c, w, s, h, t)?;
     let mut ids = s.ids.slice_mut(..t * used);
     let weights = s.weights.slice_mut(..t * used);
     let shared_weight = s.shared_weight.slice_mut(..t);

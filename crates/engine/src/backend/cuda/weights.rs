@@ -26,32 +26,6 @@ pub struct DeviceMatrix {
 const ROUTER: &str = "ffn_gate_inp.weight";
 const SHARED_GATE: &str = "ffn_gate_inp_shexp.weight";
 
-/// `REDLITE_ROUTER_WIDEN_GATE=1`: an F16/BF16 shared-expert gate row joins an F32 router
-/// (`DeviceMatrix::router`).
-fn widen_gate() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_ROUTER_WIDEN_GATE").as_deref() == Ok("1"))
-}
-
-/// The shared-expert gate row's bytes in the router's type `router`: as stored when the
-/// types agree; an F16/BF16 row widened to F32 (exact values) when `widen`; else `None`.
-fn gate_row_as(
-    router: GgmlType,
-    gate: GgmlType,
-    row: &[u8],
-    widen: bool,
-) -> Result<Option<Vec<u8>>> {
-    if router == gate {
-        return Ok(Some(row.to_vec()));
-    }
-    if !(widen && router == GgmlType::F32 && matches!(gate, GgmlType::F16 | GgmlType::BF16)) {
-        return Ok(None);
-    }
-    let mut values = vec![0.0f32; row.len() / 2];
-    dequantize_row(gate, row, &mut values)?;
-    Ok(Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()))
-}
-
 /// A tensor's place and description, or the error naming it.
 fn tensor<'g>(gguf: &'g GgufModel, name: &str) -> Result<(TensorRef, &'g TensorInfo)> {
     let loc = gguf
@@ -77,22 +51,19 @@ impl DeviceMatrix {
     /// and routes, in one launch) when both have the same type and row length; otherwise
     /// the router alone. Real files and `redlite synth` store the router in F32 and the gate
     /// in F16 or BF16 (spec: never quantized, the source precision), so they take the
-    /// three launches unless `REDLITE_ROUTER_WIDEN_GATE=1` widens the gate row to F32: its
-    /// values exactly, but summed in the router's order (another rounding of the shared
-    /// gate's logit, not yet measured on a GPU; hence off by default).
+    /// split-K router and the routing with the gate row. (The gate row widened to F32 and
+    /// stored here moved the logits, the shared gate's logit summed in the router's order,
+    /// and was slower: 338.8 vs 351.4 t/s on the H200, fifteenth session; removed.)
     fn router(device: &Device, gguf: &GgufModel, name: &str, dots: Dots) -> Result<DeviceMatrix> {
         let shared_name = name.replace(ROUTER, SHARED_GATE);
         let (Some(router), Some(shared)) = (gguf.locate(name), gguf.locate(&shared_name)) else {
             return DeviceMatrix::load(device, gguf, name, dots);
         };
         let (r, g) = (gguf.info(router), gguf.info(shared));
-        if r.row_len() != g.row_len() || g.rows() != 1 {
+        if r.ty != g.ty || r.row_len() != g.row_len() || g.rows() != 1 {
             return DeviceMatrix::load(device, gguf, name, dots);
         }
-        let Some(gate_row) = gate_row_as(r.ty, g.ty, gguf.data(shared), widen_gate())? else {
-            return DeviceMatrix::load(device, gguf, name, dots);
-        };
-        let bytes = [gguf.data(router), gate_row.as_slice()].concat();
+        let bytes = [gguf.data(router), gguf.data(shared)].concat();
         Ok(DeviceMatrix {
             ty: r.ty,
             rows: r.rows() as usize,
@@ -281,50 +252,4 @@ pub fn upload_mtp(
     let l = config.n_layer;
     let caches = caches(device, config, residency, l..l + 1, &host)?;
     Ok((weights, caches))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_half_precision_gate_row_widens_to_the_exact_f32_values() {
-        let values = [1.0f32, -0.5, 65504.0, 2.0f32.powi(-24), 0.0, -3.140625];
-        let f16: Vec<u8> = values
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect();
-        let bf16: Vec<u8> = values
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect();
-        for (ty, row) in [(GgmlType::F16, &f16), (GgmlType::BF16, &bf16)] {
-            let widened = gate_row_as(GgmlType::F32, ty, row, true).unwrap().unwrap();
-            let got: Vec<f32> = widened
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let want: Vec<f32> = match ty {
-                GgmlType::F16 => values
-                    .iter()
-                    .map(|&v| half::f16::from_f32(v).to_f32())
-                    .collect(),
-                _ => values
-                    .iter()
-                    .map(|&v| half::bf16::from_f32(v).to_f32())
-                    .collect(),
-            };
-            assert_eq!(got, want, "{ty:?}");
-        }
-        // Off, or a type it cannot widen: the router stays alone.
-        assert!(gate_row_as(GgmlType::F32, GgmlType::F16, &f16, false)
-            .unwrap()
-            .is_none());
-        assert!(gate_row_as(GgmlType::F32, GgmlType::Q8_0, &f16, true)
-            .unwrap()
-            .is_none());
-        // The same type: the row as stored.
-        let same = gate_row_as(GgmlType::F16, GgmlType::F16, &f16, false).unwrap();
-        assert_eq!(same.as_deref(), Some(f16.as_slice()));
-    }
 }
