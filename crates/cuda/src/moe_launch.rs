@@ -86,10 +86,9 @@ fn moe_q8_rows() -> usize {
 /// 4), else `REDLITE_MOE_ROWS` if set, else 2, for any batch (four rows for batches of 2 to 16
 /// tokens measured slower on the H200, eighteenth session: pp2 504.7 vs 515.5 t/s, MTP one
 /// draft at 0.7 403.9 vs 410.4). Each row sums in the same order whatever the count (the same
-/// bits). Two rows halve the CTAs, so the 10 + 1 experts of a token
-/// fit one wave on the H200 and each CTA's input quantization serves twice the rows:
-/// tg128 +2.2 % over one row (docs/PERF.md, tenth session); the down matvec keeps one row
-/// (its loads-ahead kernel).
+/// bits). Two rows halve the CTAs, so the 10 + 1 experts of a token fit one wave on the H200
+/// and each CTA's input quantization serves twice the rows: tg128 +2.2 % over one row
+/// (docs/PERF.md, tenth session); the down matvec keeps one row (its loads-ahead kernel).
 fn gate_up_rows() -> usize {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {

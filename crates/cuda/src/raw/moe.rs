@@ -96,8 +96,9 @@ pub(crate) fn launch_router_topk(
         .arg(&n_expert)
         .arg(&used);
     // SAFETY: arguments match the signature; w holds n_expert + 1 F32 rows of cols (a
-    // multiple of 4, 16-byte aligned rows: the experts', then the gate's), x cols values, logits n_expert + 1 (= grid.x), ticket one (zero between launches),
-    // ids/weights `used` (≤ n_expert ≤ 32 x PER), shared_weight one.
+    // multiple of 4, 16-byte aligned rows: the experts', then the gate's), x cols values,
+    // logits n_expert + 1 (= grid.x), ticket one (zero between launches), ids/weights `used`
+    // (≤ n_expert ≤ 32 x PER), shared_weight one.
     launched(stream, "cuLaunchKernel(router_topk)", unsafe {
         launch.launch(config)
     })
