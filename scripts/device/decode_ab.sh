@@ -18,6 +18,9 @@
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
+#   6a. (stage timeline, not by default) REDLITE_TIMELINE=1 at each of TIMELINE_DEPTHS
+#      (default 0 4096): per kernel, its share of a replayed step on the critical path and how
+#      early its CTAs were resident (programmatic dependent launch's overlap);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
 #      memory and source-counter sections for one decode launch of each kernel of
 #      STALL_KERNELS (why a product of a few MB takes ~10 µs: the stall reasons, the bytes
@@ -33,7 +36,8 @@
 # decode stage's benches, e.g. `--kv f16`); PROFILE_ARGS (the profiled bench's
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); STALL_KERNELS (regexes of
-# kernel names); STAGES (bits tests decode mtp small; also probes profile stalls); OUT.
+# kernel names); TIMELINE_DEPTHS; STAGES (bits tests decode mtp small; also probes profile
+# timeline stalls); OUT.
 # This build against an earlier one: scripts/device/vs_base.sh.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -158,6 +162,19 @@ if stage small; then
   for v in REDLITE_UNUSED=0 $SMALL_AB; do
     env "$v" "$R" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 > "$OUT/small-${v//=/_}.txt" 2>&1
     note "pp1..4 $v: $(grep -E '^\| pp' "$OUT/small-${v//=/_}.txt" | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+if stage timeline; then
+  # REDLITE_TIMELINE=1 (docs/CUDA.md): every launch's first CTA clocks its wait; the report
+  # (per kernel: launches, its share of a step from its release to the next release, how
+  # early its first CTA was resident) at the process's end, one process a depth so that the
+  # rings hold that depth's steps only. The option compiles every module again (~2 min).
+  stamp "timeline"
+  for d in ${TIMELINE_DEPTHS:-0 4096}; do
+    REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 1 ${BENCH_EXTRA:-} \
+      > "$OUT/timeline-d$d.txt" 2>&1
+    note "timeline at depth $d: $(grep -E '^\| tg' "$OUT/timeline-d$d.txt" | tr -s ' ')"
+    grep -A 25 '^timeline:' "$OUT/timeline-d$d.txt" | tee -a "$SUMMARY"
   done
 fi
 if stage profile && command -v ncu > /dev/null; then

@@ -56,12 +56,70 @@ static __device__ __forceinline__ uint4 load_u128(const u8* p) {
 #ifndef REDLITE_PDL
 #define REDLITE_PDL 0
 #endif
+#ifndef REDLITE_TIMELINE
+#define REDLITE_TIMELINE 0
+#endif
+#if !REDLITE_TIMELINE
 static __device__ __forceinline__ void pdl_begin() {
 #if REDLITE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+#else
+// Measurement option REDLITE_TIMELINE=1 (timeline.rs; off by default, and then the code above
+// is all there is): a timeline of the launches. In every launch, thread 0 of CTA (0, 0, 0)
+// reads the global nanosecond clock when it reaches the wait (its CTA resident and its loads
+// ahead issued) and again when the wait returns (the kernels it waits for complete), and
+// writes both, the grid's and the CTA's sizes and the name of the function that called
+// pdl_begin into this module's ring of records; its slot's atomic is issued before the wait,
+// so the round trip is hidden by it. The host reads each module's ring when the device is
+// dropped. Other threads do what the function above does.
+#define TIMELINE_RECORDS 32768
+#define TIMELINE_NAME 24
+struct TimelineRecord {
+    unsigned long long start, release;
+    unsigned int ctas, threads;
+    char name[TIMELINE_NAME];
+};
+__device__ TimelineRecord redlite_timeline[TIMELINE_RECORDS];
+__device__ unsigned int redlite_timeline_count;
+
+static __device__ __forceinline__ unsigned long long timeline_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ void pdl_begin_named(const char* name) {
+    // The start clock waits in shared memory (the wait's memory clobber makes the compiler
+    // read it back), so that only the slot holds a register across the wait: with the clock
+    // in registers too, the fused DeltaNet step spilled.
+    __shared__ unsigned long long timeline_start;
+    const bool first = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 &&
+                       blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+    unsigned int slot = 0;
+    if (first) {
+        timeline_start = timeline_ns();
+        slot = atomicAdd(&redlite_timeline_count, 1u) % TIMELINE_RECORDS;
+    }
+#if REDLITE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    if (first) {
+        TimelineRecord& r = redlite_timeline[slot];
+        r.start = timeline_start;
+        r.release = timeline_ns();
+        r.ctas = gridDim.x * gridDim.y * gridDim.z;
+        r.threads = blockDim.x * blockDim.y * blockDim.z;
+        int i = 0;
+        for (; i < TIMELINE_NAME - 1 && name[i] != 0; ++i) r.name[i] = name[i];
+        for (; i < TIMELINE_NAME; ++i) r.name[i] = 0;
+    }
+}
+#define pdl_begin() pdl_begin_named(__func__)
+#endif
 
 // Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels
 // of the families set in this mask return at once, their launches kept, so a decode step

@@ -30,7 +30,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// where they use it (`q8dot.cuh`), `REDLITE_PDL=0` the kernels without their programmatic
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs of 4 warps
-/// instead of 8 (`source::down_warps`);
+/// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
+/// (`timeline.rs`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -51,6 +52,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
+        format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(

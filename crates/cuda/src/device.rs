@@ -7,8 +7,8 @@ use crate::raw;
 use crate::source::modules;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -30,6 +30,8 @@ pub struct Device {
     shared_per_block_optin: usize,
     /// Kernel name expression (e.g. `matvec_kernel<Q4K, 4, true>`) to its function.
     kernels: HashMap<String, CudaFunction>,
+    /// With `REDLITE_TIMELINE=1`, every loaded module by name (their rings are read at drop).
+    timeline_modules: Vec<(String, Arc<CudaModule>)>,
     /// Device memory in use when the kernels were loaded: the run's own use is counted
     /// from here.
     baseline: u64,
@@ -43,6 +45,12 @@ impl Drop for Device {
     fn drop(&mut self) {
         if crate::profile::profiling() {
             eprint!("{}", crate::profile::report());
+        }
+        if !self.timeline_modules.is_empty() {
+            eprint!(
+                "{}",
+                crate::timeline::read(&self.timeline_modules, &self.stream)
+            );
         }
     }
 }
@@ -83,11 +91,16 @@ impl Device {
         let branch = SideStream::new(&context)?;
         let second_branch = SideStream::new(&context)?;
         let mut kernels = HashMap::new();
+        let mut timeline_modules = Vec::new();
         let modules = modules();
-        for compiled in compile_modules_cached(&modules, &arch)? {
+        let compiled_modules = compile_modules_cached(&modules, &arch)?;
+        for (source, compiled) in modules.iter().zip(compiled_modules) {
             let loaded = context
                 .load_module(Ptx::from_binary(compiled.image))
                 .map_err(CudaError::driver("cuModuleLoadData"))?;
+            if crate::timeline::on() {
+                timeline_modules.push((source.name.clone(), loaded.clone()));
+            }
             for (expression, lowered) in compiled.lowered {
                 let function = loaded
                     .load_function(&lowered)
@@ -108,6 +121,7 @@ impl Device {
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
             shared_per_block_optin: usize::try_from(shared_optin).unwrap_or(0),
             kernels,
+            timeline_modules,
             baseline: total.saturating_sub(free) as u64,
             limit: AtomicU64::new(0),
             blas: OnceLock::new(),

@@ -2,8 +2,9 @@
 """Turns a kernel module's NVRTC source (`dump_module`) into C++ for the host emulators
 (scripts/dev/*-emu): the inline PTX they know becomes calls into their shims (f16
 conversions, mma.sync), the PTX that only schedules (L2 prefetch, programmatic dependent
-launch) goes, a volatile shared load becomes a plain one, launch bounds go and dynamic
-shared memory becomes plain extern arrays that each harness defines. Any other inline PTX
+launch) goes, the timeline option's clock reads 0, a volatile shared load becomes a plain
+one, launch bounds go and dynamic shared memory becomes plain extern arrays that each
+harness defines. Any other inline PTX
 (outside comments) is refused: the emulator would not know it.
 
 Usage: host_source.py EMULATOR IN.cu OUT.cu
@@ -23,6 +24,7 @@ s = re.sub(
     flags=re.S,
 )
 s = re.sub(r'asm volatile\("griddepcontrol\.[a-z_]+;" ::: "memory"\);', "", s)
+s = s.replace('asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));', "t = 0;")
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', "emu_mma_k32(c, a, b0, b1);", s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', "emu_mma_k16(c, a0, a1, b0);", s, flags=re.S)
 s = re.sub(r"__launch_bounds__\((?:[^()]|\([^()]*\))*\)", "", s)
