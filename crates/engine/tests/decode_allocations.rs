@@ -1,7 +1,7 @@
-//! Decode allocates nothing: after a warm-up, a CPU decode step (`Session::step`, the loop
-//! of `redlite bench`'s tg and of generation) makes no heap allocation, for every recipe's
-//! block types and both KV types, with the default (ggml-style) precision. A counting
-//! global allocator sees every thread's allocations, the thread pool's included.
+//! Decode allocates nothing: once warm, CPU decode steps (`Session::step`, the loop of
+//! `redlite bench`'s tg and of generation) make no heap allocation, 16 steps in a row, for
+//! every recipe's block types and both KV types, with the default (ggml-style) precision. A
+//! counting global allocator sees every thread's allocations, the thread pool's included.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -82,19 +82,33 @@ fn cpu_decode_steps_allocate_nothing() {
         for t in 0..4 {
             s.step(t).unwrap();
         }
-        CALLS.store(0, Ordering::Relaxed);
-        BYTES.store(0, Ordering::Relaxed);
-        ARMED.store(true, Ordering::Relaxed);
-        for t in 0..16 {
-            s.step(100 + t).unwrap();
+        // Windows of 16 steps until one allocates nothing (at most WINDOWS). A pool thread
+        // keeps the buffers of the tasks it has run, so one that ran no task of some kind
+        // during the warm-up (descheduled on a busy machine: CI saw 2 allocations of 224
+        // bytes once) grows a buffer the first time it does; a step that allocates every
+        // time never gives a clean window.
+        let mut windows = Vec::new();
+        for w in 0..WINDOWS {
+            CALLS.store(0, Ordering::Relaxed);
+            BYTES.store(0, Ordering::Relaxed);
+            ARMED.store(true, Ordering::Relaxed);
+            for t in 0..16 {
+                s.step(100 + 16 * w + t).unwrap();
+            }
+            ARMED.store(false, Ordering::Relaxed);
+            windows.push((CALLS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed)));
+            if windows.last().is_some_and(|&(calls, _)| calls == 0) {
+                break;
+            }
         }
-        ARMED.store(false, Ordering::Relaxed);
-        let (calls, bytes) = (CALLS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-        assert_eq!(
-            calls,
-            0,
-            "{} with {kv:?} KV: 16 decode steps made {calls} allocations ({bytes} bytes)",
+        assert!(
+            windows.last().is_some_and(|&(calls, _)| calls == 0),
+            "{} with {kv:?} KV: no 16 decode steps without an allocation; (allocations, bytes) \
+             a window: {windows:?}",
             recipe.name()
         );
     }
 }
+
+/// Windows of 16 decode steps tried for one without an allocation.
+const WINDOWS: u32 = 3;
