@@ -19,8 +19,9 @@
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   6a. (stage timeline, not by default) REDLITE_TIMELINE=1 at each of TIMELINE_DEPTHS
-#      (default 0 4096): per kernel, its share of a replayed step on the critical path and how
-#      early its CTAs were resident (programmatic dependent launch's overlap);
+#      (default 0 4096), then MTP steps of one draft at acceptance 0.7: per kernel, its share
+#      of a replayed step on the critical path and how early its CTAs were resident
+#      (programmatic dependent launch's overlap);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
 #      memory and source-counter sections for one decode launch of each kernel of
 #      STALL_KERNELS (why a product of a few MB takes ~10 µs: the stall reasons, the bytes
@@ -176,6 +177,13 @@ if stage timeline; then
     note "timeline at depth $d: $(grep -E '^\| tg' "$OUT/timeline-d$d.txt" | tr -s ' ')"
     grep -A 25 '^timeline:' "$OUT/timeline-d$d.txt" | tee -a "$SUMMARY"
   done
+  # One draft at acceptance 0.7 (bench times plain decoding first; the rings keep the MTP
+  # steps, each ending with the draft's LM head): what a step's graphs and the host leave idle
+  # (docs/MTP.md asks for that before one graph for the whole step).
+  REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -r 1 --mtp --draft 1 \
+    --mtp-accept 0.7 ${BENCH_EXTRA:-} > "$OUT/timeline-mtp.txt" 2>&1
+  note "timeline, MTP: $(grep -E '^\| tg|verify' "$OUT/timeline-mtp.txt" | tr -s ' ' | tr '\n' ' ')"
+  grep -A 25 '^timeline:' "$OUT/timeline-mtp.txt" | tee -a "$SUMMARY"
 fi
 if stage profile && command -v ncu > /dev/null; then
   # One metric, L2 left as the previous kernel left it (what a decode step sees); the first
