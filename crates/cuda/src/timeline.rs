@@ -11,7 +11,8 @@
 //! - `share µs/step`: the time from its release to the next release of any kernel, attributed
 //!   to it (in a chain, the time it alone held the critical path after the kernel before it
 //!   ended; the gaps between steps, when the GPU idles for the host, fall to a step's last
-//!   kernel);
+//!   kernel; of kernels released together on parallel lanes, a mixer's products, the one
+//!   released last gets the time to the join, so read such a group's shares as one);
 //! - `early µs`: how long before its release its first CTA was resident and waiting (what
 //!   programmatic dependent launch overlapped; ~0 where its CTAs could not start beside the
 //!   kernel before it).
