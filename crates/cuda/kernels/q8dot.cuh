@@ -46,11 +46,12 @@ static __device__ __forceinline__ int q8_scales_bytes(int values) {
 // every weight load of the kernel waits behind). Ends with a CTA barrier.
 #define Q8_UNROLL 4
 
-// `blocks` blocks of 256 values, block b read from `source(b)`, staged back to back; UNROLL
-// blocks a warp at a time (the blocks a warp quantizes, and how, do not depend on it).
-template <int UNROLL = Q8_UNROLL, class Source>
+// `blocks` blocks of 256 values, block b read from `source(b)`, staged back to back;
+// Q8_UNROLL blocks a warp at a time.
+template <class Source>
 static __device__ __forceinline__ void quantize_q8k_blocks(Source source, int blocks, float* d,
                                                            i8* q) {
+    constexpr int UNROLL = Q8_UNROLL;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
 #if REDLITE_PROBE_Q8_NO_QUANTIZE

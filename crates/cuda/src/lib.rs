@@ -55,7 +55,7 @@ mod router_topk;
 mod source;
 mod switch;
 mod tables;
-pub mod timeline;
+mod timeline;
 
 pub use attention_ops::{
     attention, attention_max_splits, attention_on, attention_partials_len, attention_prep,

@@ -28,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{CudaModule, CudaStream};
 
 /// Whether `REDLITE_TIMELINE=1` is set.
-pub fn on() -> bool {
+pub(crate) fn on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_TIMELINE").as_deref() == Ok("1"))
 }
@@ -49,19 +49,19 @@ const STEP_MARKER: &str = "matmul_q8_kernel";
 
 /// One launch as its first CTA recorded it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Record {
+struct Record {
     /// Nanoseconds of the global clock when the first CTA reached its wait.
-    pub start: u64,
+    start: u64,
     /// ... and when the wait returned.
-    pub release: u64,
-    pub ctas: u32,
-    pub threads: u32,
-    pub name: String,
+    release: u64,
+    ctas: u32,
+    threads: u32,
+    name: String,
 }
 
 /// The records of one module's ring (`bytes`: the `redlite_timeline` array; `count`: its
 /// counter), oldest first: the last `RECORDS` launches at most.
-pub fn parse(bytes: &[u8], count: u32) -> Vec<Record> {
+fn parse(bytes: &[u8], count: u32) -> Vec<Record> {
     let count = count as usize;
     let kept = count.min(RECORDS).min(bytes.len() / RECORD_BYTES);
     let first = count.saturating_sub(kept);
@@ -89,7 +89,7 @@ pub fn parse(bytes: &[u8], count: u32) -> Vec<Record> {
 const STEPS: usize = 32;
 
 /// The per-kernel summary of the modules' records (each module's list oldest first).
-pub fn report(modules: &[Vec<Record>]) -> String {
+fn report(modules: &[Vec<Record>]) -> String {
     // Where every module's launches are all there: from the latest of the full rings' oldest
     // kept records on.
     let complete_from = modules
