@@ -26,27 +26,8 @@ fn py_repr(value: &Value, out: &mut String) {
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number => py_number(value, out, false),
         ValueKind::String => py_str_repr(value.as_str().unwrap_or_default(), out),
-        ValueKind::Seq | ValueKind::Iterable => {
-            out.push('[');
-            for (i, item) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                py_repr(&item, out);
-            }
-            out.push(']');
-        }
-        ValueKind::Map => {
-            out.push('{');
-            for (i, key) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                py_repr(&key, out);
-                out.push_str(": ");
-                py_repr(&value.get_item(&key).unwrap_or_default(), out);
-            }
-            out.push('}');
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map => {
+            container(value, out, py_repr, py_repr)
         }
         _ => out.push_str(&value.to_string()),
     }
@@ -125,30 +106,38 @@ fn json_into(value: &Value, out: &mut String) {
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => py_number(value, out, true),
         ValueKind::String => json_string(value.as_str().unwrap_or_default(), out),
-        ValueKind::Seq | ValueKind::Iterable => {
-            out.push('[');
-            for (i, item) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                json_into(&item, out);
-            }
-            out.push(']');
-        }
-        ValueKind::Map => {
-            out.push('{');
-            for (i, key) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                json_string(&py_str(&key), out);
-                out.push_str(": ");
-                json_into(&value.get_item(&key).unwrap_or_default(), out);
-            }
-            out.push('}');
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map => {
+            container(value, out, json_into, |key, out| {
+                json_string(&py_str(key), out)
+            })
         }
         _ => json_string(&value.to_string(), out),
     }
+}
+
+/// A list as `[a, b]` or a map as `{k: v}` (key order kept), with the `", "` and `": "`
+/// separators Python's `repr` and `json.dumps` share; `item` writes a value, `key` a map key.
+fn container(
+    value: &Value,
+    out: &mut String,
+    item: fn(&Value, &mut String),
+    key: fn(&Value, &mut String),
+) {
+    let map = value.kind() == ValueKind::Map;
+    out.push(if map { '{' } else { '[' });
+    for (i, entry) in value.try_iter().into_iter().flatten().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        if map {
+            key(&entry, out);
+            out.push_str(": ");
+            item(&value.get_item(&entry).unwrap_or_default(), out);
+        } else {
+            item(&entry, out);
+        }
+    }
+    out.push(if map { '}' } else { ']' });
 }
 
 fn json_string(s: &str, out: &mut String) {
