@@ -120,6 +120,13 @@ static __device__ __forceinline__ void pdl_begin_named(const char* name) {
 }
 #define pdl_begin() pdl_begin_named(__func__)
 #endif
+// pdl_begin called inside a lambda, whose __func__ names its call operator, not the kernel:
+// the timeline records `name` instead.
+#if REDLITE_TIMELINE
+#define pdl_begin_as(name) pdl_begin_named(name)
+#else
+#define pdl_begin_as(name) pdl_begin()
+#endif
 
 // Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels
 // of the families set in this mask return at once, their launches kept, so a decode step

@@ -115,7 +115,7 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     const bool early = REDLITE_PDL != 0 && AHEAD > 0 && gq != nullptr;
     // x after the wait; false when the warp has no rows.
     const auto take_input = [&] {
-        pdl_begin();
+        pdl_begin_as("matmul_q8_kernel");
         q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
         return row0 < rows;
     };

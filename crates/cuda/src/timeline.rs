@@ -147,6 +147,15 @@ fn report(modules: &[Vec<Record>]) -> String {
         "share %",
         "early µs",
     );
+    if run_ends.len() < 2 {
+        out.insert_str(
+            0,
+            &format!(
+                "(no two runs of {STEP_MARKER} with {STEP_MARKER_MIN_CTAS}+ CTAs: no steps found, \
+             the whole ring counted as one)\n"
+            ),
+        );
+    }
     for ((name, ctas, threads), (launches, share, early)) in rows {
         out += &format!(
             "{:<26} {:>7} {:>5} {:>13.1} {:>14.1} {:>7.1}% {:>8.2}\n",
@@ -254,6 +263,15 @@ mod tests {
             ]
         };
         let records: Vec<Record> = [0, 20_000, 40_000].into_iter().flat_map(step).collect();
+        // Without the marker (a kernel's name recorded wrong) the report says so first.
+        let unnamed: Vec<Record> = records
+            .iter()
+            .map(|r| Record {
+                name: "a".into(),
+                ..r.clone()
+            })
+            .collect();
+        assert!(report(&[unnamed]).starts_with("(no two runs"));
         let text = report(&[records]);
         assert!(text.contains("8 launches over 2 steps"), "{text}");
         let line = |name: &str| {
