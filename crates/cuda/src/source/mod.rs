@@ -362,7 +362,7 @@ mod tests {
 
     /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
     /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
-    /// (the norm kernels through `norm_row`, which does).
+    /// (the norm kernels through `norm_row`, which does; from a lambda as `pdl_begin_as`).
     #[test]
     fn every_kernel_waits_for_the_previous_one() {
         let sources = [
@@ -386,7 +386,9 @@ mod tests {
             for kernel in source.split("__global__").skip(1) {
                 let name = kernel.split('(').next().unwrap_or(kernel).trim();
                 assert!(
-                    kernel.contains("pdl_begin();") || kernel.contains("norm_row"),
+                    kernel.contains("pdl_begin();")
+                        || kernel.contains("pdl_begin_as(")
+                        || kernel.contains("norm_row"),
                     "{name}: no pdl_begin()"
                 );
             }
