@@ -59,22 +59,26 @@ static __device__ __forceinline__ uint4 load_u128(const u8* p) {
 #ifndef REDLITE_TIMELINE
 #define REDLITE_TIMELINE 0
 #endif
-#if !REDLITE_TIMELINE
-static __device__ __forceinline__ void pdl_begin() {
+static __device__ __forceinline__ void pdl_wait() {
 #if REDLITE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// pdl_begin_as(name): pdl_begin called inside a lambda, whose __func__ names its call
+// operator, not the kernel; the timeline records `name` instead.
+#if !REDLITE_TIMELINE
+static __device__ __forceinline__ void pdl_begin() { pdl_wait(); }
+#define pdl_begin_as(name) pdl_begin()
 #else
 // Measurement option REDLITE_TIMELINE=1 (timeline.rs; off by default, and then the code above
 // is all there is): a timeline of the launches. In every launch, thread 0 of CTA (0, 0, 0)
 // reads the global nanosecond clock when it reaches the wait (its CTA resident and its loads
 // ahead issued) and again when the wait returns (the kernels it waits for complete), and
 // writes both, the grid's and the CTA's sizes and the name of the function that called
-// pdl_begin into this module's ring of records; its slot's atomic is issued before the wait,
+// pdl_begin (or the one given to pdl_begin_as) into this module's ring of records; its slot's atomic is issued before the wait,
 // so the round trip is hidden by it. The host reads each module's ring when the device is
-// dropped. Other threads do what the function above does.
+// dropped. Other threads only wait, as without the option.
 #define TIMELINE_RECORDS 32768
 #define TIMELINE_NAME 24
 struct TimelineRecord {
@@ -103,10 +107,7 @@ static __device__ __forceinline__ void pdl_begin_named(const char* name) {
         timeline_start = timeline_ns();
         slot = atomicAdd(&redlite_timeline_count, 1u) % TIMELINE_RECORDS;
     }
-#if REDLITE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_wait();
     if (first) {
         TimelineRecord& r = redlite_timeline[slot];
         r.start = timeline_start;
@@ -119,13 +120,7 @@ static __device__ __forceinline__ void pdl_begin_named(const char* name) {
     }
 }
 #define pdl_begin() pdl_begin_named(__func__)
-#endif
-// pdl_begin called inside a lambda, whose __func__ names its call operator, not the kernel:
-// the timeline records `name` instead.
-#if REDLITE_TIMELINE
 #define pdl_begin_as(name) pdl_begin_named(name)
-#else
-#define pdl_begin_as(name) pdl_begin()
 #endif
 
 // Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels
