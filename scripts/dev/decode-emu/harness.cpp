@@ -20,6 +20,10 @@
 //      REDLITE_DOWN_WARPS=4 keeps 4) against 4; the expert down with its ids loaded as a
 //      group, EARLY or not, against moe_down_q8_kernel's one id at a time (a skipped token,
 //      an id out of range).
+//   7. Q8Dot<IQ1M>'s item dot from its loaded bits (three loads an item, so the products can
+//      load ahead) against the byte-by-byte dot it replaced, kept here as the reference, on
+//      every item of random blocks; the products and the expert down on IQ1_M blocks with
+//      their loads ahead against the forms that load as they go.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -552,9 +556,60 @@ void down_id_group(const char* type) {
     verdict(name, same("down", group, one));
 }
 
+// The IQ1_M item dot as it was before its loads were split from its arithmetic (to
+// 2026-12-06): every byte read inside the dot. The same integer sums and the same float
+// expression, so Q8Dot<IQ1M> must give its bits.
+float iq1m_bytewise_dot(const u8* b, int item, const i8* q, float d8) {
+    using namespace mm;
+    const u16 w0 = load_u16(b + 48), w1 = load_u16(b + 50);
+    const u16 w2 = load_u16(b + 52), w3 = load_u16(b + 54);
+    const float d = f16_to_f32(u16((w0 >> 12) | ((w1 >> 8) & 0x00f0) | ((w2 >> 4) & 0x0f00) |
+                                   (w3 & 0xf000)));
+    const u32 word = load_u16(b + 48 + 2 * (item >> 1));
+    const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+    const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    int sumi = 0, sum_delta = 0;
+    for (int l = 0; l < 4; ++l) {
+        const u32 nibble = (b[32 + 2 * item + l / 2] >> (4 * (l % 2))) & 0x0f;
+        const u64 grid = iq1s_grid[u32(b[4 * item + l]) | ((nibble & 7) << 8)];
+        const int ls = 2 * int((word >> (6 * (item % 2) + 3 * (l / 2))) & 7) + 1;
+        int grid_sum = __dp4a(int(u32(grid)), xs[2 * l], 0);
+        grid_sum = __dp4a(int(u32(grid >> 32)), xs[2 * l + 1], grid_sum);
+        int code_sum = __dp4a(0x01010101, xs[2 * l], 0);
+        code_sum = __dp4a(0x01010101, xs[2 * l + 1], code_sum);
+        sumi += grid_sum * ls;
+        sum_delta += (nibble & 8 ? -code_sum : code_sum) * ls;
+    }
+    return d * d8 * (float(sumi) + 0.125f * float(sum_delta));
+}
+
+void iq1m_item_dot() {
+    const int blocks = 512;
+    const auto w = random_blocks<mm::IQ1M>(rng, 1, blocks * 256);
+    alignas(16) static i8 q[256];
+    bool ok = true;
+    for (int b = 0; b < blocks && ok; ++b) {
+        for (auto& c : q) c = (i8)(int(rng() % 255) - 127);
+        const float d8 = uniform(1, 1e-4f, 1e-1f)[0];
+        const u8* block = w.data() + (size_t)b * mm::IQ1M::BYTES;
+        for (int item = 0; item < mm::IQ1M::ITEMS; ++item) {
+            const float old = iq1m_bytewise_dot(block, item, q, d8);
+            const float now = mm::Q8Dot<mm::IQ1M>::dot(mm::Q8Dot<mm::IQ1M>::load(block, item), item,
+                                                       q, d8);
+            if (memcmp(&old, &now, sizeof old) != 0) {
+                printf("  IQ1_M block %d item %d: %.9g against the byte-wise %.9g\n", b, item, now,
+                       old);
+                ok = false;
+            }
+        }
+    }
+    verdict("IQ1_M: item dot from its loaded bits = the byte-wise dot (512 random blocks, every item)",
+            ok);
+}
+
 int main(int argc, char** argv) {
-    // An argument runs only the cases of that group: router, argmax, small, rows, attention or
-    // moe.
+    // An argument runs only the cases of that group: router, argmax, small, rows, attention,
+    // moe or iq1m.
     const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
     // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
     const Router r = random_router(2048, 512, 10);
@@ -571,6 +626,13 @@ int main(int argc, char** argv) {
         small_batches<mm::Q5K>("Q5_K");
         small_batches<mm::Q6K>("Q6_K");
         small_batches<mm::IQ1M>("IQ1_M");
+    }
+    if (group("iq1m")) {
+        iq1m_item_dot();
+        rows_a_warp<mm::IQ1M>("IQ1_M");
+        down_warps<mo::IQ1M>("IQ1_M");
+        down_id_group<mo::IQ1M, true>("IQ1_M");
+        down_id_group<mo::IQ1M, false>("IQ1_M");
     }
     if (group("rows")) {
         rows_a_warp<mm::IQ2XXS>("IQ2_XXS");

@@ -6,7 +6,7 @@
 # with stand-ins for the CUDA built-ins (../emu-common/shim.h, emu.h), every CUDA thread a host thread. harness.cpp checks each
 # against the launches it replaces, bit for bit (both sides compiled alike: a difference is
 # a fault of layout, indexing or order), the attention against doubles. Needs g++ with C++20
-# and python3. An argument (router, argmax, small, rows, attention, moe) runs that group
+# and python3. An argument (router, argmax, small, rows, attention, moe, iq1m) runs that group
 # only.
 #
 # Usage: scripts/dev/decode-emu/run.sh [GROUP]
