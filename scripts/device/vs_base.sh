@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # On the GPU machine, one short call: this build (.cache/device/redlite.xz) against an earlier
-# one (.cache/device/redlite-base.xz) on the full IQ2_XXS+MTP file, the cheapest order for a
-# change meant to keep the bits: the logits of 24 tokens fed one and four at a time (`cmp`;
-# also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096 alternating
-# (ROUNDS, f16 KV), one MTP draft at acceptance 0.7 each, then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS
-# (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
+# one (.cache/device/redlite-base.xz) on the full RECIPE+MTP file (IQ2_XXS unless set), the
+# cheapest order for a change meant to keep the bits: the logits of 24 tokens fed one and four
+# at a time (`cmp`; also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096
+# alternating (ROUNDS, f16 KV), one MTP draft at acceptance 0.7 each, then the GPU tests of
+# TESTS. Carry both builds and the test binaries named in TESTS (scripts/device/prepare.sh; copy
+# the earlier redlite.xz to redlite-base.xz before building).
 #
-#   TESTS="cuda_parity cuda_expert_cache" bash scripts/device/vs_base.sh
+#   TESTS="cuda_parity cuda_expert_cache" [RECIPE=IQ1_M] bash scripts/device/vs_base.sh
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/device/common.sh
 source "$ROOT/scripts/device/common.sh"
-R="$ROOT/target/release/redlite"; B="$W/redlite-base"; M="$W/full-IQ2_XXS-mtp.gguf"
+R="$ROOT/target/release/redlite"; B="$W/redlite-base"; RECIPE="${RECIPE:-IQ2_XXS}"
+M="$W/full-$RECIPE-mtp.gguf"
 unpack "$D/redlite.xz" "$R"
 unpack "$D/redlite-base.xz" "$B"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
-[ -f "$M" ] || "$R" synth "$M" --preset full --recipe IQ2_XXS --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
+[ -f "$M" ] || "$R" synth "$M" --preset full --recipe "$RECIPE" --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp "logits"
 tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(24)))')"
