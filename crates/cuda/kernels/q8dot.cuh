@@ -25,57 +25,11 @@
 #define Q8_KSIGNS ksigns_iq2xs
 #endif
 
-// IQ1_M's grid (2,048 entries, 16 KB: 128 lines; IQ2_XXS's is 2 KB) is looked up by index
-// from global memory, and L1 starts each launch without it: most of a launch's lookups
-// missed, each a trip to L2 after the weight bits it indexes by had come from DRAM (the
-// twenty-seventh session's timeline: IQ1_M's products 1.5-1.9 us a launch slower than
-// IQ2_XXS's, whose file is larger). Each CTA asks L1 for the whole grid as it starts, a line
-// a thread, while its weight loads are in flight. REDLITE_Q8_TABLE_PREFETCH (a compile
-// option): 0 none, 1 IQ1_M's grid (the default), 2 the IQ2 types' grids and signs too.
-#ifndef REDLITE_Q8_TABLE_PREFETCH
-#define REDLITE_Q8_TABLE_PREFETCH 1
-#endif
-static __device__ __forceinline__ void prefetch_l1_table(const void* table, int bytes) {
-    const u8* t = reinterpret_cast<const u8*>(table);
-    for (int at = threadIdx.x * 128; at < bytes; at += blockDim.x * 128) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(t + at));
-    }
-}
-template <class B>
-struct Q8TablePrefetch {
-    static __device__ __forceinline__ void run() {}
-};
-template <>
-struct Q8TablePrefetch<IQ1M> {
-    static __device__ __forceinline__ void run() {
-        if (REDLITE_Q8_TABLE_PREFETCH >= 1) prefetch_l1_table(iq1s_grid, sizeof(iq1s_grid));
-    }
-};
-template <>
-struct Q8TablePrefetch<IQ2XXS> {
-    static __device__ __forceinline__ void run() {
-        if (REDLITE_Q8_TABLE_PREFETCH >= 2) {
-            prefetch_l1_table(iq2xxs_grid, sizeof(iq2xxs_grid));
-            prefetch_l1_table(ksigns_iq2xs, sizeof(ksigns_iq2xs));
-        }
-    }
-};
-template <>
-struct Q8TablePrefetch<IQ2XS> {
-    static __device__ __forceinline__ void run() {
-        if (REDLITE_Q8_TABLE_PREFETCH >= 2) {
-            prefetch_l1_table(iq2xs_grid, sizeof(iq2xs_grid));
-            prefetch_l1_table(ksigns_iq2xs, sizeof(ksigns_iq2xs));
-        }
-    }
-};
-
 template <class B>
 static __device__ __forceinline__ void q8_prepare() {
 #if REDLITE_Q8_SHARED_TABLES
     B::prepare();
 #endif
-    Q8TablePrefetch<B>::run();
 }
 
 // Bytes of the shared-memory staging of `values` activation values: the f32 block scales

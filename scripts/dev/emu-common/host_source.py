@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Turns a kernel module's NVRTC source (`dump_module`) into C++ for the host emulators
 (scripts/dev/*-emu): the inline PTX they know becomes calls into their shims (f16
-conversions, mma.sync), the PTX that only schedules (L1 and L2 prefetches, programmatic
-dependent launch) goes, the timeline option's clock reads 0, a volatile shared load becomes a
-plain one, launch bounds go and dynamic shared memory becomes plain extern arrays that each
-harness defines. Any other inline PTX (outside comments) is refused: the emulator would not
-know it.
+conversions, mma.sync), the PTX that only schedules (L2 prefetch, programmatic dependent
+launch) goes, the timeline option's clock reads 0, a volatile shared load becomes a plain
+one, launch bounds go and dynamic shared memory becomes plain extern arrays that each
+harness defines. Any other inline PTX
+(outside comments) is refused: the emulator would not know it.
 
 Usage: host_source.py EMULATOR IN.cu OUT.cu
 """
@@ -16,7 +16,7 @@ name, source_path, out_path = sys.argv[1:4]
 s = open(source_path).read()
 s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));', "value = emu_half(bits);")
 s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));', "bits = emu_to_half(value);")
-s = re.sub(r'asm volatile\("prefetch\.global\.L[12] \[%0\];" ::"l"\((.*?)\)\);', r"(void)(\1);", s)
+s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\((.*?)\)\);', r"(void)(\1);", s)
 s = re.sub(
     r'asm volatile\("ld\.shared\.v4\.f32 \{%0, %1, %2, %3\}, \[%4\];".*?\);',
     "v = *reinterpret_cast<const float4*>(p); (void)address;",
