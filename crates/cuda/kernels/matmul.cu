@@ -277,11 +277,11 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (r >= valid) continue;
+            const typename Q8Dot<B>::Raw raw = Q8Dot<B>::load(wb + r * row_bytes, item);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 if (j < nt) {
-                    acc[r][j] += Q8Dot<B>::dot(wb + r * row_bytes, item,
-                                               xq + j * cols + block * B::VALUES,
+                    acc[r][j] += Q8Dot<B>::dot(raw, item, xq + j * cols + block * B::VALUES,
                                                xd[j * nb + block]);
                 }
             }
