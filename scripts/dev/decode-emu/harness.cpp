@@ -21,8 +21,8 @@
 //      group, EARLY or not, against moe_down_q8_kernel's one id at a time (a skipped token,
 //      an id out of range).
 //   7. Q8Dot<IQ1M>'s item dot from its loaded bits (three loads an item, so the products can
-//      load ahead) against the byte-by-byte dot it replaced, kept here as the reference, on
-//      every item of random blocks; the products and the expert down on IQ1_M blocks with
+//      load ahead) against a scalar reference of the same integer sums, on every item of
+//      random blocks; the products and the expert down on IQ1_M blocks with
 //      their loads ahead against the forms that load as they go.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
@@ -556,27 +556,27 @@ void down_id_group(const char* type) {
     verdict(name, same("down", group, one));
 }
 
-// The IQ1_M item dot as it was before its loads were split from its arithmetic (to
-// 2026-12-06): every byte read inside the dot. The same integer sums and the same float
-// expression, so Q8Dot<IQ1M> must give its bits.
-float iq1m_bytewise_dot(const u8* b, int item, const i8* q, float d8) {
-    using namespace mm;
-    const u16 w0 = load_u16(b + 48), w1 = load_u16(b + 50);
-    const u16 w2 = load_u16(b + 52), w3 = load_u16(b + 54);
-    const float d = f16_to_f32(u16((w0 >> 12) | ((w1 >> 8) & 0x00f0) | ((w2 >> 4) & 0x0f00) |
-                                   (w3 & 0xf000)));
-    const u32 word = load_u16(b + 48 + 2 * (item >> 1));
-    const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
-    const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+// The IQ1_M item dot from the block's bytes, each read where it is used and every product
+// taken one at a time: the integers that the loaded-words dot (and, to 2026-12-06, its
+// byte-wise form with dp4a) sums, and the same final float expression, so Q8Dot<IQ1M> must
+// give its bits.
+float iq1m_reference_dot(const u8* b, int item, const i8* q, float d8) {
+    const auto half = [&](int at) { return unsigned(b[at]) | (unsigned(b[at + 1]) << 8); };
+    const unsigned scale_bits = (half(48) >> 12) | ((half(50) >> 8) & 0xf0) |
+                                ((half(52) >> 4) & 0xf00) | (half(54) & 0xf000);
+    const float d = mm::f16_to_f32((mm::u16)scale_bits);
+    const unsigned word = half(48 + 2 * (item / 2));
     int sumi = 0, sum_delta = 0;
     for (int l = 0; l < 4; ++l) {
-        const u32 nibble = (b[32 + 2 * item + l / 2] >> (4 * (l % 2))) & 0x0f;
-        const u64 grid = iq1s_grid[u32(b[4 * item + l]) | ((nibble & 7) << 8)];
+        const unsigned nibble = (b[32 + 2 * item + l / 2] >> (4 * (l % 2))) & 15;
+        const uint64_t grid = mm::iq1s_grid[b[4 * item + l] | ((nibble & 7) << 8)];
         const int ls = 2 * int((word >> (6 * (item % 2) + 3 * (l / 2))) & 7) + 1;
-        int grid_sum = __dp4a(int(u32(grid)), xs[2 * l], 0);
-        grid_sum = __dp4a(int(u32(grid >> 32)), xs[2 * l + 1], grid_sum);
-        int code_sum = __dp4a(0x01010101, xs[2 * l], 0);
-        code_sum = __dp4a(0x01010101, xs[2 * l + 1], code_sum);
+        int grid_sum = 0, code_sum = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int x = q[32 * item + 8 * l + j];
+            grid_sum += int(int8_t(grid >> (8 * j))) * x;
+            code_sum += x;
+        }
         sumi += grid_sum * ls;
         sum_delta += (nibble & 8 ? -code_sum : code_sum) * ls;
     }
@@ -593,17 +593,17 @@ void iq1m_item_dot() {
         const float d8 = uniform(1, 1e-4f, 1e-1f)[0];
         const u8* block = w.data() + (size_t)b * mm::IQ1M::BYTES;
         for (int item = 0; item < mm::IQ1M::ITEMS; ++item) {
-            const float old = iq1m_bytewise_dot(block, item, q, d8);
+            const float old = iq1m_reference_dot(block, item, q, d8);
             const float now = mm::Q8Dot<mm::IQ1M>::dot(mm::Q8Dot<mm::IQ1M>::load(block, item), item,
                                                        q, d8);
             if (memcmp(&old, &now, sizeof old) != 0) {
-                printf("  IQ1_M block %d item %d: %.9g against the byte-wise %.9g\n", b, item, now,
+                printf("  IQ1_M block %d item %d: %.9g against the reference %.9g\n", b, item, now,
                        old);
                 ok = false;
             }
         }
     }
-    verdict("IQ1_M: item dot from its loaded bits = the byte-wise dot (512 random blocks, every item)",
+    verdict("IQ1_M: item dot from its loaded bits = the scalar reference (512 random blocks, every item)",
             ok);
 }
 
