@@ -16,8 +16,8 @@ use std::time::Instant;
 
 /// q8 kernels known to keep a few bytes in local memory, (prefix, suffix) of their names:
 /// variants that are not defaults (one row per lane group for the expert gate/up, four for
-/// the plain expert down, and on sm_80 four for the cached gate/up of IQ1_M, whose items are
-/// loaded ahead as four words since 74a2525: 8 bytes spilled).
+/// the plain expert down, and on sm_80 four for the cached gate/up of IQ1_M, whose items
+/// loaded ahead take four registers each since 74a2525: 8 bytes spilled).
 const KNOWN_LOCAL: [(&str, &str); 3] = [
     ("moe_gate_up_q8_kernel<", ", 1>"),
     ("moe_down_q8_kernel<", ", 4>"),

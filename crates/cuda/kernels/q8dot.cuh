@@ -333,9 +333,10 @@ struct Q8Ahead<BlockPointer> {
 };
 
 // An item's bits: its four grid index bytes (qs, one u32 at 4 * item), its two high-nibble
-// bytes (qh, one u16 at 32 + 2 * item) and the block's four scale words (8 bytes at 48, 8-aligned:
-// 56-byte blocks on a 16-byte aligned base), whose top nibbles make the f16 scale. Three loads
-// where reading the bytes one by one inside `dot` took eleven that no load ahead could issue.
+// bytes (qh, one u16 at 32 + 2 * item) and the block's four scale words (8 bytes at 48,
+// 8-aligned: 56-byte blocks on a 16-byte aligned base), whose top nibbles make the f16 scale.
+// Three loads where reading the bytes one by one inside `dot` took eleven that no load ahead
+// could issue.
 template <>
 struct Q8Dot<IQ1M> {
     static constexpr int PRELOAD = 12;

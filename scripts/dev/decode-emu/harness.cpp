@@ -22,8 +22,8 @@
 //      an id out of range).
 //   7. Q8Dot<IQ1M>'s item dot from its loaded bits (three loads an item, so the products can
 //      load ahead) against a scalar reference of the same integer sums, on every item of
-//      random blocks; the products and the expert down on IQ1_M blocks with
-//      their loads ahead against the forms that load as they go.
+//      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
+//      against the forms that load as they go.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -603,7 +603,8 @@ void iq1m_item_dot() {
             }
         }
     }
-    verdict("IQ1_M: item dot from its loaded bits = the scalar reference (512 random blocks, every item)",
+    verdict("IQ1_M: item dot from its loaded bits = the scalar reference (512 random blocks, "
+            "every item)",
             ok);
 }
 
