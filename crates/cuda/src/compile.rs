@@ -31,7 +31,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs of 4 warps
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
-/// (`timeline.rs`);
+/// (`timeline.rs`), `REDLITE_COMBINE_BATCH=64` the attention combine loading 64 splits' values at
+/// a time instead of 32 (`attention.cu`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -42,6 +43,10 @@ fn options(arch: &str) -> Vec<String> {
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
+    let combine_batch = match std::env::var("REDLITE_COMBINE_BATCH").as_deref() {
+        Ok("64") => 64,
+        _ => 32,
+    };
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -51,6 +56,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
+        format!("-DCOMBINE_BATCH={combine_batch}"),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
