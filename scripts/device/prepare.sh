@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here (no GPU needed): builds what scripts/device/run.sh runs on the GPU machine and copies it
 # into .cache/device/ (ignored by git; name it in the device call's `carry`):
-#   redlite          cargo build --release --features cuda (and redlite.xz: stripped, xz)
+#   redlite.xz       cargo build --release --features cuda, stripped and compressed
 #   cuda_parity      the engine's CUDA parity tests (test binary)
 #   cuda_mtp         the engine's MTP GPU tests (test binary)
 #   cuda_serve       the serving scheduler on the GPU, batched against alone (test binary)
@@ -19,8 +19,9 @@ mkdir -p "$D"
 cd "$ROOT"
 
 cargo build --release --locked --features cuda -p redlite-cli
-cp target/release/redlite "$D/redlite"
-# Stripped and compressed, so that it and the llama.cpp sources fit one call's carry (64 MiB).
+# Stripped and compressed (15 MB, not 29), so that it and the llama.cpp sources fit one call's
+# carry (64 MiB); the unstripped build stays in target/release.
+rm -f "$D/redlite"
 strip -o "$D/redlite.stripped" target/release/redlite
 xz -T2 -6 -c "$D/redlite.stripped" > "$D/redlite.xz" && rm "$D/redlite.stripped"
 
@@ -62,6 +63,6 @@ if [ ! -f "$D/llama-src.tgz" ]; then
 fi
 du -sh "$D"/*
 # A call carries the tracked tree (~22 MB) and its carry paths in 64 MiB: everything above is
-# ~77 MB, so move what the call does not run out of .cache/device (the unstripped redlite first)
-# and carry the folder, or name at most 8 of its files.
+# ~53 MB, so move the test binaries the call does not run out of .cache/device and carry the
+# folder, or name at most 8 of its files.
 echo "carry .cache/device (less what the call does not run); on the GPU machine: bash scripts/device/run.sh"

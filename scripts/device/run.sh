@@ -32,12 +32,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; QUICK="${QUICK:-0}"
 RESULTS="${OUT:-$W/results}"; OUT="$W/logs"  # the bench script writes its logs to $OUT too
 mkdir -p "$W" "$OUT" "$RESULTS" "$ROOT/target/release"
-if [ -f "$D/redlite.xz" ]; then
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$D/redlite.xz" "$ROOT/target/release/redlite" && chmod +x "$ROOT/target/release/redlite"
-else
-  cp "$D/redlite" "$ROOT/target/release/redlite"
-fi
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+  "$D/redlite.xz" "$ROOT/target/release/redlite" && chmod +x "$ROOT/target/release/redlite"
 R="$ROOT/target/release/redlite"; S="$ROOT/scripts/bench/vs-llamacpp-cuda.sh"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 # libcublas for the cuBLAS prompt products (the toolkit's, else the Python wheel's).

@@ -76,9 +76,9 @@ static __device__ __forceinline__ void pdl_begin() { pdl_wait(); }
 // reads the global nanosecond clock when it reaches the wait (its CTA resident and its loads
 // ahead issued) and again when the wait returns (the kernels it waits for complete), and
 // writes both, the grid's and the CTA's sizes and the name of the function that called
-// pdl_begin (or the one given to pdl_begin_as) into this module's ring of records; its slot's atomic is issued before the wait,
-// so the round trip is hidden by it. The host reads each module's ring when the device is
-// dropped. Other threads only wait, as without the option.
+// pdl_begin (or the one given to pdl_begin_as) into this module's ring of records; its slot's
+// atomic is issued before the wait, so the round trip is hidden by it. The host reads each
+// module's ring when the device is dropped. Other threads only wait, as without the option.
 #define TIMELINE_RECORDS 32768
 #define TIMELINE_NAME 24
 struct TimelineRecord {

@@ -43,10 +43,7 @@ fn options(arch: &str) -> Vec<String> {
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
-    let combine_batch = match std::env::var("REDLITE_COMBINE_BATCH").as_deref() {
-        Ok("64") => 64,
-        _ => 32,
-    };
+    let combine_64 = std::env::var("REDLITE_COMBINE_BATCH").as_deref() == Ok("64");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -56,7 +53,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_ROUTE_SPREAD={}", u8::from(route_spread)),
         format!("-DREDLITE_PROBE_Q8_NO_QUANTIZE={}", u8::from(no_quantize)),
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
-        format!("-DCOMBINE_BATCH={combine_batch}"),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
@@ -66,6 +62,10 @@ fn options(arch: &str) -> Vec<String> {
             crate::source::down_warps_option()
         ),
     ];
+    if combine_64 {
+        // attention.cu's default batch is 32.
+        options.push("-DCOMBINE_BATCH=64".to_string());
+    }
     if verbose {
         options.push("--ptxas-options=-v".to_string());
     }

@@ -4,8 +4,8 @@
 //! thread 0 of its first CTA record, in its module's ring of `TIMELINE_RECORDS` (common.cuh),
 //! the global clock when it reaches its wait and when the wait returns, the grid's CTAs, the
 //! CTA's threads and the kernel's name (the calling function's, or the one a lambda passes to
-//! `pdl_begin_as`). When the device is dropped the rings are
-//! read, merged by time and summarized per kernel (name, CTAs, threads):
+//! `pdl_begin_as`). When the device is dropped the rings are read, merged by time and
+//! summarized per kernel (name, CTAs, threads):
 //!
 //! - `launches/step`: launches in the window over its steps (the last [`STEPS`] whole steps;
 //!   a run of the LM head's pieces ends a step: see [`STEP_MARKER`]);
