@@ -15,6 +15,59 @@ static __device__ __forceinline__ float warp_reduce_sum(float value) {
     return value;
 }
 
+// warp_reduce_sum of each of the R x C values (their count a power of two), every lane
+// getting every total, with fewer shuffles: per 32 values, recursive halving (at offset o the
+// lanes with bit o set keep the upper half of their values and send the lower, the others the
+// reverse; each adds the value received to the one it keeps), then the butterfly's remaining
+// offsets on the one value left, then a broadcast of each total from a lane that holds it:
+// 31 + 32 shuffles for 32 values, 15 + 1 + 16 for 16, instead of 5 a value. Every addition is
+// the butterfly's (a lane's own partial plus its partner's for the same value, and the
+// butterfly's lanes all end with the same bits), so the totals are warp_reduce_sum's bit for
+// bit. All 32 lanes must take part.
+// One level of warp_reduce_sum_each's halving: PART values a lane, of which the first 2 x HALF
+// are live; afterwards the first HALF are (a template recursion: a loop over the levels left
+// the 32-value arrays in local memory).
+template <int PART, int HALF>
+static __device__ __forceinline__ void halve_warp_sums(float (&s)[PART], int lane) {
+    if constexpr (HALF >= 1) {
+        constexpr int OFFSET = WARP_SIZE * HALF / PART;
+        const bool upper = (lane & OFFSET) != 0;
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) {
+            const float keep = upper ? s[i + HALF] : s[i];
+            const float send = upper ? s[i] : s[i + HALF];
+            s[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+        }
+        halve_warp_sums<PART, HALF / 2>(s, lane);
+    }
+}
+
+template <int R, int C>
+static __device__ __forceinline__ void warp_reduce_sum_each(float (&v)[R][C]) {
+    constexpr int N = R * C;
+    static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two of values");
+    constexpr int PART = N < WARP_SIZE ? N : WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int first = 0; first < N; first += PART) {
+        float s[PART];
+#pragma unroll
+        for (int i = 0; i < PART; ++i) s[i] = v[(first + i) / C][(first + i) % C];
+        halve_warp_sums<PART, PART / 2>(s, lane);
+        // Value i of the part is now (partly summed) in lanes i * (WARP_SIZE / PART) onwards.
+        float total = s[0];
+#pragma unroll
+        for (int offset = WARP_SIZE / PART / 2; offset > 0; offset /= 2) {
+            total += __shfl_xor_sync(0xffffffffu, total, offset);
+        }
+#pragma unroll
+        for (int i = 0; i < PART; ++i) {
+            v[(first + i) / C][(first + i) % C] =
+                __shfl_sync(0xffffffffu, total, i * (WARP_SIZE / PART));
+        }
+    }
+}
+
 static __device__ __forceinline__ float warp_reduce_max(float value) {
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {

@@ -32,7 +32,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// `raw/launcher.rs`), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs of 4 warps
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
 /// (`timeline.rs`), `REDLITE_COMBINE_BATCH=64` the attention combine loading 64 splits' values at
-/// a time instead of 32 (`attention.cu`);
+/// a time instead of 32 (`attention.cu`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels
+/// reading each lane's values of a K or V row strided by 32 instead of as one run of 16-byte
+/// loads (other score sums, `attention.cu`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -44,6 +46,7 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let combine_64 = std::env::var("REDLITE_COMBINE_BATCH").as_deref() == Ok("64");
+    let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -65,6 +68,10 @@ fn options(arch: &str) -> Vec<String> {
     if combine_64 {
         // attention.cu's default batch is 32.
         options.push("-DCOMBINE_BATCH=64".to_string());
+    }
+    if !wide_loads {
+        // attention.cu's default is 1.
+        options.push("-DATTN_WIDE_LOADS=0".to_string());
     }
     if verbose {
         options.push("--ptxas-options=-v".to_string());

@@ -13,7 +13,8 @@
 //   5. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
 //      other sums) and with 4, then merged, each against a double-precision reference;
 //      attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split
-//      kernels of 4 heads and 4 warps and of 8 and 8, token by token.
+//      kernels of 4 heads and 4 warps and of 8 and 8, token by token; the scores' warp sums
+//      of several values at once (warp_reduce_sum_each) against a butterfly each.
 //   6. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
 //      (REDLITE_MOE_GATE_UP_ROWS=4) against two, the shared expert and an invalid expert id
 //      included; the expert down on CTAs of 8 warps (the default since 0821e26;
@@ -379,6 +380,39 @@ void attention_depth() {
             ok);
 }
 
+// warp_reduce_sum_each (the attention split kernels' scores, several heads' at once) against
+// warp_reduce_sum value by value, bit for bit, on values of mixed signs and magnitudes (so
+// that the order of the additions shows), every lane's copy of every total.
+template <int R, int C>
+bool scattered_sums_case() {
+    constexpr int N = R * C;
+    // A generator of its own: the other cases' data stays what it was before this case.
+    std::mt19937_64 own(N);
+    std::uniform_real_distribution<float> mantissa(-1, 1);
+    std::uniform_int_distribution<int> exponent(-20, 20);
+    std::vector<float> x((size_t)32 * N);
+    for (auto& value : x) value = std::ldexp(mantissa(own), exponent(own));
+    std::vector<float> want(x.size(), NAN), got(x.size(), -1.0f);
+    launch({1, 1, 0}, 32, [&] {
+        const int lane = threadIdx.x % 32;
+        float v[R][C];
+        for (int i = 0; i < N; ++i) {
+            v[i / C][i % C] = x[lane * N + i];
+            want[lane * N + i] = at::warp_reduce_sum(v[i / C][i % C]);
+        }
+        at::warp_reduce_sum_each(v);
+        for (int i = 0; i < N; ++i) got[lane * N + i] = v[i / C][i % C];
+    });
+    return same("sums", want, got);
+}
+
+void scattered_sums() {
+    verdict("warp_reduce_sum_each = warp_reduce_sum of each value (1x4, 2x4, 4x4, 8x4, 16x4)",
+            scattered_sums_case<1, 4>() & scattered_sums_case<2, 4>() &
+                scattered_sums_case<4, 4>() & scattered_sums_case<8, 4>() &
+                scattered_sums_case<16, 4>());
+}
+
 void attention_split_warps() {
     // One split and 63 empty ones; a few positions a split; 22 splits, several groups a warp.
     const int cases[3][2] = {{0, 1}, {45, 3}, {700, 3}};
@@ -642,6 +676,7 @@ int main(int argc, char** argv) {
         rows_a_warp<mm::Q6K>("Q6_K");
     }
     if (group("attention")) {
+        scattered_sums();
         attention_split_warps();
         attention_depth();
     }

@@ -9,7 +9,9 @@
 # and python3. An argument (router, argmax, small, rows, attention, moe, iq1m) runs that group
 # only.
 #
-# Usage: scripts/dev/decode-emu/run.sh [GROUP]
+# EMU_DEFINES adds compiler flags (a compile option's define, e.g. -DATTN_WIDE_LOADS=0).
+#
+# Usage: [EMU_DEFINES=...] scripts/dev/decode-emu/run.sh [GROUP]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/../../.."
@@ -22,5 +24,5 @@ for module in elementwise moe matmul attention; do
 done
 # The kernels as compiled for sm_90 with programmatic dependent launch (the shim's
 # __CUDA_ARCH__ leaves the wait out; what runs before it is what the GPU runs before it).
-g++ -std=c++20 -O1 -w -pthread -DREDLITE_PDL=1 -I"$work" "$here/harness.cpp" -o "$work/harness"
+g++ -std=c++20 -O1 -w -pthread -DREDLITE_PDL=1 ${EMU_DEFINES:-} -I"$work" "$here/harness.cpp" -o "$work/harness"
 "$work/harness" "$@"
