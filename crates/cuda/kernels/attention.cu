@@ -472,7 +472,7 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
 // and the same merge in the same order as attention_split_kernel: the same partials, bit for
 // bit.
 template <class KV, int VPL, int WARPS, int HPC>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+__global__ void __launch_bounds__(WARPS * WARP_SIZE, WARPS >= 8 && HPC <= 4 ? 2 : 1)
 attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
                              const KV* __restrict__ v_cache, float* __restrict__ partials,
                              const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
