@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: llama.cpp (CUDA, sm_90) and redlite on the same synthetic full-size
 # 80B-A3B file, run alternately; prints both and the ratio. Builds nothing of redlite there:
-# carry target/release/redlite (built here with `cargo build --release --features cuda`) and
+# carry target/release/redlite (built here with `cargo build --release --features cuda`) or
+# scripts/device/prepare.sh's .cache/device/redlite.xz (unpacked there when needed), and
 # .cache/device/llama-src.tgz (llama.cpp sources packed from the pinned sdist: see
 # docs/PERF.md), then:
 #
@@ -26,6 +27,18 @@ MODEL="$WORK/full-$RECIPE.gguf"
 mkdir -p "$WORK" "$LOGS"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 
+# target/release/redlite, unpacked from prepare.sh's .cache/device/redlite.xz when only that was
+# carried (a call that carried the xz alone once waited out its limit on a missing binary).
+ensure_redlite() {
+  local bin="$ROOT/target/release/redlite" packed="$ROOT/.cache/device/redlite.xz"
+  [ -x "$bin" ] && return
+  [ -f "$packed" ] || { echo "neither $bin nor $packed: carry one of them" >&2; exit 1; }
+  mkdir -p "$(dirname "$bin")"
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$packed" "$bin"
+  chmod +x "$bin"
+}
+
 case "${1:-all}" in
 build)
   # Not again while an earlier call's build runs on this machine (its log exists).
@@ -40,9 +53,12 @@ build)
   fi
   ;;
 synth)
+  ensure_redlite
   [ -f "$MODEL" ] || "$ROOT/target/release/redlite" synth "$MODEL" --preset full --recipe "$RECIPE" 2>&1 | tail -1
   ;;
 bench)
+  ensure_redlite
+  [ -f "$MODEL" ] || { echo "no $MODEL: run synth first" >&2; exit 1; }
   while [ ! -f "$WORK/llama/build.done" ]; do sleep 5; done
   [ -x "$WORK/llama/build/bin/llama-bench" ] || { tail -20 "$WORK/llama/build.log"; exit 1; }
   # llama-bench takes -p 0 as "no prompt test"; so does redlite's bench.

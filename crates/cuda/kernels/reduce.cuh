@@ -15,15 +15,6 @@ static __device__ __forceinline__ float warp_reduce_sum(float value) {
     return value;
 }
 
-// warp_reduce_sum of each of the R x C values (their count a power of two), every lane
-// getting every total, with fewer shuffles: per 32 values, recursive halving (at offset o the
-// lanes with bit o set keep the upper half of their values and send the lower, the others the
-// reverse; each adds the value received to the one it keeps), then the butterfly's remaining
-// offsets on the one value left, then a broadcast of each total from a lane that holds it:
-// 31 + 32 shuffles for 32 values, 15 + 1 + 16 for 16, instead of 5 a value. Every addition is
-// the butterfly's (a lane's own partial plus its partner's for the same value, and the
-// butterfly's lanes all end with the same bits), so the totals are warp_reduce_sum's bit for
-// bit. All 32 lanes must take part.
 // One level of warp_reduce_sum_each's halving: PART values a lane, of which the first 2 x HALF
 // are live; afterwards the first HALF are (a template recursion: a loop over the levels left
 // the 32-value arrays in local memory).
@@ -42,6 +33,15 @@ static __device__ __forceinline__ void halve_warp_sums(float (&s)[PART], int lan
     }
 }
 
+// warp_reduce_sum of each of the R x C values (their count a power of two), every lane
+// getting every total, with fewer shuffles: per 32 values, recursive halving (at offset o the
+// lanes with bit o set keep the upper half of their values and send the lower, the others the
+// reverse; each adds the value received to the one it keeps), then the butterfly's remaining
+// offsets on the one value left, then a broadcast of each total from a lane that holds it:
+// 31 + 32 shuffles for 32 values, 15 + 1 + 16 for 16, instead of 5 a value. Every addition is
+// the butterfly's (a lane's own partial plus its partner's for the same value, and the
+// butterfly's lanes all end with the same bits), so the totals are warp_reduce_sum's bit for
+// bit. All 32 lanes must take part.
 template <int R, int C>
 static __device__ __forceinline__ void warp_reduce_sum_each(float (&v)[R][C]) {
     constexpr int N = R * C;
