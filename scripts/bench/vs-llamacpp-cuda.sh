@@ -10,15 +10,18 @@
 #   bash scripts/bench/vs-llamacpp-cuda.sh synth     # the model file (RECIPE, default IQ2_XXS)
 #   bash scripts/bench/vs-llamacpp-cuda.sh bench     # waits for the build, then both benches
 #
-# Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS), TG (128), DEPTHS (0,4096), PP (512; 0: no
-# prompt test, which at depth 32768 saves most of a round), ROUNDS (2), KV (redlite's KV cache:
-# f32, f16, or a list such as f16,f32: each round runs llama-bench once, with its default f16
-# cache, then redlite once per listed type), OUT (where logs go; $OUT on the device machine).
+# Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS; RECIPES, a list, for `all`), TG (128), DEPTHS
+# (0,4096), PP (512; 0: no prompt test, which at depth 32768 saves most of a round), ROUNDS (2),
+# KV (redlite's KV cache: f32, f16, or a list such as f16,f32: each round runs llama-bench once,
+# with its default f16 cache, then redlite once per listed type), OUT (where logs go; $OUT on the
+# device machine).
 #
-# Issue 6's matrix, each recipe on one warm machine after `build` (llama.cpp builds in about 2
+# Issue 6's matrix, each recipe on one warm machine after `build` (llama.cpp builds in 2 to 6
 # minutes on an H100; `bench` waits for it):
 #   RECIPE=IQ1_M bash scripts/bench/vs-llamacpp-cuda.sh synth
 #   RECIPE=IQ1_M KV=f16,f32 PP=0 DEPTHS=0,4096,32768 ROUNDS=1 bash scripts/bench/vs-llamacpp-cuda.sh bench
+# or both recipes in one call (about 8 minutes at depths 0 and 4096, most of it the build):
+#   RECIPES=IQ2_XXS,IQ1_M KV=f16,f32 PP=0 ROUNDS=1 bash scripts/bench/vs-llamacpp-cuda.sh all
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/rl}"; RECIPE="${RECIPE:-IQ2_XXS}"; TG="${TG:-128}"; PP="${PP:-512}"
@@ -103,5 +106,12 @@ for name, (l, ours) in rows.items():
     print(f"| {name} | {lm:.1f} | {cells} |")
 PY
   ;;
-all) "$0" build; "$0" synth; "$0" bench ;;
+all)
+  # Every recipe of RECIPES (default RECIPE) in one call: the files are written while llama.cpp
+  # builds, then each recipe's benches, its logs under $LOGS/RECIPE.
+  recipes="${RECIPES:-$RECIPE}"
+  "$0" build
+  for r in ${recipes//,/ }; do RECIPE="$r" "$0" synth; done
+  for r in ${recipes//,/ }; do RECIPE="$r" OUT="$LOGS/$r" "$0" bench; done
+  ;;
 esac
