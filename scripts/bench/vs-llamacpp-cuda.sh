@@ -28,18 +28,17 @@ WORK="${WORK:-/tmp/rl}"; RECIPE="${RECIPE:-IQ2_XXS}"; TG="${TG:-128}"; PP="${PP:
 DEPTHS="${DEPTHS:-0,4096}"; ROUNDS="${ROUNDS:-2}"; KV="${KV:-f32}"; LOGS="${OUT:-$WORK/logs}"
 MODEL="$WORK/full-$RECIPE.gguf"
 mkdir -p "$WORK" "$LOGS"
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+# The device's CUDA libraries on the loader path, D (the carried files) and `unpack`.
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
 
-# target/release/redlite, unpacked from prepare.sh's .cache/device/redlite.xz when only that was
-# carried (a call that carried the xz alone once waited out its limit on a missing binary).
+# target/release/redlite, unpacked from prepare.sh's redlite.xz when only that was carried (a
+# call that carried the xz alone once waited out its limit on a missing binary).
 ensure_redlite() {
-  local bin="$ROOT/target/release/redlite" packed="$ROOT/.cache/device/redlite.xz"
+  local bin="$ROOT/target/release/redlite"
   [ -x "$bin" ] && return
-  [ -f "$packed" ] || { echo "neither $bin nor $packed: carry one of them" >&2; exit 1; }
-  mkdir -p "$(dirname "$bin")"
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$packed" "$bin"
-  chmod +x "$bin"
+  [ -f "$D/redlite.xz" ] || { echo "neither $bin nor $D/redlite.xz: carry one of them" >&2; exit 1; }
+  unpack "$D/redlite.xz" "$bin"
 }
 
 case "${1:-all}" in

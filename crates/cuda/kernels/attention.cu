@@ -535,13 +535,10 @@ attention_split_depth_kernel(const float* __restrict__ q, const KV* __restrict__
 // COMBINE_LANE_SPLITS splits at once; each thread's values of COMBINE_BATCH live splits at
 // once, a load past the live count reading the last live split again): fewer L2 round trips
 // than batches of 16 (four at depth 4096; ptxas still starts the sums before the last loads),
-// the same expressions in the same order. H200: 7.46 -> 5.84 us a launch at depth 4096.
-// REDLITE_COMBINE_BATCH=64 (a compile option, for the A/B): one batch for the 64 live splits
-// of depth 4096 and more, one L2 round trip instead of two (the same sums in the same order).
+// the same expressions in the same order. H200: 7.46 -> 5.84 us a launch at depth 4096 (a
+// batch of 64, one round trip at 4096: H100 -0.5 % at depth 0, +0.2 % at 4096; not kept).
 // Dynamic shared memory: splits x (factor, l, list entry).
-#ifndef COMBINE_BATCH
 #define COMBINE_BATCH 32
-#endif
 #define COMBINE_LANE_SPLITS 4
 __global__ void attention_combine_kernel(const float* __restrict__ partials,
                                          const float* __restrict__ qg, float* __restrict__ o,

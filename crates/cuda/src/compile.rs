@@ -31,10 +31,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// dependent launch wait (`common.cuh`'s `pdl_begin`, launched with the attribute by
 /// `raw/launcher.rs`), `REDLITE_DOWN_WARPS=4` the preloading expert down on CTAs of 4 warps
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
-/// (`timeline.rs`), `REDLITE_COMBINE_BATCH=64` the attention combine loading 64 splits' values at
-/// a time instead of 32 (`attention.cu`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels
-/// reading each lane's values of a K or V row strided by 32 instead of as one run of 16-byte
-/// loads (other score sums, `attention.cu`);
+/// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
+/// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
+/// sums, `attention.cu`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -45,7 +44,6 @@ fn options(arch: &str) -> Vec<String> {
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
-    let combine_64 = std::env::var("REDLITE_COMBINE_BATCH").as_deref() == Ok("64");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
@@ -58,6 +56,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_Q8_LOADS_AHEAD={}", u8::from(loads_ahead)),
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
+        format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(
@@ -65,14 +64,6 @@ fn options(arch: &str) -> Vec<String> {
             crate::source::down_warps_option()
         ),
     ];
-    if combine_64 {
-        // attention.cu's default batch is 32.
-        options.push("-DCOMBINE_BATCH=64".to_string());
-    }
-    if !wide_loads {
-        // attention.cu's default is 1.
-        options.push("-DATTN_WIDE_LOADS=0".to_string());
-    }
     if verbose {
         options.push("--ptxas-options=-v".to_string());
     }
