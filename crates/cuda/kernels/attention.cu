@@ -71,6 +71,9 @@ static __device__ __forceinline__ void store_run(float* p, const float (&v)[VPL]
     }
 }
 
+// Values of a head's row a lane of attn_prep_kernel: head sizes up to 32 x this.
+#define ROPE_PER_LANE 8
+
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
 // y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the
 // value head copied to the v cache. RoPE angles in f64 as the CPU reference computes them.
@@ -81,29 +84,50 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
                                  KV* __restrict__ k_cache, KV* __restrict__ v_cache,
                                  const u32* __restrict__ pos_dev, int pos0, int heads,
                                  int kv_heads, int hd, int rope_dim, float rope_base, float eps) {
-    pdl_begin();
     extern __shared__ float buf[];
+    // Before the PDL wait: the position (written before the step), the head's norm weights
+    // and this lane's rotation angles (sin and cos in f64, the longest chain of the kernel),
+    // none of which the kernels waited for write.
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, y = blockIdx.y, lane = threadIdx.x;
     const bool is_query = y < heads;
     const int kvh = y - heads;
+    const float* w = is_query ? q_norm : k_norm;
+    const int pos = pos0 + t, half = rope_dim / 2;
+    float w_lane[ROPE_PER_LANE], sn[ROPE_PER_LANE], cs[ROPE_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < ROPE_PER_LANE; ++u) {
+        const int i = lane + u * WARP_SIZE;
+        if (i < hd) w_lane[u] = w[i];
+        if (i < half) {
+            const double inv_freq =
+                1.0 / pow(double(rope_base), 2.0 * double(i) / double(rope_dim));
+            const double angle = double(pos) * inv_freq;
+            sn[u] = float(sin(angle));
+            cs[u] = float(cos(angle));
+        }
+    }
+    pdl_begin();
     const float* src = is_query ? qg + (i64(t) * heads + y) * 2 * hd
                                 : k + (i64(t) * kv_heads + kvh) * hd;
-    const float* w = is_query ? q_norm : k_norm;
     float ss = 0.0f;
     for (int i = lane; i < hd; i += WARP_SIZE) ss += src[i] * src[i];
     ss = warp_reduce_sum(ss);
     const float scale = 1.0f / sqrtf(ss / float(hd) + eps);
-    for (int i = lane; i < hd; i += WARP_SIZE) buf[i] = src[i] * scale * w[i];
+#pragma unroll
+    for (int u = 0; u < ROPE_PER_LANE; ++u) {
+        const int i = lane + u * WARP_SIZE;
+        if (i < hd) buf[i] = src[i] * scale * w_lane[u];
+    }
     __syncwarp();
-    const int pos = pos0 + t, half = rope_dim / 2;
-    for (int i = lane; i < half; i += WARP_SIZE) {
-        const double inv_freq = 1.0 / pow(double(rope_base), 2.0 * double(i) / double(rope_dim));
-        const double angle = double(pos) * inv_freq;
-        const float sn = float(sin(angle)), cs = float(cos(angle));
-        const float a = buf[i], b = buf[i + half];
-        buf[i] = a * cs - b * sn;
-        buf[i + half] = b * cs + a * sn;
+#pragma unroll
+    for (int u = 0; u < ROPE_PER_LANE; ++u) {
+        const int i = lane + u * WARP_SIZE;
+        if (i < half) {
+            const float a = buf[i], b = buf[i + half];
+            buf[i] = a * cs[u] - b * sn[u];
+            buf[i + half] = b * cs[u] + a * sn[u];
+        }
     }
     __syncwarp();
     if (is_query) {

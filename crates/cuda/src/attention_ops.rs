@@ -28,6 +28,9 @@ impl KvElement for u16 {
     const CUDA_TYPE: &'static str = "u16";
 }
 
+/// The largest head `attn_prep_kernel` takes: its 32 lanes hold ROPE_PER_LANE values each.
+const PREP_MAX_HEAD_DIM: usize = 256;
+
 /// Sizes of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
@@ -149,6 +152,7 @@ pub fn attention_prep<T: KvElement>(
         (hd * 4) as u64,
         SHARED_MAX_BYTES as u64,
     )?;
+    fits(op, "head dim", hd as u64, PREP_MAX_HEAD_DIM as u64)?;
     launch::attention_prep(
         device,
         T::CUDA_TYPE,
