@@ -218,37 +218,8 @@ static __device__ __forceinline__ float4 shared_load4(const float* p) {
     return v;
 }
 
-// The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
-// one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
-// as the kernels above compute it, one row after the other. Thread (v, j) owns value column j
-// of v-head h = kh * r + v (r = v_heads / k_heads; dk = dv = DK): its conv channel, its state
-// column (DK floats in registers across the rows) and its output. A row's arithmetic does not
-// depend on the rows before it other than through the state, so row t of one launch gives the
-// bits of a one-row launch on the state after row t - 1.
-// Two layouts, the same arithmetic for every value (the same bits):
-// - CLUSTER false: one CTA per key head, r * DK threads; the head's 2 DK q and k channels
-//   are convolved by the first 2 DK threads, each conv channel read and written by one thread.
-// - CLUSTER true (sm_90): one CTA per value head, DK threads, the r CTAs of a key head one
-//   thread-block cluster, so that the heads' states (r * DK * DK floats) load and store
-//   through r multiprocessors instead of one. Each CTA convolves and normalizes the key
-//   head's q and k itself (two channels a thread); channel c's conv state is written by rank
-//   (c / DK) % r only, after a cluster barrier that follows every CTA's reads of it (all made
-//   before the PDL wait), and the windows then slide in registers. The Q8_K block of the
-//   output (the r CTAs' values) takes its scale from the CTAs' largest magnitudes, exchanged
-//   through distributed shared memory: one cluster barrier a row.
-// Per row: qkv, the projections before the conv [channels]; z [v_heads][DK]; ba
-// [k_heads][2 r]; out [v_heads][DK]. With conv_rec and state_rec (both or neither), the
-// state after each row but the last is kept: conv_rec [tokens - 1][KERNEL - 1][channels],
-// state_rec [tokens - 1][v_heads][DK][DK]. With od and oq (r x DK = 256 only), each row's
-// output also in Q8_K: od [tokens][k_heads] scales, oq [tokens][v_heads][DK] codes.
-// Dynamic shared memory: none. At most 256 threads,
-// so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
-// and spills it).
-// Before the PDL wait each thread loads, beside its state column, the taps and the conv state
-// of its channels (conv_state and conv_w are this layer's, written by nothing the wait is
-// for), and carries each window in registers from row to row; after the wait a row's conv
-// reads only its raw inputs. The last row's state column is stored as soon as it is final,
-// so that the stores drain while the gated norm and the quantization run.
+// A conv channel of the fused step below: its taps and the window of its last KERNEL - 1
+// raw inputs, carried in registers from row to row.
 template <int KERNEL>
 struct ConvChannel {
     int ch;
@@ -270,80 +241,31 @@ static __device__ __forceinline__ ConvChannel<KERNEL> conv_channel(
     return c;
 }
 
-// The largest magnitude of a Q8_K block as quantize_q8k_blocks picks it: the larger |x|, on
-// a tie the lower index; zeros (and NaN) are never picked (at = Q8K_VALUES, amax 0).
-struct BlockMax {
-    float amax, signed_max;
-    int at;
-};
-
-static __device__ __forceinline__ BlockMax block_max_of(float x, int at) {
-    return fabsf(x) > 0.0f ? BlockMax{fabsf(x), x, at} : BlockMax{0.0f, 0.0f, Q8K_VALUES};
-}
-
-static __device__ __forceinline__ BlockMax block_max_pick(BlockMax a, BlockMax b) {
-    return b.amax > a.amax || (b.amax == a.amax && b.at < a.at) ? b : a;
-}
-
-static __device__ __forceinline__ BlockMax warp_block_max(BlockMax m) {
-#pragma unroll
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        const BlockMax other = {__shfl_xor_sync(0xffffffffu, m.amax, offset),
-                                __shfl_xor_sync(0xffffffffu, m.signed_max, offset),
-                                __shfl_xor_sync(0xffffffffu, m.at, offset)};
-        m = block_max_pick(m, other);
-    }
-    return m;
-}
-
-// Thread-block clusters (sm_90): this CTA's rank, a shared-memory word of CTA `rank` of the
-// cluster, and the cluster barrier in two halves (arrive releases this thread's memory
-// operations before it, wait acquires the others'). Never called below sm_90 (the host
-// launches the cluster layout only there); there they trap.
-static __device__ __forceinline__ int cluster_rank() {
-#if __CUDA_ARCH__ >= 900
-    u32 rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    return int(rank);
-#else
-    __trap();
-    return 0;
-#endif
-}
-
-static __device__ __forceinline__ void cluster_store(void* local, int rank, u32 value) {
-#if __CUDA_ARCH__ >= 900
-    u32 address;
-    asm volatile("{ .reg .u64 generic; cvta.to.shared.u64 generic, %1; cvt.u32.u64 %0, generic; }"
-                 : "=r"(address)
-                 : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %0, %1;" : "+r"(address) : "r"(rank));
-    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(address), "r"(value) : "memory");
-#else
-    __trap();
-#endif
-}
-
-static __device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-static __device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-// Clusters of at most this many CTAs (the portable limit).
-#define STEP_CLUSTER_MAX 8
-
-template <int DK, int KERNEL, bool CLUSTER>
+// The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
+// one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
+// as the kernels above compute it, one row after the other. Thread (v, j) owns value column j
+// of v-head h = kh * r + v (r = v_heads / k_heads; dk = dv = DK): its conv channel, its state
+// column (DK floats in registers across the rows) and its output. A row's arithmetic does not
+// depend on the rows before it other than through the state, so row t of one launch gives the
+// bits of a one-row launch on the state after row t - 1.
+// One CTA per key head, r * DK threads; the head's 2 DK q and k channels are convolved by the
+// first 2 DK threads, each conv channel read and written by one thread. (A layout of one CTA
+// per value head, a key head's value heads one thread-block cluster so that their states
+// load and store through r multiprocessors, measured no faster: H100, twenty-ninth session.)
+// Per row: qkv, the projections before the conv [channels]; z [v_heads][DK]; ba
+// [k_heads][2 r]; out [v_heads][DK]. With conv_rec and state_rec (both or neither), the
+// state after each row but the last is kept: conv_rec [tokens - 1][KERNEL - 1][channels],
+// state_rec [tokens - 1][v_heads][DK][DK]. With od and oq (r x DK = 256 only), each row's
+// output also in Q8_K: od [tokens][k_heads] scales, oq [tokens][v_heads][DK] codes.
+// Dynamic shared memory: none. At most 256 threads,
+// so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
+// and spills it).
+// Before the PDL wait each thread loads, beside its state column, the taps and the conv state
+// of its channels (conv_state and conv_w are this layer's, written by nothing the wait is
+// for), and carries each window in registers from row to row; after the wait a row's conv
+// reads only its raw inputs. The last row's state column is stored as soon as it is final,
+// so that the stores drain while the gated norm and the quantization run.
+template <int DK, int KERNEL>
 __global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      const float* __restrict__ ba, const float* __restrict__ conv_w,
@@ -358,19 +280,12 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     __shared__ float4 o_stage[64];
     __shared__ float scale_qk[2];
     __shared__ float head_ss[32];
-    // CLUSTER: each warp's and each CTA's largest magnitude of the output block, the latter
-    // by row parity (a CTA writes row t + 2's into its peers only after the barrier of row
-    // t + 1, which they pass only once they have read row t's).
-    __shared__ BlockMax warp_max[8];
-    __shared__ BlockMax cta_max[2][STEP_CLUSTER_MAX];
-    const int tid = threadIdx.x;
+    const int kh = blockIdx.x, tid = threadIdx.x;
     const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     const int r = v_heads / k_heads;
     const int key_dim = k_heads * DK, channels = 2 * key_dim + v_heads * DK;
     const int inner = v_heads * DK;
-    const int rank = CLUSTER ? cluster_rank() : 0;
-    const int kh = CLUSTER ? int(blockIdx.x) / r : int(blockIdx.x);
-    const int v = CLUSTER ? rank : tid / DK, j = tid % DK, h = kh * r + v;
+    const int v = tid / DK, j = tid % DK, h = kh * r + v;
     float* s = state + i64(h) * DK * DK + j;
     float col[DK];
 #pragma unroll
@@ -378,8 +293,8 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     // This thread's gate inputs, z and norm weight are loaded before the conv, so that their
     // latency overlaps it instead of following the barriers.
     const float a_h = a[h], dt_h = dt_bias[h], norm_wj = norm_w[j];
-    // The thread's conv channels: at most two of the key head's 2 DK q and k channels (the
-    // CTA has DK threads at least) and its value channel.
+    // The thread's conv channels: at most two of the key head's 2 DK q and k channels (r DK
+    // >= DK threads) and its value channel.
     const auto qk_channel = [&](int c) {
         return c < 2 * DK ? (c < DK ? kh * DK + c : key_dim + kh * DK + c - DK) : -1;
     };
@@ -388,21 +303,18 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         conv_channel<KERNEL>(qk_channel(tid + int(blockDim.x)), conv_w, conv_state, channels)};
     ConvChannel<KERNEL> conv_v =
         conv_channel<KERNEL>(2 * key_dim + h * DK + j, conv_w, conv_state, channels);
-    // CLUSTER: every CTA has read the q and k windows before any is written.
-    if constexpr (CLUSTER) cluster_arrive();
     // Under PDL all of the above is loaded while the previous kernel still runs: the states are
     // this layer's, written by this kernel alone (and by copies launches before it).
     pdl_begin();
-    if constexpr (CLUSTER) cluster_wait();
     for (int t = 0; t < tokens; ++t) {
         const float* x = qkv + i64(t) * channels;
         const bool keep = conv_rec != nullptr && t + 1 < tokens;
         const float* bar = ba + i64(t) * 2 * v_heads;
         const float b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
         const float zr = z[i64(t) * inner + h * DK + j];
-        // The channel's window slides by this row's raw input, in registers and (by the
-        // channel's one writer) into the conv state and the row's record.
-        auto conv = [&](ConvChannel<KERNEL>& c, bool writer) {
+        // The channel's window slides by this row's raw input, in registers and into the conv
+        // state and the row's record.
+        auto conv = [&](ConvChannel<KERNEL>& c) {
             float window[KERNEL];
 #pragma unroll
             for (int q = 0; q < KERNEL - 1; ++q) window[q] = c.window[q];
@@ -411,15 +323,14 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
 #pragma unroll
             for (int q = 0; q < KERNEL; ++q) acc += c.taps[q] * window[q];
 #pragma unroll
-            for (int q = 0; q < KERNEL - 1; ++q) c.window[q] = window[q + 1];
-            if (writer) {
+            for (int q = 0; q < KERNEL - 1; ++q) {
+                c.window[q] = window[q + 1];
+                conv_state[q * channels + c.ch] = window[q + 1];
+            }
+            if (keep) {
+                float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
 #pragma unroll
-                for (int q = 0; q < KERNEL - 1; ++q) conv_state[q * channels + c.ch] = window[q + 1];
-                if (keep) {
-                    float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
-#pragma unroll
-                    for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + c.ch] = window[q + 1];
-                }
+                for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + c.ch] = window[q + 1];
             }
             return siluf(acc);
         };
@@ -427,7 +338,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         for (int u = 0; u < 2; ++u) {
             const int c = tid + u * int(blockDim.x);
             if (c < 2 * DK) {
-                const float y = conv(conv_qk[u], !CLUSTER || (c / DK) % r == rank);
+                const float y = conv(conv_qk[u]);
                 if (c < DK) {
                     qs[c] = y;
                 } else {
@@ -435,7 +346,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                 }
             }
         }
-        const float value = conv(conv_v, true);
+        const float value = conv(conv_v);
         __syncthreads();
         for (int which = warp; which < 2; which += warps) {
             const float* y = which == 0 ? qs : ks;
@@ -495,49 +406,22 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         if (lane == 0) head_ss[warp] = ss;
         __syncthreads();
         float total = 0.0f;
-        const int first_warp = CLUSTER ? 0 : v * (DK / WARP_SIZE);
-        for (int w = first_warp; w < first_warp + DK / WARP_SIZE; ++w) total += head_ss[w];
+        for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) {
+            total += head_ss[w];
+        }
         const float norm = 1.0f / sqrtf(total / float(DK) + eps);
         const float result = o * norm * norm_wj * siluf(zr);
         out[i64(t) * inner + h * DK + j] = result;
         if (oq != nullptr) {
-            // The key head's r x DK = 256 outputs are Q8_K block kh of the row: quantized here
-            // for the output projection (its codes, the same bits).
-            if constexpr (CLUSTER) {
-                const BlockMax mine = warp_block_max(block_max_of(result, v * DK + j));
-                if (lane == 0) warp_max[warp] = mine;
-                __syncthreads();
-                if (tid < r) {
-                    BlockMax m = warp_max[0];
-                    for (int w = 1; w < warps; ++w) m = block_max_pick(m, warp_max[w]);
-                    BlockMax* slot = &cta_max[t % 2][rank];
-                    cluster_store(&slot->amax, tid, __float_as_uint(m.amax));
-                    cluster_store(&slot->signed_max, tid, __float_as_uint(m.signed_max));
-                    cluster_store(&slot->at, tid, u32(m.at));
-                }
-                cluster_arrive();
-                cluster_wait();
-                BlockMax m = cta_max[t % 2][0];
-                for (int c = 1; c < r; ++c) m = block_max_pick(m, cta_max[t % 2][c]);
-                // quantize_q8k_blocks' expressions for one value.
-                int code = 0;
-                float scale = 0.0f;
-                if (m.amax != 0.0f) {
-                    const float iscale = -127.0f / m.signed_max;
-                    code = min(127, __float2int_rn(iscale * result));
-                    scale = 1.0f / iscale;
-                }
-                oq[i64(t) * inner + h * DK + j] = i8(u8(u32(code) & 0xffu));
-                if (rank == 0 && tid == 0) od[i64(t) * k_heads + kh] = scale;
-            } else {
-                reinterpret_cast<float*>(o_stage)[tid] = result;
-                __syncthreads();
-                const float* staged = reinterpret_cast<const float*>(o_stage);
-                quantize_q8k_blocks([=](int) { return staged; }, 1, od + i64(t) * k_heads + kh,
-                                    oq + i64(t) * inner + kh * Q8K_VALUES);
-            }
+            // The CTA's r x DK = 256 outputs are Q8_K block kh of the row: quantized here for
+            // the output projection (its codes, the same bits).
+            reinterpret_cast<float*>(o_stage)[tid] = result;
+            __syncthreads();
+            const float* staged = reinterpret_cast<const float*>(o_stage);
+            quantize_q8k_blocks([=](int) { return staged; }, 1, od + i64(t) * k_heads + kh,
+                                oq + i64(t) * inner + kh * Q8K_VALUES);
         }
-        // qs, ks, head_ss, warp_max and o_stage are rewritten by the next row.
+        // qs, ks, head_ss and o_stage are rewritten by the next row.
         __syncthreads();
     }
 }

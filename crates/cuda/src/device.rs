@@ -179,14 +179,6 @@ impl Device {
         &self.arch
     }
 
-    /// Whether the device has thread-block clusters (compute capability 9.0 and later).
-    pub fn has_clusters(&self) -> bool {
-        self.arch
-            .strip_prefix("sm_")
-            .and_then(|v| v.trim_end_matches(char::is_alphabetic).parse::<u32>().ok())
-            .is_some_and(|v| v >= 90)
-    }
-
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
     }

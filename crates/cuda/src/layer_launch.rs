@@ -4,7 +4,7 @@
 use crate::attention_ops::attention_max_splits;
 use crate::device::Device;
 use crate::error::CudaError;
-use crate::layer_ops::{StepLayout, TokenWalk};
+use crate::layer_ops::TokenWalk;
 pub(crate) use crate::matmul_launch::{matmul, matvec_v1, q8_shared_bytes};
 pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route, CachedCopies};
 use crate::raw;
@@ -260,7 +260,6 @@ pub(crate) fn delta_rule(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn deltanet_step(
     device: &Device,
-    layout: StepLayout,
     d: &DeltaDims,
     width: usize,
     eps: f32,
@@ -273,19 +272,15 @@ pub(crate) fn deltanet_step(
     record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
     out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
 ) -> Result<(), CudaError> {
-    let r = d.v_heads / d.k_heads;
-    let cluster = layout == StepLayout::ValueHeadCluster;
-    let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width, cluster))?;
-    let cfg = match layout {
-        StepLayout::KeyHead => config((d.k_heads, 1, 1), to_u32(r * d.head_dim), 0),
-        StepLayout::ValueHeadCluster => config((d.v_heads, 1, 1), to_u32(d.head_dim), 0),
-    };
+    let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
+    let threads = d.v_heads / d.k_heads * d.head_dim;
+    let cfg = config((d.k_heads, 1, 1), to_u32(threads), 0);
     let dims = [d.tokens, d.k_heads, d.v_heads].map(to_i32);
     let q_scale = 1.0 / (d.head_dim as f32).sqrt();
     raw::launch_deltanet_step(
         device.stream(),
         kernel,
-        (cfg, if cluster { to_u32(r) } else { 1 }),
+        cfg,
         inputs,
         (conv_state, recurrent, out),
         record,

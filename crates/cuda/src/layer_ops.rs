@@ -9,8 +9,7 @@ use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES};
-use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS, STEP_CLUSTER_MAX};
-use crate::switch::Switch;
+use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
@@ -362,66 +361,9 @@ pub struct StepRecord<'a> {
 /// `deltanet_prep`, `delta_rule` and `gated_norm` in turn. With `out_q8` (a key head's value
 /// heads of 256 values in all), `out` is also quantized to Q8_K there, for the output
 /// projection to read (`matmul_quantized`: the same bits as quantizing `out` itself).
-/// Runs in the layout [`StepLayout::chosen`] picks.
 #[allow(clippy::too_many_arguments)]
 pub fn deltanet_step(
     device: &Device,
-    s: &DeltaNetShape,
-    eps: f32,
-    p: &DeltaNetParams<'_, '_>,
-    inputs: (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
-    conv_state: &mut CudaViewMut<'_, f32>,
-    recurrent: &mut CudaViewMut<'_, f32>,
-    out: (&mut CudaViewMut<'_, f32>, Option<&mut Q8RowsMut<'_>>),
-    record: Option<StepRecord<'_>>,
-) -> Result<(), CudaError> {
-    let layout = StepLayout::chosen(device, s);
-    deltanet_step_with(
-        device, layout, s, eps, p, inputs, conv_state, recurrent, out, record,
-    )
-}
-
-/// How `deltanet_step` spreads a step over CTAs (the same bits either way).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepLayout {
-    /// One CTA per key head, a thread per value column of its value heads.
-    KeyHead,
-    /// One CTA per value head, a key head's value heads one thread-block cluster (sm_90 and
-    /// later): their states load and store through as many multiprocessors.
-    ValueHeadCluster,
-}
-
-/// `REDLITE_DELTANET_CLUSTER=0`: the key-head layout wherever the cluster one would run.
-pub static DELTANET_CLUSTER: Switch = Switch::new("REDLITE_DELTANET_CLUSTER", true);
-
-impl StepLayout {
-    /// The cluster layout where the device has clusters, a key head has at most
-    /// `STEP_CLUSTER_MAX` value heads and the switch is on; else the key-head one.
-    pub fn chosen(device: &Device, s: &DeltaNetShape) -> StepLayout {
-        if StepLayout::ValueHeadCluster.runs_on(device, s) && DELTANET_CLUSTER.on() {
-            StepLayout::ValueHeadCluster
-        } else {
-            StepLayout::KeyHead
-        }
-    }
-
-    /// Whether this layout can run the shape on the device.
-    pub fn runs_on(self, device: &Device, s: &DeltaNetShape) -> bool {
-        match self {
-            StepLayout::KeyHead => true,
-            StepLayout::ValueHeadCluster => {
-                device.has_clusters() && s.k_heads > 0 && s.v_heads / s.k_heads <= STEP_CLUSTER_MAX
-            }
-        }
-    }
-}
-
-/// `deltanet_step` in the given layout; refused where it cannot run
-/// ([`StepLayout::runs_on`]).
-#[allow(clippy::too_many_arguments)]
-pub fn deltanet_step_with(
-    device: &Device,
-    layout: StepLayout,
     s: &DeltaNetShape,
     eps: f32,
     p: &DeltaNetParams<'_, '_>,
@@ -432,14 +374,6 @@ pub fn deltanet_step_with(
     mut record: Option<StepRecord<'_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
-    if !layout.runs_on(device, s) {
-        return Err(CudaError::NoSpecialization {
-            op,
-            what: "step layout (thread-block clusters: sm_90 and later, at most 8 value heads a key head)",
-            found: s.v_heads / s.k_heads.max(1),
-            supported: "the key-head layout",
-        });
-    }
     let d = s.check(op)?;
     fits(op, "tokens (fused step)", s.tokens as u64, i32::MAX as u64)?;
     let t = s.tokens;
@@ -509,7 +443,6 @@ pub fn deltanet_step_with(
     };
     launch::deltanet_step(
         device,
-        layout,
         &d,
         width,
         eps,

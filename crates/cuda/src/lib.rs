@@ -79,8 +79,8 @@ pub use greedy::{
 pub use host_stage::{row_pieces, HostStage};
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    deltanet_step_with, embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm,
-    DeltaNetParams, DeltaNetShape, StepLayout, StepRecord, TokenWalk, DELTANET_CLUSTER,
+    embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
+    DeltaNetShape, StepRecord, TokenWalk,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,

@@ -4,9 +4,8 @@
 //! final state). GPU tests print a message and pass when no driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    delta_rule, deltanet_conv, deltanet_step, deltanet_step_with, matmul, matmul_quantized,
-    DeltaNetParams, DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepLayout, StepRecord, TokenWalk,
-    Q8_BLOCK_VALUES,
+    delta_rule, deltanet_conv, deltanet_step, matmul, matmul_quantized, DeltaNetParams,
+    DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepRecord, TokenWalk, Q8_BLOCK_VALUES,
 };
 use redlite_gguf::GgmlType;
 
@@ -331,122 +330,6 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             } else {
                 assert!(bits(&st) == bits(&all_state), "{what}: final states differ");
             }
-        }
-    }
-}
-
-/// Everything one fused step writes, downloaded: outputs, conv and recurrent states, their
-/// records and the Q8_K output (scales, codes; empty where a key head's values are not 256).
-type StepWrites = [Vec<u32>; 7];
-
-/// One fused step of `s` (with records and, where it applies, the Q8_K output) in `layout`
-/// on fixed random inputs, every buffer it writes as bits.
-fn step_in_layout(device: &Device, layout: StepLayout, s: &DeltaNetShape) -> StepWrites {
-    let mut rng = Rng(71);
-    let (channels, inner, v_heads, dk, t) =
-        (s.channels(), s.inner(), s.v_heads, s.head_dim, s.tokens);
-    let mut values =
-        |n: usize, scale: f32| (0..n).map(|_| rng.signed() * scale).collect::<Vec<f32>>();
-    let qkv = device.upload(&values(t * channels, 1.0)).unwrap();
-    let z = device.upload(&values(t * inner, 1.0)).unwrap();
-    let ba = device.upload(&values(t * 2 * v_heads, 1.0)).unwrap();
-    let conv_w = device.upload(&values(4 * channels, 0.5)).unwrap();
-    let a = device.upload(&values(v_heads, 1.0)).unwrap();
-    let dt_bias = device.upload(&values(v_heads, 1.0)).unwrap();
-    let norm_w = device.upload(&values(dk, 1.0)).unwrap();
-    let mut conv = device.upload(&values(3 * channels, 1.0)).unwrap();
-    let mut state = device.upload(&values(v_heads * dk * dk, 0.1)).unwrap();
-    let params = DeltaNetParams {
-        conv_w: &conv_w.as_view(),
-        a: &a.as_view(),
-        dt_bias: &dt_bias.as_view(),
-        norm_w: &norm_w.as_view(),
-    };
-    let mut out = device.alloc_zeros::<f32>(t * inner).unwrap();
-    let mut conv_rec = device.alloc_zeros::<f32>((t - 1) * 3 * channels).unwrap();
-    let mut state_rec = device
-        .alloc_zeros::<f32>((t - 1) * v_heads * dk * dk)
-        .unwrap();
-    let quantized = v_heads / s.k_heads * dk == Q8_BLOCK_VALUES;
-    let mut scales = device.alloc_zeros::<f32>(t * s.k_heads).unwrap();
-    let mut codes = device.alloc_zeros::<i8>(t * inner).unwrap();
-    let mut out_q8 = Q8RowsMut {
-        scales: scales.as_view_mut(),
-        codes: codes.as_view_mut(),
-    };
-    deltanet_step_with(
-        device,
-        layout,
-        s,
-        1e-6,
-        &params,
-        (&qkv.as_view(), &z.as_view(), &ba.as_view()),
-        &mut conv.as_view_mut(),
-        &mut state.as_view_mut(),
-        (&mut out.as_view_mut(), quantized.then_some(&mut out_q8)),
-        Some(StepRecord {
-            conv: conv_rec.as_view_mut(),
-            recurrent: state_rec.as_view_mut(),
-        }),
-    )
-    .unwrap();
-    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
-    let codes = device.download(&codes).unwrap();
-    [
-        bits(device.download(&out).unwrap()),
-        bits(device.download(&conv).unwrap()),
-        bits(device.download(&state).unwrap()),
-        bits(device.download(&conv_rec).unwrap()),
-        bits(device.download(&state_rec).unwrap()),
-        bits(device.download(&scales).unwrap()),
-        codes.into_iter().map(|c| u32::from(c as u8)).collect(),
-    ]
-}
-
-/// The cluster layout (a CTA per value head, a key head's value heads one cluster, sm_90 and
-/// later) writes the bits of the key-head layout: outputs, conv and recurrent states and
-/// their records over 1 and 4 rows, and the Q8_K output where it applies.
-#[test]
-fn cluster_layout_writes_the_bits_of_the_key_head_layout() {
-    let test = "cluster_layout_writes_the_bits_of_the_key_head_layout";
-    let Some(device) = device(test) else {
-        return;
-    };
-    if !device.has_clusters() {
-        eprintln!(
-            "skipping {test}: {} has no thread-block clusters",
-            device.arch()
-        );
-        return;
-    }
-    let names = [
-        "outputs",
-        "conv state",
-        "recurrent state",
-        "kept conv states",
-        "kept recurrent states",
-        "Q8_K scales",
-        "Q8_K codes",
-    ];
-    for tokens in [1, 4] {
-        for s in shapes(tokens) {
-            let key_head = step_in_layout(&device, StepLayout::KeyHead, &s);
-            let cluster = step_in_layout(&device, StepLayout::ValueHeadCluster, &s);
-            for (name, (a, b)) in names.iter().zip(key_head.iter().zip(&cluster)) {
-                let first = a.iter().zip(b).position(|(x, y)| x != y);
-                assert!(
-                    first.is_none() && a.len() == b.len(),
-                    "{} v-heads of {}, {tokens} rows: {name} differ (first at {first:?})",
-                    s.v_heads,
-                    s.head_dim
-                );
-            }
-            assert!(
-                key_head[0].iter().any(|&x| x != 0),
-                "nothing computed: {} v-heads of {}",
-                s.v_heads,
-                s.head_dim
-            );
         }
     }
 }

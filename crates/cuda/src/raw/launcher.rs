@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::{
-    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue,
-    CUlaunchAttributeValue_union__bindgen_ty_1, CUlaunchConfig,
+    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
 };
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
@@ -79,8 +78,6 @@ pub(crate) struct Launch<'a> {
     addresses: [u64; MAX_ARGS],
     /// Arguments pushed (past MAX_ARGS: refused at launch).
     count: usize,
-    /// CTAs of a thread-block cluster along x (1: no cluster).
-    cluster: u32,
 }
 
 impl<'a> Launch<'a> {
@@ -91,14 +88,7 @@ impl<'a> Launch<'a> {
             values: [std::ptr::null(); MAX_ARGS],
             addresses: [0; MAX_ARGS],
             count: 0,
-            cluster: 1,
         }
-    }
-
-    /// Launches the grid as clusters of `ctas` CTAs along x (sm_90 and later; 1: none).
-    pub(crate) fn cluster(&mut self, ctas: u32) -> &mut Self {
-        self.cluster = ctas;
-        self
     }
 
     fn push(&mut self, value: *const c_void, address: u64) -> &mut Self {
@@ -137,34 +127,13 @@ impl<'a> Launch<'a> {
                 false => self.values[i] as *mut c_void,
             };
         }
-        let pdl = CUlaunchAttribute {
+        let mut attribute = CUlaunchAttribute {
             id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
             value: CUlaunchAttributeValue {
                 programmaticStreamSerializationAllowed: 1,
             },
         };
-        let cluster = CUlaunchAttribute {
-            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            pad: [0; 4],
-            value: CUlaunchAttributeValue {
-                clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1 {
-                    x: self.cluster,
-                    y: 1,
-                    z: 1,
-                },
-            },
-        };
-        let mut attributes = [pdl, cluster];
-        let mut count = 0;
-        if pdl_for_this_launch() {
-            attributes[count] = pdl;
-            count += 1;
-        }
-        if self.cluster > 1 {
-            attributes[count] = cluster;
-            count += 1;
-        }
         let config = CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -174,10 +143,10 @@ impl<'a> Launch<'a> {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: attributes.as_mut_ptr(),
-            numAttrs: count as u32,
+            attrs: &mut attribute,
+            numAttrs: u32::from(pdl_for_this_launch()),
         };
-        // SAFETY: `config` and `attributes` live across the call; `pointers` holds one valid
+        // SAFETY: `config` and `attribute` live across the call; `pointers` holds one valid
         // pointer per kernel parameter (the caller's contract), each to a value that outlives
         // the call (`self.addresses`, or a scalar borrowed for 'a).
         unsafe {

@@ -370,7 +370,7 @@ pub(crate) fn launch_delta_rule(
     })
 }
 
-/// `deltanet_step_kernel<DK, KERNEL, CLUSTER>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
+/// `deltanet_step_kernel<DK, KERNEL>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
 /// state, out, conv_rec, state_rec, od, oq, tokens, k_heads, v_heads, eps, q_scale)`; inputs
 /// are (qkv, z, ba, conv_w, a, dt_bias, norm_w).
 #[allow(clippy::type_complexity)]
@@ -378,7 +378,7 @@ pub(crate) fn launch_delta_rule(
 pub(crate) fn launch_deltanet_step(
     stream: &CudaStream,
     kernel: &CudaFunction,
-    (config, cluster): (LaunchConfig, u32),
+    config: LaunchConfig,
     inputs: [&CudaView<'_, f32>; 7],
     (conv_state, state, out): (
         &mut CudaViewMut<'_, f32>,
@@ -392,7 +392,6 @@ pub(crate) fn launch_deltanet_step(
 ) -> Result<(), CudaError> {
     let [qkv, z, ba, conv_w, a, dt_bias, norm_w] = inputs;
     let mut launch = builder(stream, kernel);
-    launch.cluster(cluster);
     launch.arg(qkv).arg(z).arg(ba).arg(conv_w).arg(conv_state);
     launch.arg(a).arg(dt_bias).arg(norm_w).arg(state).arg(out);
     match record {
@@ -413,11 +412,9 @@ pub(crate) fn launch_deltanet_step(
     // v_heads x DK x DK, norm weight DK; the records, when given, tokens - 1 rows of the conv
     // state and of the state), DK and KERNEL are the specialization, and grid k_heads x
     // block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
-    // exactly the heads (the cluster layout: grid v_heads x DK threads in clusters of
-    // v_heads / k_heads, ≤ STEP_CLUSTER_MAX, on sm_90 and later: op entry). Null record
-    // pointers are the kernel's "no record". The Q8_K output, when given, holds tokens x
-    // k_heads scales and tokens x v_heads x DK codes, and a key head's values are 256 (op
-    // entry).
+    // exactly the heads. Null record pointers are the kernel's "no record". The Q8_K output,
+    // when given, holds tokens x k_heads scales and tokens x v_heads x DK codes, and the
+    // block holds 256 threads (op entry).
     launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
         launch.launch(config)
     })

@@ -266,9 +266,9 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
                 .chain(DELTA_DK.iter().map(|&dk| delta_chunked_kernel(dk)))
                 .chain(DELTA_DK.iter().flat_map(|&dk| {
-                    CONV_KERNELS.iter().flat_map(move |&w| {
-                        [false, true].map(|cluster| deltanet_step_kernel(dk, w, cluster))
-                    })
+                    CONV_KERNELS
+                        .iter()
+                        .map(move |&w| deltanet_step_kernel(dk, w))
                 }))
                 .chain([
                     "deltanet_split_kernel".to_string(),

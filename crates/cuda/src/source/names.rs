@@ -348,12 +348,9 @@ pub(crate) fn delta_rule_kernel(dk: usize) -> String {
     format!("delta_rule_kernel<{dk}, {DELTA_COLS}>")
 }
 
-pub(crate) fn deltanet_step_kernel(dk: usize, width: usize, cluster: bool) -> String {
-    format!("deltanet_step_kernel<{dk}, {width}, {cluster}>")
+pub(crate) fn deltanet_step_kernel(dk: usize, width: usize) -> String {
+    format!("deltanet_step_kernel<{dk}, {width}>")
 }
-
-/// Most CTAs of a cluster (`STEP_CLUSTER_MAX` in deltanet.cu): the portable limit.
-pub(crate) const STEP_CLUSTER_MAX: usize = 8;
 
 pub(crate) fn gated_norm_kernel() -> String {
     format!("gated_norm_kernel<{LAYER_WARPS}>")
