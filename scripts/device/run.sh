@@ -31,11 +31,13 @@ stage() { [[ "$STAGES" == *" $1 "* ]]; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 D="$ROOT/.cache/device"; W=/tmp/rl; QUICK="${QUICK:-0}"
 RESULTS="${OUT:-$W/results}"; OUT="$W/logs"  # the bench script writes its logs to $OUT too
-mkdir -p "$W" "$OUT" "$RESULTS" "$ROOT/target/release"
-python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-  "$D/redlite.xz" "$ROOT/target/release/redlite" && chmod +x "$ROOT/target/release/redlite"
+# The device's CUDA libraries on the loader path and `unpack` (its note and stamp are
+# redefined below: this script's summary lives in $RESULTS).
+# shellcheck source=scripts/device/common.sh
+source "$ROOT/scripts/device/common.sh"
+mkdir -p "$RESULTS"
 R="$ROOT/target/release/redlite"; S="$ROOT/scripts/bench/vs-llamacpp-cuda.sh"
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+unpack "$D/redlite.xz" "$R"
 # libcublas for the cuBLAS prompt products (the toolkit's, else the Python wheel's).
 blas_lib="$(find /usr/local/cuda-13.0 /usr/local/lib /usr/lib -name 'libcublas.so*' 2>/dev/null | head -1)"
 [ -n "$blas_lib" ] && export LD_LIBRARY_PATH="$(dirname "$blas_lib"):$LD_LIBRARY_PATH"
