@@ -8,7 +8,9 @@
 #   AB="REDLITE_GRAPH_EARLY_LAUNCH=0 REDLITE_ATTN_SPLIT_WARPS=8" bash scripts/device/ab_rounds.sh
 #
 # Env: AB (settings, each VAR=value or several joined by +), ROUNDS (3), DEPTHS (0,4096),
-# BENCH_EXTRA (more bench arguments), M (the file; written with its MTP block if absent), OUT.
+# BENCH_EXTRA (more bench arguments: with `--mtp --draft N --mtp-accept R` each run's table has
+# the plain and the MTP row), TAG (names this comparison's files, so several can share OUT),
+# M (the file; written with its MTP block if absent), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/device/common.sh
@@ -23,17 +25,18 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in "${settings[@]}"; do
     # shellcheck disable=SC2086
     env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 3 \
-      --kv f16 ${BENCH_EXTRA:-} > "$OUT/ab-${v//[=+]/_}-$round.txt" 2>&1
-    note "$v: $(grep -E '^\| tg' "$OUT/ab-${v//[=+]/_}-$round.txt" | tr -s ' ' | tr '\n' ' ')"
+      --kv f16 ${BENCH_EXTRA:-} > "$OUT/ab${TAG:-}-${v//[=+]/_}-$round.txt" 2>&1
+    note "$v: $(grep -E '^\| tg' "$OUT/ab${TAG:-}-${v//[=+]/_}-$round.txt" | cut -c1-60 | tr -s ' ' | tr '\n' ' ')"
   done
 done
-python3 - "$OUT" "${settings[@]}" <<'PY' | tee -a "$SUMMARY"
+python3 - "$OUT" "${TAG:-}" "${settings[@]}" <<'PY' | tee -a "$SUMMARY"
 import glob, re, statistics, sys
-out, settings = sys.argv[1], sys.argv[2:]
+out, tag, settings = sys.argv[1], sys.argv[2], sys.argv[3:]
 def means(v):
     rows = {}
-    for path in sorted(glob.glob(f"{out}/ab-{re.sub('[=+]', '_', v)}-*.txt")):
-        for test, tps in re.findall(r"^\|\s*(tg\S+(?: @ d\d+)?)\s*\|\s*([\d.]+)", open(path).read(), re.M):
+    for path in sorted(glob.glob(f"{out}/ab{tag}-{re.sub('[=+]', '_', v)}-*.txt")):
+        # Test names as bench prints them: "tg128", "tg128 @ d4096", "tg128 mtp1 a0.7".
+        for test, tps in re.findall(r"^\|\s*(tg[^|]*?)\s*\|\s*([\d.]+)", open(path).read(), re.M):
             rows.setdefault(test, []).append(float(tps))
     return {t: statistics.mean(x) for t, x in rows.items()}
 base = means(settings[0])

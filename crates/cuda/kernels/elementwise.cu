@@ -212,3 +212,25 @@ __global__ void ids_of_keys_kernel(const u64* __restrict__ keys, int n, u32* __r
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) ids[i] = keys[i] == 0 ? 0u : ~u32(keys[i]);
 }
+
+// Copies of whole float spans in one launch (an MTP rollback: every DeltaNet layer's conv
+// window and recurrent state back from the row a verification recorded, 72 spans, instead
+// of a copy launch each). spans[3 s .. 3 s + 3]: source address, destination address and
+// floats of span s (grid.y); the CTAs of a column stride over it, four floats at a time
+// where both ends are 16-byte aligned and the length a multiple of 4.
+__global__ void copy_spans_kernel(const u64* __restrict__ spans) {
+    pdl_begin();
+    const u64* span = spans + 3 * blockIdx.y;
+    const float* src = reinterpret_cast<const float*>(span[0]);
+    float* dst = reinterpret_cast<float*>(span[1]);
+    const u64 len = span[2];
+    const u64 stride = u64(gridDim.x) * blockDim.x;
+    const u64 first = u64(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (((span[0] | span[1]) & 15) == 0 && len % 4 == 0) {
+        const float4* s4 = reinterpret_cast<const float4*>(src);
+        float4* d4 = reinterpret_cast<float4*>(dst);
+        for (u64 i = first; i < len / 4; i += stride) d4[i] = s4[i];
+    } else {
+        for (u64 i = first; i < len; i += stride) dst[i] = src[i];
+    }
+}

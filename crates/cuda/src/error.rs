@@ -23,6 +23,7 @@ pub enum CudaOp {
     Attention,
     ExpertCache,
     Argmax,
+    CopySpans,
 }
 
 impl fmt::Display for CudaOp {
@@ -30,6 +31,7 @@ impl fmt::Display for CudaOp {
         f.write_str(match self {
             CudaOp::Dequantize => "cuda dequantize",
             CudaOp::Argmax => "cuda argmax",
+            CudaOp::CopySpans => "cuda span copies",
             CudaOp::Matvec => "cuda matvec",
             CudaOp::Embed => "cuda embed",
             CudaOp::RmsNorm => "cuda rms_norm",

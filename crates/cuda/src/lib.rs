@@ -27,6 +27,7 @@ mod attention_ops;
 mod attention_prefill;
 mod cache;
 mod compile;
+mod copies;
 mod cublas;
 mod device;
 mod error;
@@ -64,6 +65,7 @@ pub use attention_ops::{
 pub use attention_prefill::FLASH_PREFILL_MIN_TOKENS;
 pub use cache::cache_dir;
 pub use compile::{check_arch, compile_all, nvrtc_version, KernelResources, ModuleCompiled};
+pub use copies::copy_spans;
 pub use cublas::{cublas_min_tokens, cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 pub use device::Device;

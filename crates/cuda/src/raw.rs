@@ -255,6 +255,7 @@ pub(crate) fn launch_matvec(
 }
 
 mod attention_prefill;
+mod copies;
 mod cublas;
 mod expert_cache;
 mod greedy;
@@ -264,6 +265,7 @@ mod layers;
 mod mma;
 mod moe;
 pub(crate) use attention_prefill::*;
+pub(crate) use copies::*;
 pub(crate) use cublas::*;
 pub(crate) use expert_cache::*;
 pub(crate) use greedy::*;

@@ -312,3 +312,78 @@ fn greedy_drafts_and_picks_equal_the_host_argmax() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Chained greedy steps recorded whole (`REDLITE_STEP_GRAPH`: one graph for the block's
+/// catch-up, its drafts and heads, and the trunk's verification, recorded at the second step
+/// of a shape and replayed from the third) against the same steps as separate graphs with
+/// eager launches between them: the same drafts and picks over rounds keeping all, some and
+/// none of 1 and 3 drafts, then the same next logits, bit for bit; and replays did happen.
+#[test]
+fn step_graphs_give_the_picks_of_separate_graphs() {
+    let Some(device) = device("step_graphs_give_the_picks_of_separate_graphs") else {
+        return;
+    };
+    use redlite_engine::backend::cuda::switches::{DEVICE_GREEDY, STEP_GRAPH};
+    DEVICE_GREEDY.set(true);
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    // Drafts a step and how many of them are kept: shapes repeat, so steps are recorded
+    // and replayed, after rejections (catch-up of 1 row) and acceptances alike.
+    let rounds: Vec<(usize, usize)> = [1, 0, 1, 1, 0, 0, 1, 0, 1, 1]
+        .iter()
+        .map(|&k| (1, k))
+        .chain(
+            [3, 3, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 0, 3]
+                .iter()
+                .map(|&k| (3, k)),
+        )
+        .collect();
+    for recipe in RECIPES {
+        let gguf = mtp_model(dir.path(), recipe);
+        let mut separate = gpu_session(&device, &gguf, Precision::Ggml);
+        let mut whole = gpu_session(&device, &gguf, Precision::Ggml);
+        let p = prompt(20);
+        let mut next = argmax(&separate.feed(&p, false, false).unwrap().logits);
+        whole.feed(&p, false, false).unwrap();
+        for (round, &(draft, keep)) in rounds.iter().enumerate() {
+            let case = format!(
+                "{} round {round} ({draft} drafts, {keep} kept)",
+                recipe.name()
+            );
+            STEP_GRAPH.set(false);
+            let want = separate.mtp_greedy_step(next, draft).unwrap();
+            STEP_GRAPH.set(true);
+            let got = match whole.mtp_greedy_step(next, draft) {
+                Ok(got) => got,
+                Err(e) => {
+                    failures.push(format!("{case}: {e}"));
+                    break;
+                }
+            };
+            if got != want {
+                failures.push(format!("{case}: one graph {got:?}, separate {want:?}"));
+                break;
+            }
+            for s in [&mut separate, &mut whole] {
+                s.mtp_accept(keep).unwrap();
+            }
+            next = want.picks[keep];
+        }
+        let bits = |logits: &[f32]| logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        if bits(whole.step(next).unwrap()) != bits(separate.step(next).unwrap()) {
+            failures.push(format!("{}: the next logits differ", recipe.name()));
+        }
+        let counts = whole.backend().step_graph_counts().unwrap();
+        println!("{:<10} step graphs {counts:?}", recipe.name());
+        if counts.replayed < 4 {
+            failures.push(format!(
+                "{}: only {} steps replayed a step graph",
+                recipe.name(),
+                counts.replayed
+            ));
+        }
+    }
+    STEP_GRAPH.set(true);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

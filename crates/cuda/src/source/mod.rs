@@ -149,6 +149,7 @@ fn module_families() -> Vec<ModuleSource> {
                         "add_rms_norm_q8_kernel",
                         ARGMAX_KERNEL,
                         IDS_OF_KEYS_KERNEL,
+                        COPY_SPANS_KERNEL,
                     ]
                     .map(String::from),
                 )

@@ -8,6 +8,7 @@ use super::kinds::{MmaShape, WeightKind, Q8_DOT_TYPES, WEIGHT_KINDS};
 /// Greedy sampling on the device (`elementwise.cu`, `greedy.rs`), and its values a thread.
 pub(crate) const ARGMAX_KERNEL: &str = "argmax_kernel";
 pub(crate) const IDS_OF_KEYS_KERNEL: &str = "ids_of_keys_kernel";
+pub(crate) const COPY_SPANS_KERNEL: &str = "copy_spans_kernel";
 pub(crate) const ARGMAX_PER_THREAD: usize = 8;
 
 /// The weighted sum of per-pair expert outputs (`moe.cu`).

@@ -239,4 +239,40 @@ pub trait Backend {
         out.clear();
         Ok(())
     }
+
+    /// A chained greedy step about to run every forward call of `plan`, in order, on
+    /// `states` (the trunk's, the MTP block's) and `acts` (both workspaces' buffers): a
+    /// backend may record the whole step once and replay it (the CUDA backend: one graph for
+    /// the drafts and the verification). [`Backend::end_step`] closes it before the picks
+    /// are read, [`Backend::abort_step`] after a failure. By default nothing is recorded.
+    fn begin_step(
+        &self,
+        plan: &StepPlan,
+        states: [&Self::State; 2],
+        acts: [&Self::Act; 6],
+    ) -> Result<()> {
+        let _ = (plan, states, acts);
+        Ok(())
+    }
+    /// The step begun by [`Backend::begin_step`] has queued all its work.
+    fn end_step(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The step begun by [`Backend::begin_step`] failed half-way: nothing of it is kept.
+    fn abort_step(&self) {}
+}
+
+/// One forward call of a chained greedy step: the host's ids of its embedding (stand-ins
+/// where kept picks go) and its position in its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepForward {
+    pub ids: Vec<u32>,
+    pub pos: usize,
+}
+
+/// Every forward call of a chained greedy step, in order ([`Backend::begin_step`]): the MTP
+/// block's catch-up and chained drafts, then the trunk's verification.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    pub forwards: Vec<StepForward>,
 }

@@ -75,6 +75,11 @@ impl<B: Backend> Session<B> {
         })
     }
 
+    /// The backend the session runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     pub fn n_vocab(&self) -> usize {
         self.backend.config().n_vocab
     }

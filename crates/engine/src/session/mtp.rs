@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::{MtpTimings, Session, MAX_DRAFT};
-use crate::backend::{Backend, LmHead, SeqState};
+use crate::backend::{Backend, LmHead, SeqState, StepForward, StepPlan};
 use crate::error::{EngineError, Result};
 use crate::model::forward::{
     forward_greedy_into, forward_into, forward_kept, Logits, Output, Workspace,
@@ -229,12 +229,51 @@ impl<B: Backend> Session<B> {
             let picks = self.mtp_verify_greedy(&batch)?;
             return Ok(GreedyStep { drafts, picks });
         }
-        let step = self.mtp_chained_step(next, n);
+        let step = self
+            .begin_chained_step(next, n)
+            .and_then(|()| self.mtp_chained_step(next, n));
         if step.is_err() {
-            // Drop what the failed step kept; its own error is the one to report.
+            // Drop what the failed step kept or recorded; its own error is the one to report.
+            self.backend.abort_step();
             let _ = self.backend.take_kept_tokens(&mut Vec::new());
         }
         step
+    }
+
+    /// Tells the backend every forward call of the chained step about to run (the block's
+    /// catch-up over the pending rows, its chained drafts, the verification), so that it may
+    /// run the step as one recorded unit (`Backend::begin_step`).
+    fn begin_chained_step(&mut self, next: u32, n: usize) -> Result<()> {
+        let Some(mtp) = self.mtp.as_ref() else {
+            return Ok(());
+        };
+        if mtp.pending_rows == 0 {
+            // The draft reports it.
+            return Ok(());
+        }
+        let mut catch_up = mtp.pending_next.clone();
+        catch_up.push(next);
+        let mut pos = mtp.state.pos();
+        let mut forwards = Vec::with_capacity(n + 1);
+        forwards.push(StepForward { pos, ids: catch_up });
+        pos += forwards[0].ids.len();
+        for _ in 1..n {
+            // Each later draft embeds the one before it, kept on the device.
+            forwards.push(StepForward { ids: vec![0], pos });
+            pos += 1;
+        }
+        let mut verified = vec![0; n + 1];
+        verified[0] = next;
+        forwards.push(StepForward {
+            ids: verified,
+            pos: self.state.pos(),
+        });
+        let (w, m) = (&self.work, &mtp.work);
+        self.backend.begin_step(
+            &StepPlan { forwards },
+            [&self.state, &mtp.state],
+            [&w.x, &w.h, &w.mix, &m.x, &m.h, &m.mix],
+        )
     }
 
     fn mtp_chained_step(&mut self, next: u32, n: usize) -> Result<GreedyStep> {
@@ -251,7 +290,8 @@ impl<B: Backend> Session<B> {
             .backend
             .embed_kept(1, 0..n)
             .and_then(|()| self.mtp_verify_inner(&batch, Verify::Kept))
-            .and_then(|_| self.backend.take_kept_tokens(&mut ids));
+            .and_then(|_| self.backend.end_step())
+            .and_then(|()| self.backend.take_kept_tokens(&mut ids));
         self.timings.verify_seconds += start.elapsed().as_secs_f64();
         self.timings.steps += 1;
         verified?;

@@ -3,7 +3,7 @@
 //! logits and the MTP block's input; each queues kernels (or is skipped when the decode
 //! graph recorded it: `graph`).
 
-use redlite_cuda::Position;
+use redlite_cuda::{CudaViewMut, Position};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, Op};
@@ -11,9 +11,9 @@ use super::head::{device_greedy, CHAINED_GREEDY};
 use super::moe::{self, LayerSkew};
 use super::prefetch::{self, NextBlock};
 use super::state::CudaState;
-use super::weights::Mixer;
+use super::weights::{DeviceMatrix, Mixer};
 use super::{attention, deltanet, keeps_codes, mtp, CudaBackend, ExpertResidency};
-use crate::backend::{Backend, Batch, ExpertCacheCounts, LmHead, Norm, Segment};
+use crate::backend::{Backend, Batch, ExpertCacheCounts, LmHead, Norm, Segment, StepPlan};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::KvType;
@@ -81,26 +81,27 @@ impl Backend for CudaBackend {
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
-        let mut scratch = self.scratch(tokens.len())?;
-        self.overlap_for(tokens.len());
+        let n = tokens.len();
+        // Room for the batch first: the keys name the scratch buffers' generation.
+        drop(self.scratch(n)?);
+        self.overlap_for(n);
+        let key = self.key(Op::Embed, n, [x.address(&self.device)?, 0, 0])?;
         let mut graphs = graph::lock(&self.graphs)?;
-        match self.graphable(tokens.len()) {
+        match self.graphable(n) {
             true => graphs.arm(),
             false => graphs.abandon(),
         }
+        if graphs.step.in_step() {
+            // Within a whole-step graph the ids are the step's inputs, uploaded as it began.
+            let gate = graphs.gate(key)?;
+            let mut ids = graphs.step.ids(tokens)?;
+            return self.embed_ids(&mut ids, gate, x);
+        }
         drop(graphs);
-        self.device.mark("embedding");
-        let mut ids = scratch.token_ids.slice_mut(..tokens.len());
+        let mut scratch = self.scratch(n)?;
+        let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
-        self.kept()?.substitute(&self.device, &mut ids)?;
-        let mut out = x.rows_mut(tokens.len())?;
-        redlite_cuda::embed(
-            &self.device,
-            &self.weights.token_embd.view(),
-            &ids.as_view(),
-            &mut out,
-        )?;
-        Ok(())
+        self.embed_ids(&mut ids, Gate::Run, x)
     }
 
     /// Into a buffer that keeps Q8_K codes (a batch of decode size), the rows are quantized
@@ -192,9 +193,13 @@ impl Backend for CudaBackend {
             }
             let mut scratch = self.scratch(seg.tokens)?;
             let graphs = graph::lock(&self.graphs)?;
-            let position = match gate {
-                Gate::Capture => Position::Device(&graphs.position()),
-                _ => Position::Host,
+            let slot = match gate {
+                Gate::Capture => Some(graphs.position()?),
+                _ => None,
+            };
+            let position = match &slot {
+                Some(slot) => Position::Device(slot),
+                None => Position::Host,
             };
             let (first, last) = (seg.row0, seg.row0 + seg.tokens);
             attention::forward(
@@ -288,9 +293,13 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
-    /// The batch's activations; empty if the copy fails (the trait returns no `Result`).
+    /// The batch's activations; empty if the copy fails (the trait returns no `Result`), or
+    /// within a whole-step graph (whose replay has not run the step's ops at the walk's point).
     fn to_host(&self, b: Batch, x: &CudaAct) -> Vec<f32> {
-        let interrupted = graph::lock(&self.graphs).and_then(|mut g| g.interrupt());
+        let interrupted = graph::lock(&self.graphs).and_then(|mut g| match g.step.in_step() {
+            true => Err(EngineError::Cuda("host access within a step graph".into())),
+            false => g.interrupt(),
+        });
         if interrupted.is_err() {
             return Vec::new();
         }
@@ -328,32 +337,30 @@ impl Backend for CudaBackend {
         }
         // Eager, like the trunk's embedding: the block's layer may then be recorded.
         let n = tokens.len();
+        drop(self.scratch(n)?);
         self.overlap_for(n);
+        let buffers = [
+            hidden.address(&self.device)?,
+            out.address(&self.device)?,
+            hidden_row0 as u64,
+        ];
+        let key = self.key(Op::MtpInput, n, buffers)?;
         let mut graphs = graph::lock(&self.graphs)?;
         match self.graphable(n) {
             true => graphs.arm(),
             false => graphs.abandon(),
         }
+        let block = (table, hidden, hidden_row0);
+        if graphs.step.in_step() {
+            let gate = graphs.gate(key)?;
+            let mut ids = graphs.step.ids(tokens)?;
+            return self.mtp_input_ids(&mut ids, gate, block, out);
+        }
         drop(graphs);
         let mut scratch = self.scratch(n)?;
-        self.device.mark("MTP block");
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
-        self.kept()?.substitute(&self.device, &mut ids)?;
-        let mut buffers = self
-            .mtp_buffers
-            .lock()
-            .map_err(|_| EngineError::Cuda("MTP buffers lock poisoned by a panic".into()))?;
-        mtp::input(
-            &self.device,
-            self.weights.mtp()?,
-            table,
-            self.config.rms_eps,
-            &ids.as_view(),
-            &hidden.row_range(hidden_row0, hidden_row0 + n)?,
-            &mut out.rows_mut(n)?,
-            &mut buffers,
-        )
+        self.mtp_input_ids(&mut ids, Gate::Run, block, out)
     }
 
     fn mtp_logits(&self, rows: &[usize], x: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
@@ -387,6 +394,78 @@ impl Backend for CudaBackend {
         out.clear();
         self.kept()?
             .take(&self.device, self.weights.output.rows, out)
+    }
+
+    fn begin_step(
+        &self,
+        plan: &StepPlan,
+        states: [&CudaState; 2],
+        acts: [&CudaAct; 6],
+    ) -> Result<()> {
+        self.begin_step_graph(plan, states, acts)
+    }
+
+    fn end_step(&self) -> Result<()> {
+        self.end_step_graph()
+    }
+
+    fn abort_step(&self) {
+        self.abort_step_graph();
+    }
+}
+
+impl CudaBackend {
+    /// The trunk's embedding of the ids in `ids` (on the device; kept picks written over
+    /// their stand-ins first), or its bookkeeping only where a replayed step graph does it.
+    fn embed_ids(&self, ids: &mut CudaViewMut<'_, u32>, gate: Gate, x: &mut CudaAct) -> Result<()> {
+        let n = ids.len();
+        if gate == Gate::Skip {
+            self.kept()?.substitute_recorded(n)?;
+            x.rows_mut(n)?;
+            return Ok(());
+        }
+        self.device.mark("embedding");
+        self.kept()?.substitute(&self.device, ids)?;
+        let mut out = x.rows_mut(n)?;
+        redlite_cuda::embed(
+            &self.device,
+            &self.weights.token_embd.view(),
+            &ids.as_view(),
+            &mut out,
+        )?;
+        Ok(())
+    }
+
+    /// The MTP block's input of the ids in `ids` (as `embed_ids`).
+    fn mtp_input_ids(
+        &self,
+        ids: &mut CudaViewMut<'_, u32>,
+        gate: Gate,
+        (table, hidden, hidden_row0): (&DeviceMatrix, &CudaAct, usize),
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let n = ids.len();
+        if gate == Gate::Skip {
+            self.kept()?.substitute_recorded(n)?;
+            out.rows_mut(n)?;
+            return Ok(());
+        }
+        self.device.mark("MTP block");
+        self.kept()?.substitute(&self.device, ids)?;
+        let mut buffers = self
+            .mtp_buffers
+            .lock()
+            .map_err(|_| EngineError::Cuda("MTP buffers lock poisoned by a panic".into()))?;
+        mtp::input(
+            &self.device,
+            self.weights.mtp()?,
+            table,
+            self.config.rms_eps,
+            &ids.as_view(),
+            &hidden.row_range(hidden_row0, hidden_row0 + n)?,
+            &mut out.rows_mut(n)?,
+            &mut buffers,
+        )
     }
 }
 

@@ -15,13 +15,18 @@
 //! A step that copies activations to the host in the middle (`to_host`, per-layer parity
 //! checks) ends its capture early: what was recorded runs at once, the rest of the step
 //! eagerly, and nothing is kept. `REDLITE_CUDA_GRAPH=0` turns graphs off.
+//!
+//! A chained greedy MTP step (the block's catch-up and drafts, then the trunk's verification)
+//! is recorded whole instead, embeddings and heads included (`step_graph`): while one is in
+//! progress every op asks it, and the per-call recording here stays idle.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redlite_cuda::{CudaSlice, CudaView, Device, Graph};
 
+use crate::backend::cuda::step_graph::StepGraphs;
 use crate::backend::cuda::step_times::StepTimes;
-use crate::backend::Norm;
+use crate::backend::{LmHead, Norm};
 use crate::error::{EngineError, Result};
 
 /// Graphs kept per backend (one per workspace and sequence state in use), least recently
@@ -37,6 +42,10 @@ pub enum Op {
     Attention(usize),
     Moe(usize),
     Add,
+    /// The ops outside the layers, gated within a whole-step graph only (`step_graph`).
+    Embed,
+    MtpInput,
+    Picks(LmHead),
 }
 
 /// One op, its batch's token count and the device addresses of the buffers it reads and
@@ -86,12 +95,14 @@ pub struct DecodeGraphs {
     device: Arc<Device>,
     enabled: bool,
     /// The position of the current step, in device memory (`[1]`).
-    step: CudaSlice<u32>,
+    pos_slot: CudaSlice<u32>,
     pos: usize,
     mode: Mode,
     captured: Vec<Captured>,
     /// `REDLITE_STEP_TIMES=1`: the host's share of replayed steps.
     pub times: StepTimes,
+    /// Chained greedy MTP steps recorded whole; while one is in progress every op asks it.
+    pub step: StepGraphs,
 }
 
 /// The recorder, shared by the backend (ops) and every sequence state it made (`set_pos`).
@@ -125,21 +136,23 @@ fn enabled_by_env() -> bool {
 
 impl DecodeGraphs {
     pub fn new(device: Arc<Device>) -> Result<SharedGraphs> {
-        let step = device.alloc_zeros(1)?;
+        let pos_slot = device.alloc_zeros(1)?;
         Ok(Arc::new(Mutex::new(DecodeGraphs {
             device,
             enabled: enabled_by_env(),
-            step,
+            pos_slot,
             pos: 0,
             mode: Mode::Idle,
             captured: Vec::new(),
             times: StepTimes::from_env(),
+            step: StepGraphs::default(),
         })))
     }
 
     /// No more captures or replays: every later step launches eagerly.
     pub fn disable(&mut self) {
         self.abandon();
+        self.step.abort(&self.device);
         self.enabled = false;
         self.mode = Mode::Idle;
     }
@@ -157,16 +170,30 @@ impl DecodeGraphs {
             ));
         }
         self.captured.clear();
-        Ok(())
+        self.step.forget().inspect_err(|_| self.enabled = false)
     }
 
-    /// The position of the step, in device memory (`[1]`).
-    pub fn position(&self) -> CudaView<'_, u32> {
-        self.step.slice(0..1)
+    /// Whether graphs may be recorded and replayed.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The position of the step (or, within a whole-step graph, of its current call), in
+    /// device memory (`[1]`).
+    pub fn position(&self) -> Result<CudaView<'_, u32>> {
+        if self.step.in_step() {
+            return self.step.position();
+        }
+        Ok(self.pos_slot.slice(0..1))
     }
 
     /// A batch of one token, or a small one, was embedded (eagerly): its first mixer decides.
+    /// Within a whole-step graph: the step's next call begins.
     pub fn arm(&mut self) {
+        if self.step.in_step() {
+            self.step.next_call();
+            return;
+        }
         self.abandon();
         self.times.armed();
         if self.enabled {
@@ -178,6 +205,18 @@ impl DecodeGraphs {
     /// starts the replay of the graph recorded for it, or a capture; a batch of several
     /// `sequences` (one position each) runs eagerly.
     pub fn mixer(&mut self, key: OpKey, pos: usize, sequences: usize) -> Result<Gate> {
+        if self.step.in_step() {
+            if sequences != 1 {
+                self.enabled = false;
+                return Err(EngineError::Cuda(
+                    "step graph: a call of several sequences".into(),
+                ));
+            }
+            self.step
+                .check_position(pos)
+                .inspect_err(|_| self.enabled = false)?;
+            return self.gate(key);
+        }
         if !matches!(self.mode, Mode::Armed) {
             return self.gate(key);
         }
@@ -214,6 +253,9 @@ impl DecodeGraphs {
 
     /// What the op `key` of the current step does.
     pub fn gate(&mut self, key: OpKey) -> Result<Gate> {
+        if self.step.in_step() {
+            return self.step.gate(key).inspect_err(|_| self.enabled = false);
+        }
         match &mut self.mode {
             Mode::Idle | Mode::Armed | Mode::Eager => Ok(Gate::Run),
             Mode::Capturing(ops) => {
@@ -310,8 +352,8 @@ impl DecodeGraphs {
     fn launch(&mut self, graph: &Graph) -> Result<()> {
         let pos = u32::try_from(self.pos)
             .map_err(|_| EngineError::Cuda(format!("position {} exceeds u32", self.pos)))?;
-        let mut step = self.step.as_view_mut();
-        self.device.copy_to_device(&[pos], &mut step)?;
+        let mut slot = self.pos_slot.as_view_mut();
+        self.device.copy_to_device(&[pos], &mut slot)?;
         graph.launch()?;
         Ok(())
     }

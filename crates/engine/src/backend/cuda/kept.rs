@@ -13,6 +13,7 @@ use std::sync::MutexGuard;
 use redlite_cuda::{CudaSlice, CudaViewMut, Device, MAX_ARGMAX_ROWS};
 
 use super::act::CudaAct;
+use super::graph::{self, Gate, Op};
 use super::weights::DeviceMatrix;
 use super::CudaBackend;
 use crate::backend::kept::NextEmbedding;
@@ -64,6 +65,17 @@ impl KeptPicks {
         Ok(())
     }
 
+    /// `substitute` where a replayed step graph writes the picks: only the bookkeeping.
+    pub fn substitute_recorded(&mut self, tokens: usize) -> Result<()> {
+        self.next.take(tokens)?;
+        Ok(())
+    }
+
+    /// The pick slots' address (0 before the first pick): part of a step graph's identity.
+    pub fn address(&self, device: &Device) -> u64 {
+        self.keys.as_ref().map_or(0, |keys| device.address(keys))
+    }
+
     /// Every kept pick's token, in slot order, appended to `out` (waits for the device); the
     /// slots are emptied first, so a failed read leaves none behind. `vocab`: for the error
     /// of a row without a finite logit.
@@ -88,7 +100,25 @@ impl CudaBackend {
     /// `Backend::keep_greedy_tokens`: each run of consecutive rows takes one head product
     /// and one argmax launch into the next slots.
     pub(super) fn keep_picks(&self, head: LmHead, rows: &[usize], x: &CudaAct) -> Result<()> {
+        let lm_head = head;
         let head = self.head_matrix(head)?;
+        if graph::lock(&self.graphs)?.step.in_step() {
+            // Within a whole-step graph: recorded, or skipped where the replay writes the slots.
+            let logits = self.device.address(&self.scratch(1)?.logits);
+            let span = match (rows.first(), rows.last()) {
+                (Some(&first), Some(&last)) => ((first as u64) << 32) | last as u64,
+                _ => return Ok(()),
+            };
+            let key = self.key(
+                Op::Picks(lm_head),
+                rows.len(),
+                [x.address(&self.device)?, logits, span],
+            )?;
+            if graph::lock(&self.graphs)?.gate(key)? == Gate::Skip {
+                self.kept()?.next_slots(&self.device, rows.len())?;
+                return Ok(());
+            }
+        }
         // The scratch is locked first (by `head_runs`), as in the embeddings.
         self.head_runs(head, rows, x, MAX_ARGMAX_ROWS, |scratch, n| {
             let logits = scratch.logits.slice(..n * head.rows);

@@ -29,6 +29,7 @@ mod prefetch;
 mod q8_buffers;
 mod scratch;
 mod state;
+mod step_graph;
 mod step_times;
 mod weights;
 
@@ -46,6 +47,7 @@ pub use act::CudaAct;
 /// default paths in one process.
 pub mod switches {
     pub use super::head::{CHAINED_GREEDY, DEVICE_GREEDY, LOGITS_HALVING, PINNED_LOGITS};
+    pub use super::step_graph::STEP_GRAPH;
 }
 use experts::LayerCache;
 pub use experts::{cache_policy_from_env, ExpertResidency};
@@ -54,6 +56,7 @@ use host_moe::HostMoe;
 use prefetch::PrefetchBuffers;
 use scratch::Scratch;
 pub use state::CudaState;
+pub use step_graph::StepGraphCounts;
 use weights::CudaWeights;
 
 pub struct CudaBackend {

@@ -27,6 +27,11 @@ struct Rows {
 }
 
 impl MtpBuffers {
+    /// The buffers' address (0 before the first call): part of a step graph's identity.
+    pub fn address(&self, device: &Device) -> u64 {
+        self.0.as_ref().map_or(0, |b| device.address(&b.concat))
+    }
+
     /// The buffers, with room for `rows` rows of `e`.
     fn reserve(&mut self, device: &Device, rows: usize, e: usize) -> Result<&mut Rows> {
         if self.0.as_ref().is_none_or(|b| b.rows < rows) {

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use redlite_cuda::{CudaSlice, CudaView, Device};
+use redlite_cuda::{CudaSlice, Device};
 
 use crate::backend::cuda::graph::{self, SharedGraphs};
 use crate::backend::SeqState;
@@ -84,6 +84,8 @@ struct Recording {
     rows: usize,
     /// Per DeltaNet layer (slot order).
     states: Vec<RecordedRows>,
+    /// The device table of a rollback's copies (`redlite_cuda::copy_spans`).
+    copy_table: Option<CudaSlice<u64>>,
 }
 
 /// The states a recording call keeps for one DeltaNet layer, the state after row `i` at
@@ -189,6 +191,30 @@ impl CudaState {
             buffers,
             recording: Recording::default(),
         }
+    }
+
+    /// What tells this state's device buffers apart (a step graph's identity): its first KV
+    /// cache and DeltaNet state, and the rows a verification records into.
+    pub(super) fn identity(&self, out: &mut Vec<u64>) -> Result<()> {
+        let buffers = self
+            .buffers
+            .as_ref()
+            .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        let device = &self.device;
+        out.push(buffers.kv.first().map_or(0, |kv| kv.address(device)));
+        out.push(
+            buffers
+                .deltanet
+                .first()
+                .map_or(0, |d| device.address(&d.recurrent)),
+        );
+        out.push(
+            self.recording
+                .states
+                .first()
+                .map_or(0, |r| device.address(&r.recurrent)),
+        );
+        Ok(())
     }
 
     fn buffers_mut(&mut self) -> Result<&mut StateBuffers> {
@@ -380,39 +406,35 @@ impl SeqState for CudaState {
             .buffers
             .as_mut()
             .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
+        let row = kept - 1;
+        let mut copies = Vec::with_capacity(2 * buffers.deltanet.len());
         for (d, saved) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
             if saved.rows < kept {
                 return Err(EngineError::BadConfig(format!(
-                    "no recorded state after row {}",
-                    kept - 1
+                    "no recorded state after row {row}"
                 )));
             }
-            let row = kept - 1;
             let (conv, recurrent) = (d.conv.len(), d.recurrent.len());
-            copy_state(
-                &device,
-                &saved.conv.slice(row * conv..(row + 1) * conv),
-                &mut d.conv,
-            )?;
-            copy_state(
-                &device,
-                &saved
+            copies.push((
+                saved.conv.slice(row * conv..(row + 1) * conv),
+                d.conv.as_view_mut(),
+            ));
+            copies.push((
+                saved
                     .recurrent
                     .slice(row * recurrent..(row + 1) * recurrent),
-                &mut d.recurrent,
-            )?;
+                d.recurrent.as_view_mut(),
+            ));
         }
+        // One launch for every layer's two copies (the table of addresses kept between calls).
+        let table = match &mut self.recording.copy_table {
+            Some(table) if table.len() >= 3 * copies.len() => table,
+            slot => slot.insert(device.alloc_zeros(3 * copies.len())?),
+        };
+        redlite_cuda::copy_spans(&device, &mut copies, table)?;
         self.pos = pos0 + kept;
         Ok(())
     }
-}
-
-/// Device-to-device copy of one buffer into another of the same length (queued).
-fn copy_state(device: &Device, src: &CudaView<'_, f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
-    device
-        .stream()
-        .memcpy_dtod(src, dst)
-        .map_err(|e| EngineError::Cuda(format!("state checkpoint copy: {e}")))
 }
 
 /// A sequence's DeltaNet state (conv window, recurrent matrices per layer) and position,
