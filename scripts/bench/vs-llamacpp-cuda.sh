@@ -14,7 +14,9 @@
 # (0,4096), PP (512; 0: no prompt test, which at depth 32768 saves most of a round), ROUNDS (2),
 # KV (redlite's KV cache: f32, f16, or a list such as f16,f32: each round runs llama-bench once,
 # with its default f16 cache, then redlite once per listed type), OUT (where logs go; $OUT on the
-# device machine).
+# device machine). llama-bench takes no f32 cache (its `-ctk`/`-ctv` parser knows f16, bf16 and
+# the quantized types; f32 is "invalid parameter", measured), so the f32 cells are against its
+# f16 default.
 #
 # Issue 6's matrix, each recipe on one warm machine after `build` (llama.cpp builds in 2 to 6
 # minutes on an H100; `bench` waits for it):
