@@ -8,8 +8,11 @@
 //!
 //! Row `t` pairs the hidden state of position `p + t` with the token at position `p + t + 1`
 //! and runs at position `p + t` of the block's own KV cache (vLLM's proposer uses the
-//! target positions the same way; llama.cpp's choice is unverified, see the spec §9). Its
-//! logits predict the token at `p + t + 2`.
+//! target positions the same way). Its logits predict the token at `p + t + 2`. llama.cpp's
+//! `draft-mtp` (the pinned sdist's `common/speculative.cpp`) runs the same pairs one position
+//! later, which RoPE's relative positions make the same attention, and also puts the prompt's
+//! first token, paired with a zero hidden row, at position 0 of the block's cache: its drafts
+//! equal ours on a tiny file except right after the prompt (docs/MTP.md).
 
 use crate::backend::{Backend, Batch, Norm, Segment, SeqState};
 use crate::error::{EngineError, Result};

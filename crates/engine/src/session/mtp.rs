@@ -247,7 +247,7 @@ impl<B: Backend> Session<B> {
         let Some(mtp) = self.mtp.as_ref() else {
             return Ok(());
         };
-        if mtp.pending_rows == 0 {
+        if mtp.pending_rows == 0 || n == 0 || n > MAX_DRAFT {
             // The draft reports it.
             return Ok(());
         }

@@ -418,15 +418,10 @@ impl CudaBackend {
     /// The trunk's embedding of the ids in `ids` (on the device; kept picks written over
     /// their stand-ins first), or its bookkeeping only where a replayed step graph does it.
     fn embed_ids(&self, ids: &mut CudaViewMut<'_, u32>, gate: Gate, x: &mut CudaAct) -> Result<()> {
-        let n = ids.len();
-        if gate == Gate::Skip {
-            self.kept()?.substitute_recorded(n)?;
-            x.rows_mut(n)?;
+        if !self.ids_with_picks(ids, gate, x, "embedding")? {
             return Ok(());
         }
-        self.device.mark("embedding");
-        self.kept()?.substitute(&self.device, ids)?;
-        let mut out = x.rows_mut(n)?;
+        let mut out = x.rows_mut(ids.len())?;
         redlite_cuda::embed(
             &self.device,
             &self.weights.token_embd.view(),
@@ -434,6 +429,26 @@ impl CudaBackend {
             &mut out,
         )?;
         Ok(())
+    }
+
+    /// The kept picks an embedding of `ids` into `out` takes, written over their stand-ins
+    /// (`component` marks the launches); `false` where a replayed step graph does that and the
+    /// embedding itself, only their bookkeeping done here.
+    fn ids_with_picks(
+        &self,
+        ids: &mut CudaViewMut<'_, u32>,
+        gate: Gate,
+        out: &mut CudaAct,
+        component: &'static str,
+    ) -> Result<bool> {
+        if gate == Gate::Skip {
+            self.kept()?.substitute_recorded(ids.len())?;
+            out.rows_mut(ids.len())?;
+            return Ok(false);
+        }
+        self.device.mark(component);
+        self.kept()?.substitute(&self.device, ids)?;
+        Ok(true)
     }
 
     /// The MTP block's input of the ids in `ids` (as `embed_ids`).
@@ -444,14 +459,10 @@ impl CudaBackend {
         (table, hidden, hidden_row0): (&DeviceMatrix, &CudaAct, usize),
         out: &mut CudaAct,
     ) -> Result<()> {
-        let n = ids.len();
-        if gate == Gate::Skip {
-            self.kept()?.substitute_recorded(n)?;
-            out.rows_mut(n)?;
+        if !self.ids_with_picks(ids, gate, out, "MTP block")? {
             return Ok(());
         }
-        self.device.mark("MTP block");
-        self.kept()?.substitute(&self.device, ids)?;
+        let n = ids.len();
         let mut buffers = self
             .mtp_buffers
             .lock()
