@@ -9,6 +9,7 @@
 #   bash scripts/bench/vs-llamacpp-cuda.sh build     # llama-bench, in the background (~5 min)
 #   bash scripts/bench/vs-llamacpp-cuda.sh synth     # the model file (RECIPE, default IQ2_XXS)
 #   bash scripts/bench/vs-llamacpp-cuda.sh bench     # waits for the build, then both benches
+#   bash scripts/bench/vs-llamacpp-cuda.sh mtp       # issue 9: llama.cpp's draft-mtp and redlite's --mtp
 #
 # Env: WORK (default /tmp/rl), RECIPE (IQ2_XXS; RECIPES, a list, for `all`), TG (128), DEPTHS
 # (0,4096), PP (512; 0: no prompt test, which at depth 32768 saves most of a round), ROUNDS (2),
@@ -49,9 +50,16 @@ build)
   if [ ! -x "$WORK/llama/build/bin/llama-bench" ] && [ ! -f "$WORK/llama/build.log" ]; then
     mkdir -p "$WORK/llama" && tar xzf "$ROOT/.cache/device/llama-src.tgz" -C "$WORK/llama"
     echo 'add_subdirectory(llama-bench)' > "$WORK/llama/tools/CMakeLists.txt"
-    (cd "$WORK/llama" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build -j 14 --target llama-bench >> build.log 2>&1; echo done > build.done' \
+    # llama-speculative-simple too where the sources have it (llama.cpp's `draft-mtp`; the `mtp` stage).
+    examples=OFF; targets=llama-bench
+    if [ -d "$WORK/llama/examples/speculative-simple" ]; then
+      printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(speculative-simple)\n' \
+        > "$WORK/llama/examples/CMakeLists.txt"
+      examples=ON; targets="llama-bench llama-speculative-simple"
+    fi
+    (cd "$WORK/llama" && EXAMPLES="$examples" TARGETS="$targets" setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$EXAMPLES -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build -j 14 --target $TARGETS >> build.log 2>&1; echo done > build.done' \
       > /dev/null 2>&1 &)
     echo "llama.cpp build started in $WORK/llama (log: build.log)"
   fi
@@ -105,6 +113,58 @@ for name, (l, ours) in rows.items():
     lm = mean(l)
     cells = " | ".join(f"{mean(ours[kv]):.1f} | {mean(ours[kv]) / lm:.2f}x" for kv in kvs)
     print(f"| {name} | {lm:.1f} | {cells} |")
+PY
+  ;;
+mtp)
+  # Issue 9's peer: llama.cpp's `draft-mtp` (llama-speculative-simple, greedy, every draft kept
+  # whatever its probability) against redlite's --mtp on the same file with its MTP block, at
+  # the file's own acceptance (random weights: almost none) and redlite's forced acceptance 1;
+  # plain decoding of both first. DRAFTS (1 3). llama-speculative-simple restores a checkpoint
+  # after a partial acceptance and runs the trunk's own tokens again as the next "draft", which
+  # it then counts as accepted: its accept line is not the MTP block's acceptance.
+  ensure_redlite
+  M="$WORK/full-$RECIPE-mtp.gguf"
+  [ -f "$M" ] || "$ROOT/target/release/redlite" synth "$M" --preset full --recipe "$RECIPE" --mtp 2>&1 | tail -1
+  while [ ! -f "$WORK/llama/build.done" ]; do sleep 5; done
+  spec="$WORK/llama/build/bin/llama-speculative-simple"
+  [ -x "$spec" ] || { tail -20 "$WORK/llama/build.log"; exit 1; }
+  prompt="Here is a quick sort implementation in C++. Just code, no comments:"
+  "$WORK/llama/build/bin/llama-bench" -m "$M" -ngl 99 -fa 1 -p 0 -n "$TG" -r 3 -o json \
+    > "$LOGS/mtp-llamacpp-plain.json" 2> "$LOGS/mtp-llamacpp-plain.log" || tail -5 "$LOGS/mtp-llamacpp-plain.log"
+  for n in ${DRAFTS:-1 3}; do
+    "$spec" -m "$M" -p "$prompt" --spec-type draft-mtp --spec-draft-n-max "$n" --spec-draft-p-min 0 \
+      -n "$TG" -ngl 99 -ngld 99 -fa on --temp 0 --top-k 1 --seed 1 > "$LOGS/mtp-llamacpp-$n.log" 2>&1 \
+      || tail -5 "$LOGS/mtp-llamacpp-$n.log"
+    "$ROOT/target/release/redlite" bench -m "$M" --device cuda --kv f16 -p 0 -n "$TG" -r 3 --mtp --draft "$n" \
+      > "$LOGS/mtp-redlite-$n.txt" 2>&1 || tail -5 "$LOGS/mtp-redlite-$n.txt"
+    "$ROOT/target/release/redlite" bench -m "$M" --device cuda --kv f16 -p 0 -n "$TG" -r 3 --mtp --draft "$n" \
+      --mtp-accept 1 > "$LOGS/mtp-redlite-$n-a1.txt" 2>&1 || tail -5 "$LOGS/mtp-redlite-$n-a1.txt"
+  done
+  python3 - "$LOGS" "${DRAFTS:-1 3}" <<'PY'
+import json, re, sys
+logs, drafts = sys.argv[1], sys.argv[2].split()
+def read(path):
+    try:
+        return open(path, errors="replace").read()
+    except OSError:
+        return ""
+try:
+    plain = json.load(open(f"{logs}/mtp-llamacpp-plain.json"))[0]["avg_ts"]
+except Exception:
+    plain = float("nan")
+print(f"llama.cpp plain tg: {plain:.1f} t/s (llama-bench)")
+print("| drafts | llama.cpp draft-mtp t/s | its accept line | redlite plain | redlite --mtp | redlite --mtp, acceptance 1 |")
+print("|---|---|---|---|---|---|")
+for n in drafts:
+    text = read(f"{logs}/mtp-llamacpp-{n}.log")
+    speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
+    accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
+    ours = read(f"{logs}/mtp-redlite-{n}.txt")
+    rows = re.findall(r"^\|\s*(tg[^|]*?)\s*\|\s*([\d.]+)", ours, re.M)
+    forced = re.findall(r"^\|\s*(tg[^|]*?)\s*\|\s*([\d.]+)", read(f"{logs}/mtp-redlite-{n}-a1.txt"), re.M)
+    cell = lambda rows, i: rows[i][1] if len(rows) > i else "-"
+    print(f"| {n} | {speed.group(1) if speed else '-'} | {accept.group(1) + ' %' if accept else '-'} | "
+          f"{cell(rows, 0)} | {cell(rows, 1)} | {cell(forced, 1)} |")
 PY
   ;;
 all)

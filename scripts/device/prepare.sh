@@ -9,7 +9,8 @@
 #   kernels, routing, greedy, mma, attention, deltanet, preload, q8_input  the cuda crate's GPU tests
 #                    (test binaries)
 #   attention        the flash prefill attention against the per-token kernels (test binary)
-#   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench)
+#   llama-src.tgz    llama.cpp's sources from the pinned llama-cpp-python sdist (for llama-bench
+#                    and llama-speculative-simple)
 #
 #   bash scripts/device/prepare.sh
 set -euo pipefail
@@ -52,9 +53,13 @@ if [ ! -f "$D/llama-src.tgz" ]; then
   [ -f "$sdist" ] || REF_WITH_TORCH=0 bash "$ROOT/scripts/reference/setup.sh"
   tmp="$(mktemp -d)"
   tar xzf "$sdist" -C "$tmp"
-  # Only what llama-bench's CUDA build reads (4.5 MB instead of 38: no docs, vocab files,
-  # tests, web UI or other GPU backends), so it fits a call's carry with redlite.
-  skip=(docs models tools/ui tools/server tools/mtmd tests benches examples conversion scripts)
+  # Only what the CUDA builds of llama-bench and llama-speculative-simple (its `draft-mtp`, for
+  # issue 9's peer figure) read: no docs, vocab files, tests, web UI, other examples or other
+  # GPU backends, so it fits a call's carry with redlite.
+  skip=(docs models tools/ui tools/server tools/mtmd tests benches conversion scripts)
+  for e in "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/examples/*; do
+    [ "$(basename "$e")" = speculative-simple ] || skip+=("examples/$(basename "$e")")
+  done
   for b in et metal hexagon sycl vulkan opencl cann webgpu zdnn openvino virtgpu zendnn musa; do
     skip+=("ggml/src/ggml-$b")
   done
