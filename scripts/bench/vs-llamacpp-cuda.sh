@@ -169,10 +169,15 @@ PY
   ;;
 all)
   # Every recipe of RECIPES (default RECIPE) in one call: the files are written while llama.cpp
-  # builds, then each recipe's benches, its logs under $LOGS/RECIPE.
+  # builds, then each recipe's benches, its logs under $LOGS/RECIPE; with MTP=1 then the `mtp`
+  # stage on the first recipe (its file with the MTP block written there), logs under $LOGS/mtp.
   recipes="${RECIPES:-$RECIPE}"
   "$0" build
   for r in ${recipes//,/ }; do RECIPE="$r" "$0" synth; done
   for r in ${recipes//,/ }; do RECIPE="$r" OUT="$LOGS/$r" "$0" bench; done
+  if [ "${MTP:-0}" = 1 ]; then
+    mkdir -p "$LOGS/mtp"
+    RECIPE="${recipes%%,*}" OUT="$LOGS/mtp" "$0" mtp
+  fi
   ;;
 esac
