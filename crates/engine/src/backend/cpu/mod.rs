@@ -20,7 +20,7 @@ use arrayvec::ArrayVec;
 
 use redlite_gguf::GgufModel;
 
-use crate::backend::{segment_rows, Backend, Batch, LmHead, Norm, Segment, SeqState};
+use crate::backend::{segment_rows, Backend, Batch, LmHead, Norm, Segment, SeqState, StepPlan};
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
 use crate::state::{KvCache, KvType, SequenceState, Snapshot};
@@ -120,7 +120,10 @@ impl Backend for CpuBackend {
 
     fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<()> {
         let mut buf = Vec::new();
-        let tokens = self.kept()?.substitute(tokens, &mut buf)?;
+        let mut kept = self.kept()?;
+        kept.check_planned(tokens)?;
+        let tokens = kept.substitute(tokens, &mut buf)?;
+        drop(kept);
         self.embed_with(&self.weights.model.token_embd, tokens, x)
     }
 
@@ -251,7 +254,10 @@ impl Backend for CpuBackend {
             )));
         }
         let mut buf = Vec::new();
-        let tokens = self.kept()?.substitute(tokens, &mut buf)?;
+        let mut kept = self.kept()?;
+        kept.check_planned(tokens)?;
+        let tokens = kept.substitute(tokens, &mut buf)?;
+        drop(kept);
         let mut embedded = vec![0f32; n * e];
         self.embed_with(self.weights.model.mtp_embed()?, tokens, &mut embedded)?;
         let mut concat = vec![0f32; n * 2 * e];
@@ -286,6 +292,28 @@ impl Backend for CpuBackend {
         out.clear();
         self.kept()?.take(out);
         Ok(())
+    }
+
+    /// Nothing is recorded on the CPU; the plan is checked against the step's embeddings
+    /// (`kept.rs`).
+    fn begin_step(
+        &self,
+        plan: &StepPlan,
+        _states: [&SequenceState; 2],
+        _acts: [&Vec<f32>; 6],
+    ) -> Result<()> {
+        self.kept()?.begin_plan(plan);
+        Ok(())
+    }
+
+    fn end_step(&self) -> Result<()> {
+        self.kept()?.end_plan()
+    }
+
+    fn abort_step(&self) {
+        if let Ok(mut kept) = self.kept() {
+            kept.drop_plan();
+        }
     }
 }
 
