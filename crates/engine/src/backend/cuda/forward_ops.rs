@@ -82,23 +82,15 @@ impl Backend for CudaBackend {
             return Err(EngineError::BadToken { id, n_vocab });
         }
         let n = tokens.len();
-        // Room for the batch first: the keys name the scratch buffers' generation.
-        drop(self.scratch(n)?);
-        self.overlap_for(n);
-        let key = self.key(Op::Embed, n, [x.address(&self.device)?, 0, 0])?;
-        let mut graphs = graph::lock(&self.graphs)?;
-        match self.graphable(n) {
-            true => graphs.arm(),
-            false => graphs.abandon(),
-        }
-        if graphs.step.in_step() {
-            // Within a whole-step graph the ids are the step's inputs, uploaded as it began.
-            let gate = graphs.gate(key)?;
-            let mut ids = graphs.step.ids(tokens)?;
-            return self.embed_ids(&mut ids, gate, x);
-        }
-        drop(graphs);
         let mut scratch = self.scratch(n)?;
+        self.overlap_for(n);
+        if self.arm_for(n)? {
+            drop(scratch);
+            let buffers = [x.address(&self.device)?, 0, 0];
+            return self.with_step_ids(Op::Embed, tokens, buffers, |ids, gate| {
+                self.embed_ids(ids, gate, x)
+            });
+        }
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
         self.embed_ids(&mut ids, Gate::Run, x)
@@ -337,27 +329,20 @@ impl Backend for CudaBackend {
         }
         // Eager, like the trunk's embedding: the block's layer may then be recorded.
         let n = tokens.len();
-        drop(self.scratch(n)?);
-        self.overlap_for(n);
-        let buffers = [
-            hidden.address(&self.device)?,
-            out.address(&self.device)?,
-            hidden_row0 as u64,
-        ];
-        let key = self.key(Op::MtpInput, n, buffers)?;
-        let mut graphs = graph::lock(&self.graphs)?;
-        match self.graphable(n) {
-            true => graphs.arm(),
-            false => graphs.abandon(),
-        }
-        let block = (table, hidden, hidden_row0);
-        if graphs.step.in_step() {
-            let gate = graphs.gate(key)?;
-            let mut ids = graphs.step.ids(tokens)?;
-            return self.mtp_input_ids(&mut ids, gate, block, out);
-        }
-        drop(graphs);
         let mut scratch = self.scratch(n)?;
+        self.overlap_for(n);
+        let block = (table, hidden, hidden_row0);
+        if self.arm_for(n)? {
+            drop(scratch);
+            let buffers = [
+                hidden.address(&self.device)?,
+                out.address(&self.device)?,
+                hidden_row0 as u64,
+            ];
+            return self.with_step_ids(Op::MtpInput, tokens, buffers, |ids, gate| {
+                self.mtp_input_ids(ids, gate, block, out)
+            });
+        }
         let mut ids = scratch.token_ids.slice_mut(..n);
         self.device.copy_to_device(tokens, &mut ids)?;
         self.mtp_input_ids(&mut ids, Gate::Run, block, out)
@@ -415,6 +400,34 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// An embedding of `tokens` tokens begins a forward call: a one-token step (or a small
+    /// batch) is armed for its graph, anything else drops a capture left open; `true` within
+    /// a whole-step graph, whose ops then all ask its gate.
+    fn arm_for(&self, tokens: usize) -> Result<bool> {
+        let mut graphs = graph::lock(&self.graphs)?;
+        match self.graphable(tokens) {
+            true => graphs.arm(),
+            false => graphs.abandon(),
+        }
+        Ok(graphs.step.in_step())
+    }
+
+    /// Within a whole-step graph: the embedding op `op`'s gate and its ids, which are the
+    /// step's inputs (uploaded as it began), handed to `embed`.
+    fn with_step_ids(
+        &self,
+        op: Op,
+        tokens: &[u32],
+        buffers: [u64; 3],
+        embed: impl FnOnce(&mut CudaViewMut<'_, u32>, Gate) -> Result<()>,
+    ) -> Result<()> {
+        let key = self.key(op, tokens.len(), buffers)?;
+        let mut graphs = graph::lock(&self.graphs)?;
+        let gate = graphs.gate(key)?;
+        let mut ids = graphs.step.ids(tokens)?;
+        embed(&mut ids, gate)
+    }
+
     /// The trunk's embedding of the ids in `ids` (on the device; kept picks written over
     /// their stand-ins first), or its bookkeeping only where a replayed step graph does it.
     fn embed_ids(&self, ids: &mut CudaViewMut<'_, u32>, gate: Gate, x: &mut CudaAct) -> Result<()> {
