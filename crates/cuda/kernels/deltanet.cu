@@ -243,11 +243,20 @@ static __device__ __forceinline__ ConvChannel<KERNEL> conv_channel(
 
 // The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
 // one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
-// as the kernels above compute it, one row after the other. Thread (v, j) owns value column j
-// of v-head h = kh * r + v (r = v_heads / k_heads; dk = dv = DK): its conv channel, its state
-// column (DK floats in registers across the rows) and its output. A row's arithmetic does not
-// depend on the rows before it other than through the state, so row t of one launch gives the
-// bits of a one-row launch on the state after row t - 1.
+// as the kernels above compute it. Thread (v, j) owns value column j of v-head
+// h = kh * r + v (r = v_heads / k_heads; dk = dv = DK): its conv channel, its state column (DK
+// floats in registers across the rows) and its output. A row's arithmetic does not depend on
+// the rows before it other than through the state (and the conv window), so row t of one
+// launch gives the bits of a one-row launch on the state after row t - 1.
+// The rows go in groups of G (tokens a multiple of G; the launcher takes 2 for an even number
+// of rows, else 1): a group's raw inputs are loaded and convolved, its q and k normalized
+// and its gates computed for all its rows behind the same three barriers; then the delta
+// rule runs row after row, the only chain between rows; then the gated norms of all its rows
+// share one barrier. Each value is the same expression on the same operands as row by row,
+// so the same bits: only the order in which independent work issues changes (an MTP
+// verification paid the whole chain of loads and barriers once a row). Groups of 3 or 4,
+// or a last group of fewer rows, spill the state column (ptxas, sm_90, DK = 128), so they
+// are not built.
 // One CTA per key head, r * DK threads; the head's 2 DK q and k channels are convolved by the
 // first 2 DK threads, each conv channel read and written by one thread. (A layout of one CTA
 // per value head, a key head's value heads one thread-block cluster so that their states
@@ -263,9 +272,10 @@ static __device__ __forceinline__ ConvChannel<KERNEL> conv_channel(
 // Before the PDL wait each thread loads, beside its state column, the taps and the conv state
 // of its channels (conv_state and conv_w are this layer's, written by nothing the wait is
 // for), and carries each window in registers from row to row; after the wait a row's conv
-// reads only its raw inputs. The last row's state column is stored as soon as it is final,
-// so that the stores drain while the gated norm and the quantization run.
-template <int DK, int KERNEL>
+// reads only its raw inputs. The conv state is stored once, after the last row. The last
+// row's state column is stored as soon as it is final, so that the stores drain while the
+// gated norm and the quantization run.
+template <int DK, int KERNEL, int G>
 __global__ void __launch_bounds__(256)
 deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      const float* __restrict__ ba, const float* __restrict__ conv_w,
@@ -276,10 +286,13 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
                      int v_heads, float eps, float q_scale) {
     PROBE_RETURN(PROBE_STEP);
-    __shared__ __align__(16) float qs[DK], ks[DK];
-    __shared__ float4 o_stage[64];
-    __shared__ float scale_qk[2];
-    __shared__ float head_ss[32];
+    __shared__ __align__(16) float qs[G][DK], ks[G][DK];
+    __shared__ float4 o_stage[G][64];
+    __shared__ float scale_qk[G][2];
+    __shared__ float head_ss[G][32];
+    // Each row's z, conv output of the thread's value channel and delta-rule output, by
+    // thread: in registers beside the state column they spill it.
+    __shared__ float row_z[G][256], row_value[G][256], row_o[G][256];
     const int kh = blockIdx.x, tid = threadIdx.x;
     const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     const int r = v_heads / k_heads;
@@ -306,122 +319,148 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     // Under PDL all of the above is loaded while the previous kernel still runs: the states are
     // this layer's, written by this kernel alone (and by copies launches before it).
     pdl_begin();
-    for (int t = 0; t < tokens; ++t) {
-        const float* x = qkv + i64(t) * channels;
-        const bool keep = conv_rec != nullptr && t + 1 < tokens;
-        const float* bar = ba + i64(t) * 2 * v_heads;
-        const float b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
-        const float zr = z[i64(t) * inner + h * DK + j];
-        // The channel's window slides by this row's raw input, in registers and into the conv
-        // state and the row's record.
-        auto conv = [&](ConvChannel<KERNEL>& c) {
-            float window[KERNEL];
+    // The channel's window slides by row t's raw input x, in registers, into the row's record
+    // (all rows but the last) and, after the last row, into the conv state.
+    const auto conv = [&](ConvChannel<KERNEL>& c, const float* x, int t) {
+        float window[KERNEL];
 #pragma unroll
-            for (int q = 0; q < KERNEL - 1; ++q) window[q] = c.window[q];
-            window[KERNEL - 1] = x[c.ch];
-            float acc = 0.0f;
+        for (int q = 0; q < KERNEL - 1; ++q) window[q] = c.window[q];
+        window[KERNEL - 1] = x[c.ch];
+        float acc = 0.0f;
 #pragma unroll
-            for (int q = 0; q < KERNEL; ++q) acc += c.taps[q] * window[q];
+        for (int q = 0; q < KERNEL; ++q) acc += c.taps[q] * window[q];
 #pragma unroll
-            for (int q = 0; q < KERNEL - 1; ++q) {
-                c.window[q] = window[q + 1];
-                conv_state[q * channels + c.ch] = window[q + 1];
-            }
-            if (keep) {
-                float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
+        for (int q = 0; q < KERNEL - 1; ++q) c.window[q] = window[q + 1];
+        if (t + 1 == tokens) {
 #pragma unroll
-                for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + c.ch] = window[q + 1];
-            }
-            return siluf(acc);
-        };
+            for (int q = 0; q < KERNEL - 1; ++q) conv_state[q * channels + c.ch] = window[q + 1];
+        } else if (conv_rec != nullptr) {
+            float* rec = conv_rec + i64(t) * (KERNEL - 1) * channels;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int c = tid + u * int(blockDim.x);
-            if (c < 2 * DK) {
-                const float y = conv(conv_qk[u]);
-                if (c < DK) {
-                    qs[c] = y;
-                } else {
-                    ks[c - DK] = y;
+            for (int q = 0; q < KERNEL - 1; ++q) rec[q * channels + c.ch] = window[q + 1];
+        }
+        return siluf(acc);
+    };
+    for (int t0 = 0; t0 < tokens; t0 += G) {
+        float beta[G], alpha[G];
+        // Each row's raw inputs, convolutions and gates.
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const int t = t0 + g;
+            const float* x = qkv + i64(t) * channels;
+            const float* bar = ba + i64(t) * 2 * v_heads;
+            const float b_in = bar[2 * r * kh + v], a_raw = bar[2 * r * kh + r + v];
+            row_z[g][tid] = z[i64(t) * inner + h * DK + j];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int c = tid + u * int(blockDim.x);
+                if (c < 2 * DK) {
+                    const float y = conv(conv_qk[u], x, t);
+                    if (c < DK) {
+                        qs[g][c] = y;
+                    } else {
+                        ks[g][c - DK] = y;
+                    }
                 }
             }
+            row_value[g][tid] = conv(conv_v, x, t);
+            const float a_in = a_raw + dt_h;
+            const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+            beta[g] = sigmoidf(b_in);
+            alpha[g] = expf(a_h * softplus);
         }
-        const float value = conv(conv_v);
         __syncthreads();
-        for (int which = warp; which < 2; which += warps) {
-            const float* y = which == 0 ? qs : ks;
+        // The L2 norms of the group's q and k rows, a warp each.
+        for (int which = warp; which < 2 * G; which += warps) {
+            const int g = which / 2;
+            const float* y = which % 2 == 0 ? qs[g] : ks[g];
             float ss = 0.0f;
             for (int i = lane; i < DK; i += WARP_SIZE) ss += y[i] * y[i];
             ss = warp_reduce_sum(ss);
-            if (lane == 0) scale_qk[which] = 1.0f / sqrtf(ss + eps);
+            if (lane == 0) scale_qk[g][which % 2] = 1.0f / sqrtf(ss + eps);
         }
         __syncthreads();
-        for (int c = tid; c < 2 * DK; c += blockDim.x) {
+        for (int e = tid; e < 2 * DK * G; e += blockDim.x) {
+            const int g = e / (2 * DK), c = e % (2 * DK);
             if (c < DK) {
-                qs[c] = qs[c] * scale_qk[0] * q_scale;
+                qs[g][c] = qs[g][c] * scale_qk[g][0] * q_scale;
             } else {
-                ks[c - DK] = ks[c - DK] * scale_qk[1];
+                ks[g][c - DK] = ks[g][c - DK] * scale_qk[g][1];
             }
         }
         __syncthreads();
-        const float a_in = a_raw + dt_h;
-        const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
-        const float beta = sigmoidf(b_in), alpha = expf(a_h * softplus);
-        // ks and qs four at a time through shared_load4, where they are used: the same
-        // operations in the same order as element by element.
-        float delta = value;
+        // The delta rule, row after row: ks and qs four at a time through shared_load4, where
+        // they are used (the same operations in the same order as element by element).
 #pragma unroll
-        for (int i = 0; i < DK; i += 4) {
-            const float4 k4 = shared_load4(ks + i);
-            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+        for (int g = 0; g < G; ++g) {
+            const int t = t0 + g;
+            float delta = row_value[g][tid];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                col[i + u] *= alpha;
-                delta -= col[i + u] * kv[u];
+            for (int i = 0; i < DK; i += 4) {
+                const float4 k4 = shared_load4(ks[g] + i);
+                const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    col[i + u] *= alpha[g];
+                    delta -= col[i + u] * kv[u];
+                }
+            }
+            delta *= beta[g];
+            float og = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DK; i += 4) {
+                const float4 k4 = shared_load4(ks[g] + i), q4 = shared_load4(qs[g] + i);
+                const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    col[i + u] += kv[u] * delta;
+                    og += col[i + u] * qv[u];
+                }
+            }
+            row_o[g][tid] = og;
+            if (state_rec != nullptr && t + 1 < tokens) {
+                float* rec = state_rec + i64(t) * v_heads * DK * DK + i64(h) * DK * DK + j;
+#pragma unroll
+                for (int i = 0; i < DK; ++i) rec[i * DK] = col[i];
+            }
+            if (t + 1 == tokens) {
+#pragma unroll
+                for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
             }
         }
-        delta *= beta;
-        float o = 0.0f;
+        // Gated RMSNorm over the DK columns of head h (DK / 32 whole warps), every row's sums
+        // of squares behind one barrier.
 #pragma unroll
-        for (int i = 0; i < DK; i += 4) {
-            const float4 k4 = shared_load4(ks + i), q4 = shared_load4(qs + i);
-            const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                col[i + u] += kv[u] * delta;
-                o += col[i + u] * qv[u];
-            }
+        for (int g = 0; g < G; ++g) {
+            const float ss = warp_reduce_sum(row_o[g][tid] * row_o[g][tid]);
+            if (lane == 0) head_ss[g][warp] = ss;
         }
-        if (state_rec != nullptr && t + 1 < tokens) {
-            float* rec = state_rec + i64(t) * v_heads * DK * DK + i64(h) * DK * DK + j;
-#pragma unroll
-            for (int i = 0; i < DK; ++i) rec[i * DK] = col[i];
-        }
-        if (t + 1 == tokens) {
-#pragma unroll
-            for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
-        }
-        // Gated RMSNorm over the DK columns of head h (DK / 32 whole warps).
-        const float ss = warp_reduce_sum(o * o);
-        if (lane == 0) head_ss[warp] = ss;
         __syncthreads();
-        float total = 0.0f;
-        for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) {
-            total += head_ss[w];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const int t = t0 + g;
+            float total = 0.0f;
+            for (int w = v * (DK / WARP_SIZE); w < (v + 1) * (DK / WARP_SIZE); ++w) {
+                total += head_ss[g][w];
+            }
+            const float norm = 1.0f / sqrtf(total / float(DK) + eps);
+            const float result = row_o[g][tid] * norm * norm_wj * siluf(row_z[g][tid]);
+            out[i64(t) * inner + h * DK + j] = result;
+            // The CTA's r x DK = 256 outputs are Q8_K block kh of the row: staged for the
+            // quantization below.
+            if (oq != nullptr) reinterpret_cast<float*>(o_stage[g])[tid] = result;
         }
-        const float norm = 1.0f / sqrtf(total / float(DK) + eps);
-        const float result = o * norm * norm_wj * siluf(zr);
-        out[i64(t) * inner + h * DK + j] = result;
         if (oq != nullptr) {
-            // The CTA's r x DK = 256 outputs are Q8_K block kh of the row: quantized here for
-            // the output projection (its codes, the same bits).
-            reinterpret_cast<float*>(o_stage)[tid] = result;
+            // Quantized here for the output projection (its codes, the same bits).
             __syncthreads();
-            const float* staged = reinterpret_cast<const float*>(o_stage);
-            quantize_q8k_blocks([=](int) { return staged; }, 1, od + i64(t) * k_heads + kh,
-                                oq + i64(t) * inner + kh * Q8K_VALUES);
+            for (int g = 0; g < G; ++g) {
+                const int t = t0 + g;
+                const float* staged = reinterpret_cast<const float*>(o_stage[g]);
+                quantize_q8k_blocks([=](int) { return staged; }, 1, od + i64(t) * k_heads + kh,
+                                    oq + i64(t) * inner + kh * Q8K_VALUES);
+            }
         }
-        // qs, ks, head_ss and o_stage are rewritten by the next row.
+        // The group's shared rows are rewritten by the next group.
         __syncthreads();
     }
 }

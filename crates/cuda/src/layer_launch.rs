@@ -11,8 +11,9 @@ use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_HEADS_PER_CTA, ATTENTION_MIN_CHUNK,
     ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
-    LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
+    DELTA_ROW_GROUPS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
 };
+use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
 use std::sync::OnceLock;
 
@@ -257,6 +258,25 @@ pub(crate) fn delta_rule(
     raw::launch_delta_rule(device.stream(), kernel, cfg, qkv, beta, g, state, out, dims)
 }
 
+/// `REDLITE_DELTANET_ROW_GROUPS=0`: the fused DeltaNet step takes the rows of a batch (an MTP
+/// verification) one at a time, each behind its own loads and barriers, instead of in pairs
+/// whose loads, convolutions, norms and gates issue together (the same bits either way).
+pub static DELTANET_ROW_GROUPS: Switch = Switch::new("REDLITE_DELTANET_ROW_GROUPS", true);
+
+/// The fused step's row group for a batch of `tokens`: the largest of `DELTA_ROW_GROUPS`
+/// that divides it (the kernel builds no partial group).
+fn deltanet_row_group(tokens: usize) -> usize {
+    if !DELTANET_ROW_GROUPS.on() {
+        return 1;
+    }
+    DELTA_ROW_GROUPS
+        .iter()
+        .rev()
+        .copied()
+        .find(|&g| tokens.is_multiple_of(g))
+        .unwrap_or(1)
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn deltanet_step(
     device: &Device,
@@ -272,7 +292,11 @@ pub(crate) fn deltanet_step(
     record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
     out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
 ) -> Result<(), CudaError> {
-    let kernel = device.kernel(&source::deltanet_step_kernel(d.head_dim, width))?;
+    let kernel = device.kernel(&source::deltanet_step_kernel(
+        d.head_dim,
+        width,
+        deltanet_row_group(d.tokens),
+    ))?;
     let threads = d.v_heads / d.k_heads * d.head_dim;
     let cfg = config((d.k_heads, 1, 1), to_u32(threads), 0);
     let dims = [d.tokens, d.k_heads, d.v_heads].map(to_i32);

@@ -190,14 +190,15 @@ fn chunked_delta_rule_matches_the_token_loop() {
 /// state): an MTP verification's rows equal plain decoding's, and its rollback points are
 /// the states plain decoding would have reached. Where a key head's value heads hold 256
 /// values, the step also writes its output in Q8_K, and an output projection reading those
-/// codes gives the bits of one quantizing the output itself.
+/// codes gives the bits of one quantizing the output itself. 2, 3 and 4 rows: pairs of rows
+/// in one group, and rows one at a time.
 #[test]
 fn fused_rows_equal_one_row_launches_with_their_states() {
     let Some(device) = device("fused_rows_equal_one_row_launches_with_their_states") else {
         return;
     };
     let mut rng = Rng(33);
-    for s in shapes(4) {
+    for s in [2, 3, 4].into_iter().flat_map(shapes) {
         let (channels, inner, v_heads, dk) = (s.channels(), s.inner(), s.v_heads, s.head_dim);
         let t = s.tokens;
         let mut values =
@@ -251,9 +252,10 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             }),
         )
         .unwrap();
-        let (all_out, all_state) = (
+        let (all_out, all_state, all_conv) = (
             device.download(&out).unwrap(),
             device.download(&state).unwrap(),
+            device.download(&conv).unwrap(),
         );
         let (conv_kept, state_kept) = (
             device.download(&conv_rec).unwrap(),
@@ -307,7 +309,7 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 None,
             )
             .unwrap();
-            let what = format!("{v_heads} v-heads of {dk}, row {r}");
+            let what = format!("{v_heads} v-heads of {dk}, row {r} of {t}");
             let o = device.download(&o).unwrap();
             assert!(
                 bits(&o) == bits(&all_out[r * inner..(r + 1) * inner]),
@@ -329,6 +331,10 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 );
             } else {
                 assert!(bits(&st) == bits(&all_state), "{what}: final states differ");
+                assert!(
+                    bits(&c) == bits(&all_conv),
+                    "{what}: final conv states differ"
+                );
             }
         }
     }

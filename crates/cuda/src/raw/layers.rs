@@ -370,7 +370,7 @@ pub(crate) fn launch_delta_rule(
     })
 }
 
-/// `deltanet_step_kernel<DK, KERNEL>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
+/// `deltanet_step_kernel<DK, KERNEL, G>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
 /// state, out, conv_rec, state_rec, od, oq, tokens, k_heads, v_heads, eps, q_scale)`; inputs
 /// are (qkv, z, ba, conv_w, a, dt_bias, norm_w).
 #[allow(clippy::type_complexity)]
@@ -410,8 +410,8 @@ pub(crate) fn launch_deltanet_step(
     // every length against the tokens of the shape (qkv tokens x channels, z and out tokens
     // x v_heads x DK, ba tokens x 2 v_heads, conv weights and state over all channels, state
     // v_heads x DK x DK, norm weight DK; the records, when given, tokens - 1 rows of the conv
-    // state and of the state), DK and KERNEL are the specialization, and grid k_heads x
-    // block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
+    // state and of the state), DK, KERNEL and G are the specialization (any G covers every
+    // row), and grid k_heads x block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
     // exactly the heads. Null record pointers are the kernel's "no record". The Q8_K output,
     // when given, holds tokens x k_heads scales and tokens x v_heads x DK codes, and the
     // block holds 256 threads (op entry).

@@ -267,9 +267,9 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(DELTA_DK.iter().map(|&dk| delta_rule_kernel(dk)))
                 .chain(DELTA_DK.iter().map(|&dk| delta_chunked_kernel(dk)))
                 .chain(DELTA_DK.iter().flat_map(|&dk| {
-                    CONV_KERNELS
-                        .iter()
-                        .map(move |&w| deltanet_step_kernel(dk, w))
+                    CONV_KERNELS.iter().flat_map(move |&w| {
+                        DELTA_ROW_GROUPS.map(|g| deltanet_step_kernel(dk, w, g))
+                    })
                 }))
                 .chain([
                     "deltanet_split_kernel".to_string(),

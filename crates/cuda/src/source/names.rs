@@ -64,6 +64,9 @@ pub(crate) const LAYER_WARPS: u32 = 4;
 pub(crate) const DELTA_COLS: u32 = 32;
 /// Key dims the delta-rule kernel is built for (the state column lives in registers).
 pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
+/// Rows of a group in the fused DeltaNet step (`deltanet_step_kernel`'s G): an even number of
+/// rows runs in pairs, an odd one row by row (groups of 3 or 4 spill the state column).
+pub(crate) const DELTA_ROW_GROUPS: [usize; 2] = [1, 2];
 /// Tokens per chunk of the chunked delta rule (`deltanet_chunked.cu`).
 pub(crate) const DELTA_CHUNK: usize = 64;
 /// Threads per CTA of the chunked delta rule, and the value columns each CTA owns
@@ -349,8 +352,8 @@ pub(crate) fn delta_rule_kernel(dk: usize) -> String {
     format!("delta_rule_kernel<{dk}, {DELTA_COLS}>")
 }
 
-pub(crate) fn deltanet_step_kernel(dk: usize, width: usize) -> String {
-    format!("deltanet_step_kernel<{dk}, {width}>")
+pub(crate) fn deltanet_step_kernel(dk: usize, width: usize, group: usize) -> String {
+    format!("deltanet_step_kernel<{dk}, {width}, {group}>")
 }
 
 pub(crate) fn gated_norm_kernel() -> String {
