@@ -411,8 +411,24 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
     }
 }
 
+// CTAs a multiprocessor must hold at once (ptxas keeps the registers to that; 0: the
+// compiler's choice, which an explicit 1 is not). A one-token step's 704 gate/up CTAs (10
+// routed experts and the shared one, 64 CTAs each) are one wave on a 132-multiprocessor GPU
+// only at 6 CTAs a multiprocessor (80 registers a thread); IQ1_M's items loaded ahead, two
+// rows a lane group, took 88 (5 a multiprocessor: 660 resident, a second wave of 44). The
+// others keep the compiler's choice (IQ2_XXS: 72, 7 a multiprocessor); IQ1_M's four-row
+// variant would spill at 80. Registers only: the same instructions' results, the same bits.
+template <class B, int ROWS>
+struct GateUpMinBlocks {
+    static constexpr int value = 0;
+};
+template <>
+struct GateUpMinBlocks<IQ1M, 2> {
+    static constexpr int value = 6;
+};
+
 template <class B, int WARPS, int LANES, int ROWS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+__global__ void __launch_bounds__(WARPS * WARP_SIZE, GateUpMinBlocks<B, ROWS>::value)
 moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       const float* __restrict__ gd, const i8* __restrict__ gq,
