@@ -247,7 +247,7 @@ pub trait Backend {
     /// are read, [`Backend::abort_step`] after a failure. By default nothing is recorded.
     fn begin_step(
         &self,
-        plan: &StepPlan,
+        plan: StepPlan,
         states: [&Self::State; 2],
         acts: [&Self::Act; 6],
     ) -> Result<()> {

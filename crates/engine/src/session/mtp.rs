@@ -270,7 +270,7 @@ impl<B: Backend> Session<B> {
         });
         let (w, m) = (&self.work, &mtp.work);
         self.backend.begin_step(
-            &StepPlan { forwards },
+            StepPlan { forwards },
             [&self.state, &mtp.state],
             [&w.x, &w.h, &w.mix, &m.x, &m.h, &m.mix],
         )

@@ -46,8 +46,8 @@ impl KeptPicks {
     }
 
     /// A chained step of `plan` begins.
-    pub fn begin_plan(&mut self, plan: &StepPlan) {
-        self.plan = Some((plan.clone(), 0));
+    pub fn begin_plan(&mut self, plan: StepPlan) {
+        self.plan = Some((plan, 0));
     }
 
     /// An embedding of the host ids `tokens` (stand-ins included) during a planned step: it
@@ -135,17 +135,17 @@ mod tests {
         };
         let mut kept = KeptPicks::default();
         kept.check_planned(&[1, 2, 3]).unwrap();
-        kept.begin_plan(&plan);
+        kept.begin_plan(plan.clone());
         kept.check_planned(&[5, 7]).unwrap();
         kept.check_planned(&[7, 0]).unwrap();
         kept.end_plan().unwrap();
-        kept.begin_plan(&plan);
+        kept.begin_plan(plan.clone());
         kept.check_planned(&[5, 7]).unwrap();
         assert!(kept.end_plan().is_err(), "a call missing");
-        kept.begin_plan(&plan);
+        kept.begin_plan(plan.clone());
         assert!(kept.check_planned(&[5, 8]).is_err(), "other ids");
         kept.check_planned(&[1]).unwrap();
-        kept.begin_plan(&plan);
+        kept.begin_plan(plan.clone());
         kept.check_planned(&[5, 7]).unwrap();
         kept.check_planned(&[7, 0]).unwrap();
         assert!(kept.check_planned(&[7]).is_err(), "a call past the plan");

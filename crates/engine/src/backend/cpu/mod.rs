@@ -298,7 +298,7 @@ impl Backend for CpuBackend {
     /// (`kept.rs`).
     fn begin_step(
         &self,
-        plan: &StepPlan,
+        plan: StepPlan,
         _states: [&SequenceState; 2],
         _acts: [&Vec<f32>; 6],
     ) -> Result<()> {

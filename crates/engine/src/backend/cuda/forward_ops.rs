@@ -383,7 +383,7 @@ impl Backend for CudaBackend {
 
     fn begin_step(
         &self,
-        plan: &StepPlan,
+        plan: StepPlan,
         states: [&CudaState; 2],
         acts: [&CudaAct; 6],
     ) -> Result<()> {

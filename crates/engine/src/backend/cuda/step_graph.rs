@@ -103,9 +103,15 @@ impl StepGraphs {
         Ok(device.address(inputs))
     }
 
-    /// Starts the step `plan` of `key`: replays its graph, records it, or lets it run as
-    /// before (the first of its shape).
-    pub fn begin(&mut self, device: &Device, key: StepKey, plan: &StepPlan) -> Result<Begun> {
+    /// Starts the step `plan` of `key` (its inputs laid out by `layout`): replays its graph,
+    /// records it, or lets it run as before (the first of its shape).
+    pub fn begin(
+        &mut self,
+        device: &Device,
+        key: StepKey,
+        plan: StepPlan,
+        (values, ids_at): (Vec<u32>, Vec<usize>),
+    ) -> Result<Begun> {
         self.scope = None;
         let found = self.recorded.iter().position(|r| r.key == key);
         if found.is_none() && !self.seen.contains(&key) {
@@ -115,12 +121,7 @@ impl StepGraphs {
             self.seen.push(key);
             return Ok(Begun::Off);
         }
-        let (values, ids_at) = layout(plan)?;
-        let inputs = self
-            .inputs
-            .as_mut()
-            .ok_or_else(|| EngineError::Cuda("step graph: inputs not allocated".into()))?;
-        device.copy_to_device(&values, &mut inputs.slice_mut(..values.len()))?;
+        device.copy_to_device(&values, &mut self.inputs_mut()?.slice_mut(..values.len()))?;
         let mode = match found {
             Some(graph) => {
                 self.recorded[graph].graph.launch()?;
@@ -140,7 +141,7 @@ impl StepGraphs {
         };
         self.scope = Some(Scope {
             key,
-            plan: plan.clone(),
+            plan,
             ids_at,
             call: None,
             mode,
@@ -212,10 +213,7 @@ impl StepGraphs {
     /// The current call's position in device memory (`[1]`).
     pub fn position(&self) -> Result<CudaView<'_, u32>> {
         let (call, _) = self.planned()?;
-        let inputs = self
-            .inputs
-            .as_ref()
-            .ok_or_else(|| EngineError::Cuda("step graph: inputs not allocated".into()))?;
+        let inputs = self.inputs.as_ref().ok_or_else(no_inputs)?;
         Ok(inputs.slice(call..call + 1))
     }
 
@@ -230,11 +228,7 @@ impl StepGraphs {
             )));
         }
         let at = scope.ids_at[call];
-        let inputs = self
-            .inputs
-            .as_mut()
-            .ok_or_else(|| EngineError::Cuda("step graph: inputs not allocated".into()))?;
-        Ok(inputs.slice_mut(at..at + tokens.len()))
+        Ok(self.inputs_mut()?.slice_mut(at..at + tokens.len()))
     }
 
     /// The step has queued all its work: a recording is instantiated and launched, a replay
@@ -320,10 +314,13 @@ impl StepGraphs {
         Ok(())
     }
 
-    /// Whether `plan` fits the inputs buffer.
-    pub fn fits(plan: &StepPlan) -> bool {
-        layout(plan).is_ok()
+    fn inputs_mut(&mut self) -> Result<&mut CudaSlice<u32>> {
+        self.inputs.as_mut().ok_or_else(no_inputs)
     }
+}
+
+fn no_inputs() -> EngineError {
+    EngineError::Cuda("step graph: inputs not allocated".into())
 }
 
 /// With `REDLITE_STEP_TIMES=1` (`step_times.rs`) the counts are printed at exit too.
@@ -368,19 +365,22 @@ impl CudaBackend {
     /// `Backend::begin_step`: a step of small calls with every expert resident, graphs on.
     pub(super) fn begin_step_graph(
         &self,
-        plan: &StepPlan,
+        plan: StepPlan,
         states: [&CudaState; 2],
         acts: [&CudaAct; 6],
     ) -> Result<()> {
         let small = |n: usize| (1..=redlite_cuda::SMALL_BATCH_MAX_TOKENS).contains(&n);
         if !STEP_GRAPH.on()
             || self.residency != ExpertResidency::Resident
-            || !StepGraphs::fits(plan)
             || !plan.forwards.iter().all(|f| small(f.ids.len()))
-            || !self.plan_in_bounds(plan, states)?
+            || !self.plan_in_bounds(&plan, states)?
         {
             return Ok(());
         }
+        // A step whose inputs do not fit the inputs buffer runs as before.
+        let Ok(inputs) = layout(&plan) else {
+            return Ok(());
+        };
         let mut identity = Vec::with_capacity(16);
         for state in states {
             state.identity(&mut identity)?;
@@ -411,7 +411,7 @@ impl CudaBackend {
             shape: plan.forwards.iter().map(|f| f.ids.len()).collect(),
             identity,
         };
-        graphs.step.begin(&self.device, key, plan)?;
+        graphs.step.begin(&self.device, key, plan, inputs)?;
         Ok(())
     }
 
