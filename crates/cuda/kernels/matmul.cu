@@ -182,6 +182,83 @@ matmul_q8_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
     }
 }
 
+// The one-token q8 product of a matrix of many rows (the LM head) on persistent warps.
+// matmul_q8_kernel gives every row a warp of its own CTA, so a 38,000-row piece of the LM
+// head runs as 9 waves of short CTAs: each waits one DRAM round trip, then does its dots,
+// reduction and store and exits, its multiprocessor's share of loads in flight gone until
+// the next CTA starts (126 µs a step for 214 MB of Q5_K, about half the H100's bandwidth).
+// Here the grid is what the multiprocessors hold at once and warp w takes rows w, w + W,
+// w + 2W, ... (W the grid's warps), asking L2 for the row STREAM_AHEAD turns ahead before it
+// loads the current one: DRAM keeps working while the warps sum, and a row's loads wait on
+// L2, not DRAM. Only L2 holds the rows ahead: a second row of loaded items in registers took
+// Q5_K's warp to 122 registers (80 this way, 3 CTAs of 256 threads a multiprocessor; 64 with
+// a bound of 4 spilled). Each row's items, lanes, dots, sum order and warp reduction are
+// matmul_q8_kernel's with ROWS = 1: the same bits. Grid (CTAs, tokens); dynamic shared
+// memory as matmul_q8_kernel's.
+#define STREAM_AHEAD 2
+template <class B, int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_q8_stream_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                        const float* __restrict__ gd, const i8* __restrict__ gq,
+                        float* __restrict__ y, int rows, int cols) {
+    PROBE_RETURN(PROBE_MATMUL);
+    q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
+    typedef typename Q8Dot<B>::Raw Raw;
+    constexpr int AHEAD = Q8Ahead<Raw>::of(Q8Dot<B>::PRELOAD, 1);
+    static_assert(AHEAD > 0, "the stream kernel is for types whose items load ahead");
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int stride = gridDim.x * WARPS;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const int items = cols / B::VALUES * B::ITEMS;
+    const auto ask_l2 = [&](int row) {
+        if (row < rows && blockIdx.y == 0) {
+            prefetch_l2(weights + i64(row) * row_bytes, row_bytes, lane, WARP_SIZE);
+        }
+    };
+    Raw raw[AHEAD];
+    const auto load_row = [&](int row) {
+        const u8* w = weights + i64(row) * row_bytes;
+#pragma unroll
+        for (int p = 0; p < AHEAD; ++p) {
+            const int i = lane + p * WARP_SIZE;
+            if (i < items) raw[p] = Q8Dot<B>::load(w + i64(i / B::ITEMS) * B::BYTES, i % B::ITEMS);
+        }
+    };
+    int row = blockIdx.x * WARPS + threadIdx.x / WARP_SIZE;
+    // Weights are never written during a step: the first rows are asked of L2 before the
+    // wait.
+#pragma unroll
+    for (int k = 0; k < STREAM_AHEAD; ++k) ask_l2(row + k * stride);
+    pdl_begin_as("matmul_q8_stream_kernel");
+    const float* xd;
+    const i8* xq;
+    q8_input(x, gd, gq, blockIdx.y, 1, cols, q8_shared, xd, xq);
+#pragma unroll 1
+    for (; row < rows; row += stride) {
+        ask_l2(row + STREAM_AHEAD * stride);
+        load_row(row);
+        float acc = 0.0f;
+#pragma unroll
+        for (int p = 0; p < AHEAD; ++p) {
+            const int i = lane + p * WARP_SIZE;
+            if (i < items) {
+                const int block = i / B::ITEMS, item = i % B::ITEMS;
+                acc += Q8Dot<B>::dot(raw[p], item, xq + block * B::VALUES, xd[block]);
+            }
+        }
+        const u8* w = weights + i64(row) * row_bytes;
+#pragma unroll 2
+        for (int i = lane + AHEAD * WARP_SIZE; i < items; i += WARP_SIZE) {
+            const int block = i / B::ITEMS, item = i % B::ITEMS;
+            acc += Q8Dot<B>::dot(w + i64(block) * B::BYTES, item, xq + block * B::VALUES,
+                                 xd[block]);
+        }
+        const float sum = warp_reduce_sum(acc);
+        if (lane == 0) y[i64(blockIdx.y) * rows + row] = sum;
+    }
+}
+
 // Split-K version for matrices of few rows (the router, the shared-expert gate, the
 // DeltaNet beta/alpha and attention k/v projections), where one warp per row would leave
 // most multiprocessors idle: one CTA per row (grid (rows, tokens)), all WARPS warps share

@@ -85,6 +85,7 @@ pub use layer_ops::{
     embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
     DeltaNetShape, StepRecord, TokenWalk,
 };
+pub use matmul_launch::MATMUL_STREAM;
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,
     moe_gate_up_mma, PrefillKernels, MMA_MIN_ROWS,

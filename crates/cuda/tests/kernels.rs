@@ -4,8 +4,8 @@
 
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
-    CudaError, CudaSlice, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE, Q8_DOT_TYPES,
-    WEIGHT_KINDS,
+    CudaError, CudaSlice, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE, MATMUL_STREAM,
+    Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -392,6 +392,70 @@ fn grouped_gate_up_equals_the_per_pair_launch() {
             );
         }
     }
+}
+
+/// The one-token q8 product of many rows (the LM head's pieces) on persistent warps
+/// (`matmul_q8_stream_kernel`) against one warp a row in waves (`REDLITE_MATMUL_STREAM=0`),
+/// bit for bit: the same items, lanes, dots and order per row. Rows past the 16,384 from which
+/// the stream takes them, a last turn that leaves most warps without a row, rows of two items
+/// a lane (all loaded ahead) and of four (the last two loaded in the loop), and a row against
+/// the CPU's Q8_K dot. Q6_K has no stream kernel and takes the waves either way.
+#[test]
+fn many_rows_on_persistent_warps_equal_one_warp_a_row() {
+    let Some(device) = device("many_rows_on_persistent_warps_equal_one_warp_a_row") else {
+        return;
+    };
+    let mut rng = Rng(31);
+    for kind in WEIGHT_KINDS.iter().filter(|k| Q8_DOT_TYPES.contains(&k.ty)) {
+        let ty = kind.ty;
+        let wide = matches!(ty, GgmlType::Q5K | GgmlType::IQ2XXS);
+        let shapes: &[(usize, usize)] = if wide {
+            &[(16_397, 2048), (16_390, 4096)]
+        } else {
+            &[(16_397, 2048)]
+        };
+        for &(rows, cols) in shapes {
+            let mut p = Product::new(&device, ty, (rows, cols, 1), &mut rng);
+            let run = |stream: bool, p: &mut Product| {
+                MATMUL_STREAM.set(stream);
+                let matrix = Product::matrix(&p.weights, ty, (rows, cols), Dots::Q8K);
+                matmul(
+                    &device,
+                    &matrix,
+                    &p.x_device.as_view(),
+                    &mut p.y.as_view_mut(),
+                )
+                .unwrap();
+                device.download(&p.y).unwrap()
+            };
+            let waves = run(false, &mut p);
+            let stream = run(true, &mut p);
+            let case = format!("{ty:?} {rows}x{cols}");
+            let differ: Vec<usize> = (0..rows)
+                .filter(|&r| waves[r].to_bits() != stream[r].to_bits())
+                .collect();
+            assert!(
+                differ.is_empty(),
+                "{case}: {} rows differ, first {:?}: {} against {}",
+                differ.len(),
+                differ.first(),
+                differ.first().map_or(0.0, |&r| stream[r]),
+                differ.first().map_or(0.0, |&r| waves[r]),
+            );
+            let row_bytes = p.bytes.len() / rows;
+            for row in [0, rows / 2, rows - 1] {
+                let w_row = &p.bytes[row * row_bytes..(row + 1) * row_bytes];
+                let cpu = f64::from(dot_row(ty, w_row, &p.x).unwrap());
+                let (_, norm) = f64_dot(&p.w[row * cols..(row + 1) * cols], &p.x);
+                assert!(
+                    (f64::from(stream[row]) - cpu).abs() <= 1e-5 * norm.max(1e-30),
+                    "{case} row {row}: CPU {cpu}, GPU {}",
+                    stream[row]
+                );
+            }
+        }
+    }
+    MATMUL_STREAM.set(true);
 }
 
 #[test]
