@@ -8,16 +8,16 @@ use crate::layer_launch::{config, to_i32, warps_grid, SHARED_MAX_BYTES};
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
+use crate::resident::resident_ctas;
 use crate::source::{
     self, WeightKind, GEMM_THREADS, GEMM_TILES, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
     MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS,
     SMALL_BATCH_MAX_TOKENS, WIDE_F16, WIDE_F32,
 };
 use crate::switch::Switch;
-use cudarc::driver::{CudaFunction, CudaView, CudaViewMut, LaunchConfig};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 use redlite_gguf::GgmlType;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// `q8`: x already quantized to Q8_K (scales, codes of every row), for the q8 kernels to
 /// read instead of quantizing x in each CTA; the other kernels ignore it.
@@ -336,43 +336,6 @@ fn stream_min_rows() -> usize {
 /// Whether a one-token q8 product of `rows` rows of `ty` runs on persistent warps.
 fn streams(ty: GgmlType, rows: usize) -> bool {
     MATMUL_STREAM.on() && rows >= stream_min_rows() && source::matmul_q8_streams(ty)
-}
-
-/// CTAs of `cfg`'s shape the GPU holds at once (its multiprocessors times the occupancy
-/// the driver computes from the kernel's registers and shared memory), asked once per kernel
-/// and shared-memory size.
-fn resident_ctas(
-    device: &Device,
-    name: &str,
-    kernel: &CudaFunction,
-    cfg: &LaunchConfig,
-) -> Result<u32, CudaError> {
-    static PER_SM: OnceLock<Mutex<HashMap<(String, u32), u32>>> = OnceLock::new();
-    let key = (name.to_string(), cfg.shared_mem_bytes);
-    let known = PER_SM
-        .get_or_init(Default::default)
-        .lock()
-        .ok()
-        .and_then(|map| map.get(&key).copied());
-    let per_sm = match known {
-        Some(n) => n,
-        None => {
-            let n = kernel
-                .occupancy_max_active_blocks_per_multiprocessor(
-                    cfg.block_dim.0,
-                    cfg.shared_mem_bytes as usize,
-                    None,
-                )
-                .map_err(CudaError::driver(
-                    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                ))?;
-            if let Ok(mut map) = PER_SM.get_or_init(Default::default).lock() {
-                map.insert(key, n);
-            }
-            n
-        }
-    };
-    Ok((per_sm * device.multiprocessors()).max(1))
 }
 
 /// Small batches' q8 products with all their tokens in each CTA, unless

@@ -5,7 +5,7 @@
 use redlite_cuda::{
     compile_all, dequantize, matmul, matmul_cublas, matvec, moe_gate_up, moe_gate_up_grouped,
     CudaError, CudaSlice, Device, Dots, ExpertTiles, WeightMatrix, GROUP_TILE, MATMUL_STREAM,
-    Q8_DOT_TYPES, WEIGHT_KINDS,
+    MOE_GATE_UP_WAVES, Q8_DOT_TYPES, WEIGHT_KINDS,
 };
 use redlite_gguf::GgmlType;
 use redlite_quant::dot_row;
@@ -383,6 +383,91 @@ fn grouped_gate_up_equals_the_per_pair_launch() {
                     differ,
                     0,
                     "{ty:?} shared={with_shared}: {name} act differs in {differ} of {} values",
+                    a.len()
+                );
+            }
+            assert!(
+                plain.0.iter().any(|&v| v != 0.0),
+                "{ty:?}: nothing computed"
+            );
+        }
+    }
+}
+
+/// A batch's expert gate/up whose CTAs take more than one wave, with the first wave asking L2
+/// for the later waves' rows (`moe_gate_up_q8_waves_kernel`), against the plain launch
+/// (`REDLITE_MOE_GATE_UP_WAVES=0`), bit for bit: the same body on the same grid. 2 and 4 tokens
+/// of 10 experts and the shared one at 512 rows (1,408 and 2,816 CTAs: more than any GPU here
+/// holds at once), an id out of range and a repeated expert.
+#[test]
+fn gate_up_in_waves_with_later_rows_asked_ahead_is_bit_identical() {
+    let Some(device) = device("gate_up_in_waves_with_later_rows_asked_ahead_is_bit_identical")
+    else {
+        return;
+    };
+    let mut rng = Rng(41);
+    let (n_expert, ff, cols, used) = (24, 512, 2048, 10);
+    for kind in WEIGHT_KINDS.iter().filter(|k| Q8_DOT_TYPES.contains(&k.ty)) {
+        let ty = kind.ty;
+        let upload = |bytes: &[u8]| device.upload(bytes).unwrap();
+        let stack = (n_expert * ff, cols);
+        let (gate, up) = (
+            upload(&random_matrix(ty, stack.0, cols, &mut rng)),
+            upload(&random_matrix(ty, stack.0, cols, &mut rng)),
+        );
+        let (s_gate, s_up) = (
+            upload(&random_matrix(ty, ff, cols, &mut rng)),
+            upload(&random_matrix(ty, ff, cols, &mut rng)),
+        );
+        let (gate, up) = (matrix(&gate, ty, stack), matrix(&up, ty, stack));
+        let (s_gate, s_up) = (
+            matrix(&s_gate, ty, (ff, cols)),
+            matrix(&s_up, ty, (ff, cols)),
+        );
+        for tokens in [2, 4] {
+            let mut ids: Vec<i32> = (0..tokens * used)
+                .map(|i| ((7 * i + 3) % n_expert) as i32)
+                .collect();
+            ids[used + 2] = -1;
+            ids[2 * used - 1] = ids[used];
+            let x: Vec<f32> = (0..tokens * cols).map(|_| rng.signed()).collect();
+            let (ids, x) = (device.upload(&ids).unwrap(), device.upload(&x).unwrap());
+            let run = |waves: bool| {
+                MOE_GATE_UP_WAVES.set(waves);
+                let mut act = device.alloc_zeros::<f32>(tokens * used * ff).unwrap();
+                let mut act_shared = device.alloc_zeros::<f32>(tokens * ff).unwrap();
+                let mut act_shared_view = act_shared.as_view_mut();
+                moe_gate_up(
+                    &device,
+                    &gate,
+                    &up,
+                    ff,
+                    &ids.as_view(),
+                    (&x.as_view(), None),
+                    &mut act.as_view_mut(),
+                    Some((&s_gate, &s_up, &mut act_shared_view)),
+                )
+                .unwrap();
+                (
+                    device.download(&act).unwrap(),
+                    device.download(&act_shared).unwrap(),
+                )
+            };
+            let (plain, waves) = (run(false), run(true));
+            MOE_GATE_UP_WAVES.set(true);
+            for (name, a, b) in [
+                ("routed", &plain.0, &waves.0),
+                ("shared", &plain.1, &waves.1),
+            ] {
+                let differ = a
+                    .iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{ty:?} {tokens} tokens: {name} act differs in {differ} of {} values",
                     a.len()
                 );
             }

@@ -229,6 +229,11 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES
                         .iter()
+                        .map(move |&lanes| moe_gate_up_q8_waves_kernel(k, lanes))
+                }))
+                .chain(q8_kinds().flat_map(|k| {
+                    MOE_LANES
+                        .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
                 }))
                 .chain(q8_kinds().flat_map(|k| {

@@ -205,6 +205,17 @@ pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize)
 }
 
 /// The q8 gate/up of one token with an expert cache's copies in the launch (`moe_cached.cu`).
+/// Rows per lane group of the batch gate/up whose first wave asks L2 for the later waves' rows
+/// (`moe_gate_up_q8_waves_kernel`, built for the default rows only).
+pub(crate) const MOE_WAVES_ROWS: usize = 2;
+
+pub(crate) fn moe_gate_up_q8_waves_kernel(kind: WeightKind, lanes: usize) -> String {
+    format!(
+        "moe_gate_up_q8_waves_kernel<{}, {LAYER_WARPS}, {lanes}, {MOE_WAVES_ROWS}>",
+        kind.cuda_name
+    )
+}
+
 pub(crate) fn moe_gate_up_q8_cached_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_cached_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
