@@ -442,53 +442,6 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                act_shared, shared_ff);
 }
 
-// The expert gate/up of a batch of decode size (an MTP verification's 2 to 4 rows), its
-// later waves' rows asked of L2 by the first. A one-token launch's 704 CTAs are one wave (924
-// fit an H100 at 72 registers), two tokens' 1,408 are two: a second-wave CTA starts only as
-// one of the first leaves, then waits on DRAM for its expert's rows. Here CTA c of the grid
-// (in launch order: row group fastest, then slot, then token) first asks L2 for the rows of
-// CTA c + `resident` (the CTAs the GPU holds at once), whose wait then ends in L2; then it
-// runs moe_gate_up_q8_kernel's body: the same bits. A persistent form (each CTA looping over
-// its pieces) kept the next piece's addresses live across the body and spilled.
-template <class B, int WARPS, int LANES, int ROWS>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE, GateUpMinBlocks<B, ROWS>::value)
-moe_gate_up_q8_waves_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
-                            const int* __restrict__ ids, const float* __restrict__ x,
-                            const float* __restrict__ gd, const i8* __restrict__ gq,
-                            float* __restrict__ act, int ff, int cols, int used, int n_expert,
-                            const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
-                            float* __restrict__ act_shared, int shared_ff, int resident) {
-    pdl_begin();
-    PROBE_RETURN(PROBE_GATE_UP);
-    constexpr int CTA_ROWS = WARPS * (WARP_SIZE / LANES) * ROWS;
-    const int groups = gridDim.x, slots = gridDim.y;
-    const int later = (blockIdx.z * slots + blockIdx.y) * groups + blockIdx.x + resident;
-    if (later < groups * slots * int(gridDim.z)) {
-        const int g = later % groups, k = (later / groups) % slots, t = later / (groups * slots);
-        const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
-        const int row0 = g * CTA_ROWS;
-        const u8* g_rows = shared_gate;
-        const u8* u_rows = shared_up;
-        int n_rows = shared_ff;
-        if (k < used) {
-            const int expert = ids[i64(t) * used + k];
-            const bool valid = expert >= 0 && expert < n_expert;
-            n_rows = valid ? ff : 0;
-            g_rows = gate + i64(valid ? expert : 0) * ff * row_bytes;
-            u_rows = up + i64(valid ? expert : 0) * ff * row_bytes;
-        }
-        const int rows_here = min(CTA_ROWS, n_rows - row0);
-        if (rows_here > 0) {
-            const i64 bytes = rows_here * row_bytes;
-            prefetch_l2(g_rows + row0 * row_bytes, bytes, threadIdx.x, blockDim.x);
-            prefetch_l2(u_rows + row0 * row_bytes, bytes, threadIdx.x, blockDim.x);
-        }
-    }
-    moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff, cols,
-                                               used, n_expert, shared_gate, shared_up,
-                                               act_shared, shared_ff);
-}
-
 // Grouped gate/up for prompts (several tokens per call): the (token, slot) pairs routed to
 // one expert gathered into tiles of up to NT pairs on the host, from the router's ids.
 // `tile_expert[y]` is tile y's expert, or -1 for the shared expert; `tile_pairs[y * NT + j]`

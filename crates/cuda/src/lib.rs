@@ -50,7 +50,6 @@ mod ops;
 mod profile;
 mod q8_input;
 mod raw;
-mod resident;
 mod route_gate;
 mod route_skew;
 mod router_topk;
@@ -86,7 +85,6 @@ pub use layer_ops::{
     embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
     DeltaNetShape, StepRecord, TokenWalk,
 };
-pub use matmul_launch::MATMUL_STREAM;
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,
     moe_gate_up_mma, PrefillKernels, MMA_MIN_ROWS,
@@ -95,7 +93,6 @@ pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_cached::{moe_gate_up_cached, moe_gate_up_cached_takes, CacheCopies};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use moe_launch::with_preload;
-pub use moe_launch::MOE_GATE_UP_WAVES;
 pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};

@@ -8,13 +8,11 @@ use crate::layer_launch::{config, to_i32, warps_grid, SHARED_MAX_BYTES};
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
-use crate::resident::resident_ctas;
 use crate::source::{
     self, WeightKind, GEMM_THREADS, GEMM_TILES, LAYER_WARPS, MATMUL_SPLITK_WARPS, MATMUL_TILE_ROWS,
     MATMUL_TILE_TOKENS, MATMUL_V2_ROWS, MATMUL_V2_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS,
     SMALL_BATCH_MAX_TOKENS, WIDE_F16, WIDE_F32,
 };
-use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 use redlite_gguf::GgmlType;
 use std::sync::OnceLock;
@@ -38,10 +36,6 @@ pub(crate) fn matmul(
     let q8 = raw::Q8Arg::new(plan.q8_input, q8);
     let staged = plan.cfg.shared_mem_bytes as usize;
     plan.cfg.shared_mem_bytes = q8.shared_bytes(staged) as u32;
-    if plan.persistent {
-        let resident = resident_ctas(device, &plan.kernel, kernel, &plan.cfg)?;
-        plan.cfg.grid_dim.0 = plan.cfg.grid_dim.0.min(resident);
-    }
     crate::profile::label(|| {
         format!(
             "matmul {}{} {rows}x{cols} t{tokens}",
@@ -74,9 +68,6 @@ struct MatmulPlan {
     version: &'static str,
     tiled: bool,
     q8_input: bool,
-    /// Persistent warps (`matmul_q8_stream_kernel`): the grid's x is cut to the CTAs the
-    /// multiprocessors hold at once.
-    persistent: bool,
 }
 
 /// In order: the float-weight GEMM (F32/F16 prompts), token tiles (several tokens, q8; `REDLITE_PREFILL_TILES=0` turns them off), split-K (at most
@@ -95,7 +86,6 @@ fn plan_matmul(
         version,
         tiled: false,
         q8_input: false,
-        persistent: false,
     };
     let block = match kind.ty {
         GgmlType::F32 if cols.is_multiple_of(WIDE_F32.1) => WIDE_F32.0,
@@ -112,7 +102,6 @@ fn plan_matmul(
             kernel,
             version: "gemm ",
             q8_input: false,
-            persistent: false,
         };
     }
     let tile_shared = q8_shared_bytes(MATMUL_TILE_TOKENS * cols);
@@ -167,21 +156,6 @@ fn plan_matmul(
                 MATMUL_SPLITK_WARPS,
                 shared,
                 version,
-            )
-        };
-    }
-    if tokens == 1 && q8 && streams(kind.ty, rows) {
-        let grid = (rows.div_ceil(MATMUL_V2_WARPS as usize), 1, 1);
-        let kernel = source::matmul_q8_stream_kernel(kind);
-        return MatmulPlan {
-            q8_input: true,
-            persistent: true,
-            ..plan(
-                kernel,
-                grid,
-                MATMUL_V2_WARPS,
-                q8_shared_bytes(cols),
-                "q8 stream ",
             )
         };
     }
@@ -313,29 +287,6 @@ fn matmul_rows_per_warp(rows: usize, multiprocessors: usize, q8: bool) -> usize 
         .copied()
         .find(|&r| ctas(r) >= 2 * multiprocessors)
         .unwrap_or(1)
-}
-
-/// `REDLITE_MATMUL_STREAM=0`: the one-token q8 products of many rows (the LM head) on one
-/// warp a row, CTAs in waves (`matmul_q8_kernel`), instead of persistent warps that load a
-/// row's items while the row before is summed (`matmul_q8_stream_kernel`; the same bits).
-pub static MATMUL_STREAM: Switch = Switch::new("REDLITE_MATMUL_STREAM", true);
-
-/// Fewest rows of a one-token q8 product on persistent warps: `REDLITE_MATMUL_STREAM_MIN_ROWS`,
-/// else 16,384 (the LM head's pieces; a mixer's largest products have 8,192 rows and run as
-/// one or two waves).
-fn stream_min_rows() -> usize {
-    static ROWS: OnceLock<usize> = OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::env::var("REDLITE_MATMUL_STREAM_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16_384)
-    })
-}
-
-/// Whether a one-token q8 product of `rows` rows of `ty` runs on persistent warps.
-fn streams(ty: GgmlType, rows: usize) -> bool {
-    MATMUL_STREAM.on() && rows >= stream_min_rows() && source::matmul_q8_streams(ty)
 }
 
 /// Small batches' q8 products with all their tokens in each CTA, unless

@@ -8,7 +8,6 @@ use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
 use crate::source::{self, WeightKind, LAYER_WARPS, MOE_LANES, MOE_PRELOAD_ITEMS, MOE_V3_WARPS};
-use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut};
 use redlite_gguf::GgmlType;
 use std::cell::Cell;
@@ -103,11 +102,6 @@ fn gate_up_rows() -> usize {
     });
     forced.unwrap_or(2)
 }
-
-/// `REDLITE_MOE_GATE_UP_WAVES=0`: a batch's q8 expert gate/up whose CTAs need more than one
-/// wave (an MTP verification's 2 to 4 rows) without the first wave asking L2 for the later
-/// waves' rows (`moe_gate_up_q8_waves_kernel`; the same bits either way).
-pub static MOE_GATE_UP_WAVES: Switch = Switch::new("REDLITE_MOE_GATE_UP_WAVES", true);
 
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
 /// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
@@ -251,33 +245,6 @@ pub(crate) fn moe_gate_up(
             shared_bytes,
         );
         let version = if dots.quantizes(kind.ty) { "q8" } else { "v3" };
-        if let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) {
-            if tokens > 1 && MOE_GATE_UP_WAVES.on() && gate_up_rows() == source::MOE_WAVES_ROWS {
-                let name = source::moe_gate_up_q8_waves_kernel(kind, lanes);
-                let waves = device.kernel(&name)?;
-                let resident = crate::resident::resident_ctas(device, &name, waves, &cfg)?;
-                let ctas = cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2;
-                if ctas > resident {
-                    crate::profile::label(|| {
-                        format!(
-                            "moe_gate_up q8 waves {} {ff}x{cols} slots{slots}",
-                            kind.cuda_name
-                        )
-                    });
-                    return raw::launch_moe_gate_up_waves(
-                        device.stream(),
-                        waves,
-                        cfg,
-                        (gate, up, ids, x),
-                        q8,
-                        act,
-                        dims,
-                        shared,
-                        to_i32(resident as usize),
-                    );
-                }
-            }
-        }
         crate::profile::label(|| {
             format!(
                 "moe_gate_up {version} {} {ff}x{cols} slots{slots}",

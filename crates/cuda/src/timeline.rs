@@ -47,9 +47,6 @@ const RECORD_BYTES: usize = 8 + 8 + 4 + 4 + NAME;
 const STEP_MARKER_MIN_CTAS: u32 = 4_096;
 /// Its function's name.
 const STEP_MARKER: &str = "matmul_q8_kernel";
-/// The LM head's pieces on persistent warps (`REDLITE_MATMUL_STREAM`, the default for its
-/// types): as few CTAs as the GPU holds at once, and no other kernel of that name.
-const STREAM_STEP_MARKER: &str = "matmul_q8_stream_kernel";
 
 /// One launch as its first CTA recorded it.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,9 +107,7 @@ fn report(modules: &[Vec<Record>]) -> String {
     sorted.sort_by_key(|r| r.release);
     // Steps end with a run of the LM head's pieces: the window is the last STEPS whole steps,
     // from after one such run to the end of the last one.
-    let marker = |r: &Record| {
-        (r.name == STEP_MARKER && r.ctas >= STEP_MARKER_MIN_CTAS) || r.name == STREAM_STEP_MARKER
-    };
+    let marker = |r: &Record| r.name == STEP_MARKER && r.ctas >= STEP_MARKER_MIN_CTAS;
     let run_ends: Vec<usize> = (0..sorted.len())
         .filter(|&i| marker(sorted[i]) && sorted.get(i + 1).is_none_or(|n| !marker(n)))
         .collect();

@@ -283,39 +283,6 @@ pub(crate) fn launch_moe_gate_up_v3(
     })
 }
 
-/// `moe_gate_up_q8_waves_kernel<B, WARPS, LANES, ROWS>`: `launch_moe_gate_up_v3`'s arguments
-/// (no copies) and `resident`, the CTAs the GPU holds at once.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_moe_gate_up_waves(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    (gate, up, ids, x): (
-        &CudaView<'_, u8>,
-        &CudaView<'_, u8>,
-        &CudaView<'_, i32>,
-        &CudaView<'_, f32>,
-    ),
-    q8: Q8Arg<'_, '_>,
-    act: &mut CudaViewMut<'_, f32>,
-    (ff, cols, used, n_expert): (i32, i32, i32, i32),
-    shared: Option<SharedUpArgs<'_, '_>>,
-    resident: i32,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(gate).arg(up).arg(ids).arg(x);
-    push_q8(&mut launch, q8);
-    launch.arg(act);
-    launch.arg(&ff).arg(&cols).arg(&used).arg(&n_expert);
-    let shared_ff = push_shared_up(&mut launch, shared);
-    launch.arg(&shared_ff).arg(&resident);
-    // SAFETY: as launch_moe_gate_up_v3 without copies (the same body on the same grid); the
-    // rows the kernel asks L2 for are those a CTA of the grid reads (prefetches fault nothing).
-    launched(stream, "cuLaunchKernel(moe_gate_up_waves)", unsafe {
-        launch.launch(config)
-    })
-}
-
 /// `moe_gate_up_q8_grouped_kernel<B, WARPS, LANES, NT>(gate, up, tile_expert, tile_pairs, x,
 /// act, ff, cols, used, shared_gate, shared_up, act_shared, shared_ff)`; null shared pointers
 /// without `shared`.

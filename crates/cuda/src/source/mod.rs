@@ -178,11 +178,6 @@ fn module_families() -> Vec<ModuleSource> {
                 )
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
-                .chain(
-                    q8_kinds()
-                        .filter(|k| matmul_q8_streams(k.ty))
-                        .map(matmul_q8_stream_kernel),
-                )
                 .chain(q8_kinds().flat_map(|kind| {
                     (2..=SMALL_BATCH_MAX_TOKENS).map(move |t| matmul_q8_small_kernel(kind, t))
                 }))
@@ -225,11 +220,6 @@ fn module_families() -> Vec<ModuleSource> {
                             ]
                         })
                     })
-                }))
-                .chain(q8_kinds().flat_map(|k| {
-                    MOE_LANES
-                        .iter()
-                        .map(move |&lanes| moe_gate_up_q8_waves_kernel(k, lanes))
                 }))
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES

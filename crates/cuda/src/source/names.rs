@@ -130,21 +130,6 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
     )
 }
 
-/// The one-token q8 product on persistent warps (`matmul_q8_stream_kernel`, the LM head):
-/// for the q8 types whose items load ahead, every one but Q6_K (its dot reads the block as it
-/// goes: there is nothing to issue before the row before is summed).
-pub(crate) fn matmul_q8_stream_kernel(kind: WeightKind) -> String {
-    format!(
-        "matmul_q8_stream_kernel<{}, {MATMUL_V2_WARPS}>",
-        kind.cuda_name
-    )
-}
-
-/// Whether `ty` has a [`matmul_q8_stream_kernel`].
-pub(crate) fn matmul_q8_streams(ty: GgmlType) -> bool {
-    Q8_DOT_TYPES.contains(&ty) && ty != GgmlType::Q6K
-}
-
 /// Rows per warp and tokens per CTA of the token-tiled q8 matmul (prompt ingestion).
 pub(crate) const MATMUL_TILE_ROWS: usize = 2;
 pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
@@ -205,17 +190,6 @@ pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize)
 }
 
 /// The q8 gate/up of one token with an expert cache's copies in the launch (`moe_cached.cu`).
-/// Rows per lane group of the batch gate/up whose first wave asks L2 for the later waves' rows
-/// (`moe_gate_up_q8_waves_kernel`, built for the default rows only).
-pub(crate) const MOE_WAVES_ROWS: usize = 2;
-
-pub(crate) fn moe_gate_up_q8_waves_kernel(kind: WeightKind, lanes: usize) -> String {
-    format!(
-        "moe_gate_up_q8_waves_kernel<{}, {LAYER_WARPS}, {lanes}, {MOE_WAVES_ROWS}>",
-        kind.cuda_name
-    )
-}
-
 pub(crate) fn moe_gate_up_q8_cached_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_cached_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
