@@ -82,6 +82,8 @@ impl Backend for CudaBackend {
             return Err(EngineError::BadToken { id, n_vocab });
         }
         let n = tokens.len();
+        // Room for the batch first: the keys name the scratch buffers' generation. The guard
+        // goes before a key is taken (`key` locks the scratch too).
         let mut scratch = self.scratch(n)?;
         self.overlap_for(n);
         if self.arm_for(n)? {
@@ -329,6 +331,7 @@ impl Backend for CudaBackend {
         }
         // Eager, like the trunk's embedding: the block's layer may then be recorded.
         let n = tokens.len();
+        // As `embed`: the scratch reserved before, and released before, the op's key.
         let mut scratch = self.scratch(n)?;
         self.overlap_for(n);
         let block = (table, hidden, hidden_row0);
