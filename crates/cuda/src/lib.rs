@@ -93,7 +93,10 @@ pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_cached::{moe_gate_up_cached, moe_gate_up_cached_takes, CacheCopies};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use moe_launch::with_preload;
-pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
+pub use moe_ops::{
+    moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_after_routing, moe_route, SharedDown,
+    SharedGateUp,
+};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};

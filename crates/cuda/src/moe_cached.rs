@@ -15,7 +15,7 @@ use crate::error::{CudaError, CudaOp};
 use crate::expert_cache::{check_fills, CacheTables, FillTarget, FILL_CHUNK};
 use crate::layer_launch::{to_i32, CachedCopies};
 use crate::moe_launch::gate_up_is_q8;
-use crate::moe_ops::{gate_up, SharedGateUp};
+use crate::moe_ops::{gate_up, SharedGateUp, Wait};
 use crate::ops::WeightMatrix;
 use crate::q8_input::Q8Rows;
 use crate::raw;
@@ -112,6 +112,6 @@ pub fn moe_gate_up_cached(
         (x, q8),
         act,
         shared,
-        Some(copies),
+        Wait::Copies(copies),
     )
 }

@@ -4,6 +4,7 @@
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
+use crate::moe_ops::Wait;
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
@@ -183,28 +184,32 @@ pub(crate) fn moe_gate_up(
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
-    copies: Option<CachedCopies<'_, '_>>,
+    wait: Wait<'_, '_, '_>,
 ) -> Result<(), CudaError> {
-    if let Some(copies) = copies {
-        let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
-            return Err(CudaError::UnsupportedType {
-                op: crate::CudaOp::MoeGateUp,
-                ty: kind.ty,
-            });
-        };
-        let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
-        let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
-        return gate_up_cached(
-            device,
-            device.kernel(&kernel)?,
-            (gate, up, ids),
-            (x, q8),
-            act,
-            ((ff, cols), rows_per_cta, (used, n_expert)),
-            shared,
-            copies,
-        );
-    }
+    let ready = match wait {
+        Wait::Grid => None,
+        Wait::Ready(ready) => Some(ready),
+        Wait::Copies(copies) => {
+            let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
+                return Err(CudaError::UnsupportedType {
+                    op: crate::CudaOp::MoeGateUp,
+                    ty: kind.ty,
+                });
+            };
+            let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
+            let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
+            return gate_up_cached(
+                device,
+                device.kernel(&kernel)?,
+                (gate, up, ids),
+                (x, q8),
+                act,
+                ((ff, cols), rows_per_cta, (used, n_expert)),
+                shared,
+                copies,
+            );
+        }
+    };
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
@@ -261,7 +266,7 @@ pub(crate) fn moe_gate_up(
             act,
             dims,
             shared,
-            None,
+            (None, ready),
         );
     }
     let cfg = config(
@@ -321,7 +326,7 @@ fn gate_up_cached(
         act,
         dims,
         shared,
-        Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))),
+        (Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))), None),
     )
 }
 

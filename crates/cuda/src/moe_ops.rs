@@ -125,11 +125,62 @@ pub fn moe_gate_up(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
-    gate_up(device, (gate, up), ff, ids, (x, q8), act, shared, None)
+    gate_up(
+        device,
+        (gate, up),
+        ff,
+        ids,
+        (x, q8),
+        act,
+        shared,
+        Wait::Grid,
+    )
 }
 
-/// [`moe_gate_up`], with an expert cache's copies in the launch when `copies` is given
-/// (`crate::moe_gate_up_cached`, which checked them).
+/// [`moe_gate_up`] launched right after the [`crate::moe_route_gate`] that wrote `ids` and
+/// raised `ready` (one flag per token): its routed CTAs wait on their token's flag instead of
+/// on the routing's grid, and the shared expert's on nothing (dataflow in place of one PDL
+/// boundary; `REDLITE_ROUTE_READY=0` in the engine keeps the grid's). The same sums: the
+/// same bits. The caller guarantees that no launch comes between the two.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up_after_routing(
+    device: &Device,
+    (gate, up): (&WeightMatrix<'_>, &WeightMatrix<'_>),
+    ff: usize,
+    (ids, ready): (&CudaView<'_, i32>, &CudaView<'_, i32>),
+    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
+    act: &mut CudaViewMut<'_, f32>,
+    shared: Option<SharedGateUp<'_, '_>>,
+) -> Result<(), CudaError> {
+    let tokens = x.len() / gate.cols.max(1);
+    shape(
+        CudaOp::MoeGateUp,
+        "ready flags (one per token)",
+        tokens,
+        ready.len(),
+    )?;
+    gate_up(
+        device,
+        (gate, up),
+        ff,
+        ids,
+        (x, q8),
+        act,
+        shared,
+        Wait::Ready(ready),
+    )
+}
+
+/// What a gate/up launch waits on before it reads the routing: the grid before it, that
+/// grid's ready flags, or (with an expert cache's copies in the launch, checked by
+/// `crate::moe_gate_up_cached`) the grid, then the copies.
+pub(crate) enum Wait<'a, 'b, 'c> {
+    Grid,
+    Ready(&'a CudaView<'b, i32>),
+    Copies(launch::CachedCopies<'a, 'c>),
+}
+
+/// [`moe_gate_up`] with what its launch waits on.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gate_up(
     device: &Device,
@@ -139,7 +190,7 @@ pub(crate) fn gate_up(
     (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
-    copies: Option<launch::CachedCopies<'_, '_>>,
+    wait: Wait<'_, '_, '_>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeGateUp;
     let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
@@ -190,7 +241,7 @@ pub(crate) fn gate_up(
         (ff, cols),
         (tokens, used, n_expert),
         shared,
-        copies,
+        wait,
     )
 }
 

@@ -17,15 +17,18 @@ use crate::error::Result;
 use crate::model::config::HybridConfig;
 
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
-/// weights into `s`, the router's logits at `s.router[t * n_expert..]`.
+/// weights into `s`, the router's logits at `s.router[t * n_expert..]`. With `ready` (the
+/// caller launches the experts' gate/up right after, nothing between) the routing raises
+/// `s.route_ready[..t]` where its kernel can (`REDLITE_ROUTE_READY=0`: never); returns
+/// whether it did, so that the gate/up waits on those flags.
 pub(super) fn route(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     s: &mut Scratch,
-    h: &CudaView<'_, f32>,
+    (h, ready): (&CudaView<'_, f32>, bool),
     t: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let used = c.n_expert_used;
     device.mark("router");
     let mut ids = s.ids.slice_mut(..t * used);
@@ -54,6 +57,8 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
+        let raise = ready && route_ready_flags();
+        let mut flags = s.route_ready.slice_mut(..t);
         moe_route_gate(
             device,
             &router.as_view(),
@@ -62,7 +67,9 @@ pub(super) fn route(
             &mut ids,
             &mut weights,
             &mut shared_weight,
+            raise.then_some(&mut flags),
         )?;
+        return Ok(raise);
     } else {
         let (router, shared_logit) = match merged {
             Some(both) => {
@@ -93,7 +100,15 @@ pub(super) fn route(
             &mut shared_weight,
         )?;
     }
-    Ok(())
+    Ok(false)
+}
+
+/// Whether the routing with the gate row raises ready flags for the gate/up after it
+/// (`REDLITE_ROUTE_READY=0`: the gate/up waits on the routing's grid, as every launch waits
+/// on the one before).
+fn route_ready_flags() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTE_READY").as_deref() != Ok("0"))
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch

@@ -62,6 +62,9 @@ pub struct Scratch {
     pub fill_count: CudaSlice<i32>,
     /// The fused decode router's ticket counter (one i32, zero between launches).
     pub route_ticket: CudaSlice<i32>,
+    /// `[T]` ready flags: the routing raises token t's once its ids are written, and the
+    /// gate/up right after it waits on them instead of on the routing's grid.
+    pub route_ready: CudaSlice<i32>,
     /// Prompts: one wave's ids `[T][used]`, each pair's down product `[T][used][n_embd]`, and
     /// `[T][used]` ones (the weight of a per-pair down launch).
     pub wave_ids: CudaSlice<i32>,
@@ -121,6 +124,7 @@ impl Scratch {
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
             fill_count: device.alloc_zeros(1)?,
             route_ticket: device.alloc_zeros(1)?,
+            route_ready: device.alloc_zeros(t)?,
             wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             // A one-token batch decodes with the fused down: no per-pair products.
             pair_out: f(if tokens > 1 {
