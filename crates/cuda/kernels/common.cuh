@@ -76,6 +76,24 @@ static __device__ __forceinline__ void pdl_wait() {
 // scheduled. Sound only where the consumer's grid completion need not imply the producer's:
 // the producer writes nothing after its raise, and everything the producer itself waited for
 // finished before the consumer was scheduled.
+//
+// A flag is READY_LINES copies, one per 128-byte line (READY_STRIDE ints apart), and a
+// consumer CTA polls copy `cta % READY_LINES`: hundreds of CTAs polling one line queue in one
+// L2 slice, ahead of the producer's raise (one line measured 1 % slower than the grid wait).
+#ifndef REDLITE_READY_LINES
+#define REDLITE_READY_LINES 32
+#endif
+#define READY_LINES REDLITE_READY_LINES
+#define READY_STRIDE 32
+#define READY_MAX_LINES 32
+static_assert(READY_LINES >= 1 && READY_LINES <= READY_MAX_LINES, "flag copies");
+
+// Token t's copy for consumer CTA `cta` among flags laid out per token (READY_MAX_LINES
+// lines of READY_STRIDE ints each).
+static __device__ __forceinline__ const int* ready_copy(const int* ready, int t, int cta) {
+    return ready + (i64(t) * READY_MAX_LINES + cta % READY_LINES) * READY_STRIDE;
+}
+
 static __device__ __forceinline__ void flag_wait(const int* flag) {
 #if defined(__CUDA_ARCH__)
     if (threadIdx.x == 0) {
@@ -94,12 +112,26 @@ static __device__ __forceinline__ void flag_wait(const int* flag) {
 #endif
 }
 
-// The producer's side: every thread of the CTA has made its writes, then thread 0 publishes
-// them at gpu scope and raises the flag. Must be the CTA's last global write.
-static __device__ __forceinline__ void flag_raise(int* flag) {
+// The producer's side for token t's copies (`ready` laid out as ready_copy reads it): clear
+// them (before the consumer may be scheduled: a barrier of the CTA follows, then the PDL
+// trigger) or raise them once every thread of the CTA has made its writes (each raising
+// thread fences first, so that they are visible at gpu scope before its copy). Must be the
+// CTA's last global write. The CTA has at least READY_LINES threads.
+static __device__ __forceinline__ void flag_clear(int* ready, int t) {
+#if defined(__CUDA_ARCH__)
+    if (threadIdx.x < READY_LINES) {
+        ready[(i64(t) * READY_MAX_LINES + threadIdx.x) * READY_STRIDE] = 0;
+        __threadfence();
+    }
+    __syncthreads();
+#endif
+}
+
+static __device__ __forceinline__ void flag_raise(int* ready, int t) {
 #if defined(__CUDA_ARCH__)
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < READY_LINES) {
+        int* flag = ready + (i64(t) * READY_MAX_LINES + threadIdx.x) * READY_STRIDE;
         __threadfence();
         asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
     }

@@ -26,7 +26,9 @@ static __device__ __forceinline__ bool skipped_token(const int* ids, int t, int 
 // reads only the norm's output, finished before the routing passed its own wait. Without
 // flags (`ready` null) every CTA waits on the routing's grid.
 static __device__ __forceinline__ const int* gate_up_flag(const int* ready, int used) {
-    return ready != nullptr && int(blockIdx.y) < used ? ready + blockIdx.z : nullptr;
+    const int cta = int(blockIdx.y * gridDim.x + blockIdx.x);
+    return ready != nullptr && int(blockIdx.y) < used ? ready_copy(ready, blockIdx.z, cta)
+                                                      : nullptr;
 }
 
 // act[t][k][r] = silu(gate_e[r] · x[t]) * (up_e[r] · x[t]) with e = ids[t][k]; gate and up

@@ -311,11 +311,11 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
 // warps is its thread i: row_dot_lane over SPLIT_WARPS x 32 lanes), and their sums are added
 // as its block_reduce_sum adds them (the lanes past the warps add zeros): the logit's bits
 // are those of the split-K launch.
-// `ready` (null: none): token t's flag, cleared before the next launch may be scheduled and
-// raised after the last write (common.cuh's flag_raise), for a gate/up launched right after
-// this one that waits on it instead of on this grid's completion (moe_gate_up_q8_kernel).
-// Nothing but that gate/up reads the flag, and the previous one of the step finished before
-// this launch could start, so the clear may come before the PDL wait.
+// `ready` (null: none): token t's flag (common.cuh's copies), cleared before the next launch
+// may be scheduled and raised after the last write, for a gate/up launched right after this
+// one that waits on it instead of on this grid's completion (moe_gate_up_q8_kernel). Nothing
+// but that gate/up reads the flag, and the previous one of the step finished before this
+// launch could start, so the clear may come before the PDL wait.
 template <int PER, class B, int SPLIT_WARPS>
 __global__ void __launch_bounds__((1 + SPLIT_WARPS) * WARP_SIZE)
 moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ gate_w,
@@ -323,18 +323,12 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
                       int n_expert, int used, int* ready) {
     const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    if (ready != nullptr) {
-        // Cleared and seen at gpu scope before any thread's launch_dependents (the CTA's
-        // first one lets the gate/up be scheduled).
-        if (threadIdx.x == 0) {
-            ready[t] = 0;
-            __threadfence();
-        }
-        __syncthreads();
-    }
+    // Cleared and seen at gpu scope before any thread's launch_dependents (the CTA's first
+    // one lets the gate/up be scheduled).
+    if (ready != nullptr) flag_clear(ready, t);
     if ((REDLITE_PROBE_EXIT & PROBE_ROUTE) != 0) {
         pdl_begin();
-        if (ready != nullptr) flag_raise(ready + t);
+        if (ready != nullptr) flag_raise(ready, t);
         return;
     }
     B::prepare();
@@ -358,7 +352,7 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
         const float logit = warp_reduce_sum(lane < SPLIT_WARPS ? warp_sums[lane] : 0.0f);
         if (lane == 0) shared_weight[t] = sigmoidf(logit);
     }
-    if (ready != nullptr) flag_raise(ready + t);
+    if (ready != nullptr) flag_raise(ready, t);
 }
 
 // A fused router CTA's end: its row's logit written, a ticket taken; whether it is the last

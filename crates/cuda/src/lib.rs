@@ -108,7 +108,7 @@ pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
-    Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
+    Q8_DOT_TYPES, READY_INTS_PER_TOKEN, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
 pub use switch::Switch;
 

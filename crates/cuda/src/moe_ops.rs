@@ -9,6 +9,7 @@ use crate::layer_launch::{self as launch, SHARED_MAX_BYTES};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows};
+use crate::source::READY_INTS_PER_TOKEN;
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The shapes every expert gate/up launch relies on: `up` of `gate`'s type and shape, both
@@ -153,10 +154,11 @@ pub fn moe_gate_up_after_routing(
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
     let tokens = x.len() / gate.cols.max(1);
+    let ints = tokens * READY_INTS_PER_TOKEN;
     shape(
         CudaOp::MoeGateUp,
-        "ready flags (one per token)",
-        tokens,
+        "ready flags (tokens x READY_INTS_PER_TOKEN)",
+        ints,
         ready.len(),
     )?;
     gate_up(

@@ -17,7 +17,8 @@ use crate::moe_ops::routing_sizes;
 use crate::ops::{check_matrix, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
-    self, MATMUL_SPLITK_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS, ROUTE_V2_PER_LANE, WIDE_F16, WIDE_F32,
+    self, MATMUL_SPLITK_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS, READY_INTS_PER_TOKEN,
+    ROUTE_V2_PER_LANE, WIDE_F16, WIDE_F32,
 };
 
 /// The wide block `matmul` reads `gate` with on its split-K path, where [`moe_route_gate`]
@@ -83,7 +84,13 @@ pub fn moe_route_gate(
     };
     shape(op, "x length (tokens x cols)", tokens * gate.cols, x.len())?;
     if let Some(ready) = &ready {
-        shape(op, "ready flags (one per token)", tokens, ready.len())?;
+        let ints = tokens * READY_INTS_PER_TOKEN;
+        shape(
+            op,
+            "ready flags (tokens x READY_INTS_PER_TOKEN)",
+            ints,
+            ready.len(),
+        )?;
     }
     let kernel = device.kernel(&source::route_gate_kernel(block))?;
     crate::profile::label(|| format!("route+gate {n_expert} {}x{}", gate.rows, gate.cols));

@@ -31,6 +31,7 @@ use redlite_cuda::{
     moe_gate_up_cached, moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma,
     moe_route_skew, CacheCopies, CudaSlice, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups,
     PrefillKernels, Q8Rows, RouteSkew, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
+    READY_INTS_PER_TOKEN,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -262,7 +263,7 @@ fn experts(
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
     let zero_ids = s.zero_ids.slice(..t);
-    let ready = s.ready.map(|flags| flags.slice(..t));
+    let ready = s.ready.map(|flags| flags.slice(..t * READY_INTS_PER_TOKEN));
     part.run(
         (&chosen, copies, ready.as_ref()),
         weights,

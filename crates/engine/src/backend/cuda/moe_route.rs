@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, moe_route, moe_route_gate, moe_route_gate_takes, router_topk, router_topk_takes,
-    CudaView, Device,
+    CudaView, Device, READY_INTS_PER_TOKEN,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -58,7 +58,7 @@ pub(super) fn route(
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
         let raise = ready && route_ready_flags();
-        let mut flags = s.route_ready.slice_mut(..t);
+        let mut flags = s.route_ready.slice_mut(..t * READY_INTS_PER_TOKEN);
         moe_route_gate(
             device,
             &router.as_view(),

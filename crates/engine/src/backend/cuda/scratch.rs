@@ -2,7 +2,9 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{attention_partials_len, CudaSlice, Device, SMALL_BATCH_MAX_TOKENS};
+use redlite_cuda::{
+    attention_partials_len, CudaSlice, Device, READY_INTS_PER_TOKEN, SMALL_BATCH_MAX_TOKENS,
+};
 
 use crate::backend::cuda::q8_buffers::Q8Buffers;
 
@@ -124,7 +126,7 @@ impl Scratch {
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
             fill_count: device.alloc_zeros(1)?,
             route_ticket: device.alloc_zeros(1)?,
-            route_ready: device.alloc_zeros(t)?,
+            route_ready: device.alloc_zeros(t * READY_INTS_PER_TOKEN)?,
             wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             // A one-token batch decodes with the fused down: no per-pair products.
             pair_out: f(if tokens > 1 {
