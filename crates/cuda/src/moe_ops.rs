@@ -141,7 +141,7 @@ pub fn moe_gate_up(
 /// [`moe_gate_up`] launched right after the [`crate::moe_route_gate`] that wrote `ids` and
 /// raised `ready` (one flag per token): its routed CTAs wait on their token's flag instead of
 /// on the routing's grid, and the shared expert's on nothing (dataflow in place of one PDL
-/// boundary; `REDLITE_ROUTE_READY=0` in the engine keeps the grid's). The same sums: the
+/// boundary; the engine's `REDLITE_ROUTE_READY=1`, off by default). The same sums: the
 /// same bits. The caller guarantees that no launch comes between the two.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up_after_routing(

@@ -19,7 +19,7 @@ use crate::model::config::HybridConfig;
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
 /// weights into `s`, the router's logits at `s.router[t * n_expert..]`. With `ready` (the
 /// caller launches the experts' gate/up right after, nothing between) the routing raises
-/// `s.route_ready[..t]` where its kernel can (`REDLITE_ROUTE_READY=0`: never); returns
+/// `s.route_ready` where its kernel can and `REDLITE_ROUTE_READY=1` asks for it; returns
 /// whether it did, so that the gate/up waits on those flags.
 pub(super) fn route(
     device: &Device,
@@ -104,11 +104,12 @@ pub(super) fn route(
 }
 
 /// Whether the routing with the gate row raises ready flags for the gate/up after it
-/// (`REDLITE_ROUTE_READY=0`: the gate/up waits on the routing's grid, as every launch waits
-/// on the one before).
+/// (`REDLITE_ROUTE_READY=1`). Off by default: with the flag on one L2 line it measured 1 %
+/// slower than the gate/up waiting on the routing's grid (H100, thirty-third session), and
+/// its copies over 32 lines are not measured yet (docs/PERF.md).
 fn route_ready_flags() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_ROUTE_READY").as_deref() != Ok("0"))
+    *ON.get_or_init(|| std::env::var("REDLITE_ROUTE_READY").as_deref() == Ok("1"))
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch
