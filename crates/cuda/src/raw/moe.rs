@@ -64,9 +64,9 @@ pub(crate) fn launch_moe_route_gate(
         None => launch.arg(&NO_POS),
     };
     // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
-    // x cols, ids/weights `used` (≤ n_expert), shared_weight and `ready` (or null) one; the
-    // gate row holds cols values in the kernel's block type and n_expert ≤ 32 x its PER (the
-    // op entry).
+    // x cols, ids/weights `used` (≤ n_expert), shared_weight one and `ready` (or null)
+    // READY_INTS_PER_TOKEN; the gate row holds cols values in the kernel's block type and
+    // n_expert ≤ 32 x its PER (the op entry).
     launched(stream, "cuLaunchKernel(moe_route_gate)", unsafe {
         launch.launch(config)
     })
@@ -293,9 +293,9 @@ pub(crate) fn launch_moe_gate_up_v3(
     // calls) of at least max_fills experts, fills of 2 x max_fills entries from the lookup;
     // grid.x is max_fills x (2 x gate_chunks + down_chunks) + grid_x x grid_y CTAs, as the
     // kernel recomputes for its tickets; the ticket is zero (its last CTA resets it) and
-    // ready[max_fills] zeroed by the lookup queued before. `ready` (without copies) holds a
-    // flag per token (grid.z) that the routing launched just before this one raises (the op
-    // entry); null, the kernel waits on that grid instead.
+    // ready[max_fills] zeroed by the lookup queued before. `ready` (without copies) holds
+    // READY_INTS_PER_TOKEN ints per token (grid.z), the flag that the routing launched just
+    // before this one raises (the op entry); null, the kernel waits on that grid instead.
     launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
         launch.launch(config)
     })
