@@ -4,7 +4,6 @@
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_launch::{config, matvec_v1, q8_shared_bytes, to_i32, ROW_THREADS};
-use crate::moe_ops::Wait;
 use crate::ops::Dots;
 use crate::q8_input::Q8Views;
 use crate::raw;
@@ -169,6 +168,15 @@ fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     } else {
         MoeVersion::V2 { lanes }
     }
+}
+
+/// What a gate/up launch waits on before it reads the routing: the grid before it, that
+/// grid's ready flags, or (with an expert cache's copies in the launch, checked by
+/// `crate::moe_gate_up_cached`) the grid, then the copies.
+pub(crate) enum Wait<'a, 'b, 'c> {
+    Grid,
+    Ready(&'a CudaView<'b, i32>),
+    Copies(CachedCopies<'a, 'c>),
 }
 
 #[allow(clippy::too_many_arguments)]

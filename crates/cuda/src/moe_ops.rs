@@ -5,7 +5,7 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{self as launch, SHARED_MAX_BYTES};
+use crate::layer_launch::{self as launch, Wait, SHARED_MAX_BYTES};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows};
@@ -153,14 +153,6 @@ pub fn moe_gate_up_after_routing(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let tokens = x.len() / gate.cols.max(1);
-    let ints = tokens * READY_INTS_PER_TOKEN;
-    shape(
-        CudaOp::MoeGateUp,
-        "ready flags (tokens x READY_INTS_PER_TOKEN)",
-        ints,
-        ready.len(),
-    )?;
     gate_up(
         device,
         (gate, up),
@@ -171,15 +163,6 @@ pub fn moe_gate_up_after_routing(
         shared,
         Wait::Ready(ready),
     )
-}
-
-/// What a gate/up launch waits on before it reads the routing: the grid before it, that
-/// grid's ready flags, or (with an expert cache's copies in the launch, checked by
-/// `crate::moe_gate_up_cached`) the grid, then the copies.
-pub(crate) enum Wait<'a, 'b, 'c> {
-    Grid,
-    Ready(&'a CudaView<'b, i32>),
-    Copies(launch::CachedCopies<'a, 'c>),
 }
 
 /// [`moe_gate_up`] with what its launch waits on.
@@ -203,6 +186,15 @@ pub(crate) fn gate_up(
     let used = ids.len() / tokens;
     fits(op, "experts per token", used as u64, MAX_GRID_YZ)?;
     shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
+    if let Wait::Ready(ready) = &wait {
+        let ints = tokens * READY_INTS_PER_TOKEN;
+        shape(
+            op,
+            "ready flags (tokens x READY_INTS_PER_TOKEN)",
+            ints,
+            ready.len(),
+        )?;
+    }
     let lengths = (x.len(), act.len());
     check_gate_up(op, (gate, up), (ff, n_expert), (tokens, used), lengths)?;
     fits(

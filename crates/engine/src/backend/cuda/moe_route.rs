@@ -57,8 +57,9 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
+        // The gate kernel takes batches of decode size only: the flags' buffer holds them.
         let raise = ready && route_ready_flags();
-        let mut flags = s.route_ready.slice_mut(..t * READY_INTS_PER_TOKEN);
+        let mut flags = raise.then(|| s.route_ready.slice_mut(..t * READY_INTS_PER_TOKEN));
         moe_route_gate(
             device,
             &router.as_view(),
@@ -67,7 +68,7 @@ pub(super) fn route(
             &mut ids,
             &mut weights,
             &mut shared_weight,
-            raise.then_some(&mut flags),
+            flags.as_mut(),
         )?;
         return Ok(raise);
     } else {
