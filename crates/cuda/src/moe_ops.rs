@@ -37,6 +37,13 @@ pub(crate) fn check_gate_up(
     )
 }
 
+/// The ready flags of `tokens` tokens (what `moe_route_gate` raises and the gate/up after it
+/// waits on) hold READY_INTS_PER_TOKEN ints each.
+pub(crate) fn ready_flags_fit(op: CudaOp, tokens: usize, len: usize) -> Result<(), CudaError> {
+    let ints = tokens * READY_INTS_PER_TOKEN;
+    shape(op, "ready flags (tokens x READY_INTS_PER_TOKEN)", ints, len)
+}
+
 /// The experts and the picks per token of a routing of `tokens` tokens, from the lengths of
 /// its `logits` (tokens x n_expert), `ids` and `weights` (tokens x used), checked: whole rows,
 /// at most n_expert picks.
@@ -187,13 +194,7 @@ pub(crate) fn gate_up(
     fits(op, "experts per token", used as u64, MAX_GRID_YZ)?;
     shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
     if let Wait::Ready(ready) = &wait {
-        let ints = tokens * READY_INTS_PER_TOKEN;
-        shape(
-            op,
-            "ready flags (tokens x READY_INTS_PER_TOKEN)",
-            ints,
-            ready.len(),
-        )?;
+        ready_flags_fit(op, tokens, ready.len())?;
     }
     let lengths = (x.len(), act.len());
     check_gate_up(op, (gate, up), (ff, n_expert), (tokens, used), lengths)?;

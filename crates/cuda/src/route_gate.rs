@@ -13,12 +13,11 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::matmul_launch::{matvec_v1, split_k};
-use crate::moe_ops::routing_sizes;
+use crate::moe_ops::{ready_flags_fit, routing_sizes};
 use crate::ops::{check_matrix, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
-    self, MATMUL_SPLITK_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS, READY_INTS_PER_TOKEN,
-    ROUTE_V2_PER_LANE, WIDE_F16, WIDE_F32,
+    self, MATMUL_SPLITK_WARPS, ONE_TOKEN_KERNELS_MAX_TOKENS, ROUTE_V2_PER_LANE, WIDE_F16, WIDE_F32,
 };
 
 /// The wide block `matmul` reads `gate` with on its split-K path, where [`moe_route_gate`]
@@ -84,13 +83,7 @@ pub fn moe_route_gate(
     };
     shape(op, "x length (tokens x cols)", tokens * gate.cols, x.len())?;
     if let Some(ready) = &ready {
-        let ints = tokens * READY_INTS_PER_TOKEN;
-        shape(
-            op,
-            "ready flags (tokens x READY_INTS_PER_TOKEN)",
-            ints,
-            ready.len(),
-        )?;
+        ready_flags_fit(op, tokens, ready.len())?;
     }
     let kernel = device.kernel(&source::route_gate_kernel(block))?;
     crate::profile::label(|| format!("route+gate {n_expert} {}x{}", gate.rows, gate.cols));
