@@ -8,9 +8,9 @@
 #   AB="REDLITE_GRAPH_EARLY_LAUNCH=0 REDLITE_ATTN_SPLIT_WARPS=8" bash scripts/device/ab_rounds.sh
 #
 # Env: AB (settings, each VAR=value or several joined by +), ROUNDS (3), DEPTHS (0,4096),
-# BENCH_EXTRA (more bench arguments: with `--mtp --draft N --mtp-accept R` each run's table has
-# the plain and the MTP row), TAG (names this comparison's files, so several can share OUT),
-# M (the file; written with its MTP block if absent), OUT.
+# KV (the cache type, f16 unless set), BENCH_EXTRA (more bench arguments: with `--mtp --draft N
+# --mtp-accept R` each run's table has the plain and the MTP row), TAG (names this comparison's
+# files, so several can share OUT), M (the file; written with its MTP block if absent), OUT.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/device/common.sh
@@ -25,7 +25,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in "${settings[@]}"; do
     # shellcheck disable=SC2086
     env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 3 \
-      --kv f16 ${BENCH_EXTRA:-} > "$OUT/ab${TAG:-}-${v//[=+]/_}-$round.txt" 2>&1
+      --kv "${KV:-f16}" ${BENCH_EXTRA:-} > "$OUT/ab${TAG:-}-${v//[=+]/_}-$round.txt" 2>&1
     note "$v: $(grep -E '^\| tg' "$OUT/ab${TAG:-}-${v//[=+]/_}-$round.txt" | cut -c1-60 | tr -s ' ' | tr '\n' ' ')"
   done
 done

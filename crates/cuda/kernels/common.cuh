@@ -65,95 +65,11 @@ static __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// A ready flag in place of the PDL wait (dataflow: the consumer starts when the one value it
-// needs is written, not when the whole previous grid has completed and been flushed). The
-// producer, one CTA launched just before the consumer, clears the flag before it lets the
-// consumer be scheduled and raises it (flag_raise) after its last write; the consumer's CTAs,
-// resident meanwhile, wait for it here. `flag` null: a CTA that needs nothing of the producer
-// (only what the kernels before it wrote, finished before the consumer could be scheduled).
-// Either way thread 0's fence makes what it saw visible to the CTA's loads after the barrier
-// (L1 may hold an earlier layer's lines of the same buffers). Then the next kernel may be
-// scheduled. Sound only where the consumer's grid completion need not imply the producer's:
-// the producer writes nothing after its raise, and everything the producer itself waited for
-// finished before the consumer was scheduled.
-//
-// A flag is READY_LINES copies, one per 128-byte line (READY_STRIDE ints apart), and a
-// consumer CTA polls copy `cta % READY_LINES`: hundreds of CTAs polling one line queue in one
-// L2 slice, ahead of the producer's raise (one line measured 1 % slower than the grid wait).
-#ifndef REDLITE_READY_LINES
-#define REDLITE_READY_LINES 32
-#endif
-#define READY_LINES REDLITE_READY_LINES
-#define READY_STRIDE 32
-#define READY_MAX_LINES 32
-static_assert(READY_LINES >= 1 && READY_LINES <= READY_MAX_LINES, "flag copies");
-
-// Token t's copy for consumer CTA `cta` among flags laid out per token (READY_MAX_LINES
-// lines of READY_STRIDE ints each).
-static __device__ __forceinline__ const int* ready_copy(const int* ready, int t, int cta) {
-    return ready + (i64(t) * READY_MAX_LINES + cta % READY_LINES) * READY_STRIDE;
-}
-
-static __device__ __forceinline__ void flag_wait(const int* flag) {
-#if defined(__CUDA_ARCH__)
-    if (threadIdx.x == 0) {
-        if (flag != nullptr) {
-            int seen = 0;
-            do {
-                asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-            } while (seen == 0);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-#if REDLITE_PDL && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-#endif
-}
-
-// The producer's side for token t's copies (`ready` laid out as ready_copy reads it): clear
-// them (before the consumer may be scheduled: a barrier of the CTA follows, then the PDL
-// trigger) or raise them once every thread of the CTA has made its writes (each raising
-// thread fences first, so that they are visible at gpu scope before its copy). Must be the
-// CTA's last global write. The CTA has at least READY_LINES threads.
-static __device__ __forceinline__ void flag_clear(int* ready, int t) {
-#if defined(__CUDA_ARCH__)
-    if (threadIdx.x < READY_LINES) {
-        ready[(i64(t) * READY_MAX_LINES + threadIdx.x) * READY_STRIDE] = 0;
-        __threadfence();
-    }
-    __syncthreads();
-#endif
-}
-
-static __device__ __forceinline__ void flag_raise(int* ready, int t) {
-#if defined(__CUDA_ARCH__)
-    __syncthreads();
-    if (threadIdx.x < READY_LINES) {
-        int* flag = ready + (i64(t) * READY_MAX_LINES + threadIdx.x) * READY_STRIDE;
-        __threadfence();
-        asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
-    }
-#endif
-}
-
-// The start of a kernel that waits on the previous grid (`on_flag` false, pdl_wait) or on a
-// ready flag (flag_wait; `flag` null where the CTA waits on nothing).
-static __device__ __forceinline__ void begin_wait(const int* flag, bool on_flag) {
-    if (on_flag) {
-        flag_wait(flag);
-    } else {
-        pdl_wait();
-    }
-}
-
 // pdl_begin_as(name): pdl_begin called inside a lambda, whose __func__ names its call
 // operator, not the kernel; the timeline records `name` instead.
 #if !REDLITE_TIMELINE
 static __device__ __forceinline__ void pdl_begin() { pdl_wait(); }
 #define pdl_begin_as(name) pdl_begin()
-#define pdl_begin_on(flag, on_flag) begin_wait(flag, on_flag)
 #else
 // Measurement option REDLITE_TIMELINE=1 (timeline.rs; off by default, and then the code above
 // is all there is): a timeline of the launches. In every launch, thread 0 of CTA (0, 0, 0)
@@ -179,9 +95,7 @@ static __device__ __forceinline__ unsigned long long timeline_ns() {
     return t;
 }
 
-static __device__ __forceinline__ void pdl_begin_named(const char* name,
-                                                       const int* flag = nullptr,
-                                                       bool on_flag = false) {
+static __device__ __forceinline__ void pdl_begin_named(const char* name) {
     // The start clock waits in shared memory (the wait's memory clobber makes the compiler
     // read it back), so that only the slot holds a register across the wait: with the clock
     // in registers too, the fused DeltaNet step spilled.
@@ -193,7 +107,7 @@ static __device__ __forceinline__ void pdl_begin_named(const char* name,
         timeline_start = timeline_ns();
         slot = atomicAdd(&redlite_timeline_count, 1u) % TIMELINE_RECORDS;
     }
-    begin_wait(flag, on_flag);
+    pdl_wait();
     if (first) {
         TimelineRecord& r = redlite_timeline[slot];
         r.start = timeline_start;
@@ -207,7 +121,6 @@ static __device__ __forceinline__ void pdl_begin_named(const char* name,
 }
 #define pdl_begin() pdl_begin_named(__func__)
 #define pdl_begin_as(name) pdl_begin_named(name)
-#define pdl_begin_on(flag, on_flag) pdl_begin_named(__func__, flag, on_flag)
 #endif
 
 // Measurement probe (`REDLITE_PROBE_EXIT`, source.rs; wrong results on purpose): the kernels

@@ -9,26 +9,13 @@
 #define SKIP_PAIR (-2)
 
 // Gate/up launches: pair (t, k) is skipped (k == used is the shared expert: never).
-// The ids are read through L2 (`__ldcg`): a gate/up waiting on the routing's ready flag
-// instead of its grid reads them while that grid may still run (no read-only path).
 static __device__ __forceinline__ bool skipped_pair(const int* ids, int t, int k, int used) {
-    return k < used && __ldcg(ids + i64(t) * used + k) == SKIP_PAIR;
+    return k < used && ids[i64(t) * used + k] == SKIP_PAIR;
 }
 
 // Down launches: token t is skipped when its first pair is (a launch per pair has used = 1).
 static __device__ __forceinline__ bool skipped_token(const int* ids, int t, int used) {
     return ids[i64(t) * used] == SKIP_PAIR;
-}
-
-// What a gate/up CTA (grid (rows, slots, tokens)) waits on when the routing launched just
-// before it raises a ready flag per token (`ready` non-null; moe_route_gate_kernel): a routed
-// slot waits for its token's flag, the shared expert's slot (k = used) for nothing, since it
-// reads only the norm's output, finished before the routing passed its own wait. Without
-// flags (`ready` null) every CTA waits on the routing's grid.
-static __device__ __forceinline__ const int* gate_up_flag(const int* ready, int used) {
-    const int cta = int(blockIdx.y * gridDim.x + blockIdx.x);
-    return ready != nullptr && int(blockIdx.y) < used ? ready_copy(ready, blockIdx.z, cta)
-                                                      : nullptr;
 }
 
 // act[t][k][r] = silu(gate_e[r] · x[t]) * (up_e[r] · x[t]) with e = ids[t][k]; gate and up
@@ -194,8 +181,8 @@ moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const int* __restrict__ ids, const float* __restrict__ x,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
-                      float* __restrict__ act_shared, int shared_ff, const int* ready) {
-    pdl_begin_on(gate_up_flag(ready, used), ready != nullptr);
+                      float* __restrict__ act_shared, int shared_ff) {
+    pdl_begin();
     if (skipped_pair(ids, blockIdx.z, blockIdx.y, used)) return;
     B::prepare();
     const int k = blockIdx.y, t = blockIdx.z;
@@ -212,7 +199,7 @@ moe_gate_up_v3_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
         out = act_shared + i64(t) * shared_ff + row;
     } else {
         if (row >= ff) return;
-        const i64 expert = __ldcg(ids + t * used + k);
+        const i64 expert = ids[t * used + k];
         out = act + (i64(t) * used + k) * ff + row;
         if (expert < 0 || expert >= n_expert) {
             if (lane == 0) *out = 0.0f;
@@ -339,7 +326,7 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
         out = act_shared + i64(t) * shared_ff + row0;
     } else {
         n_rows = ff;
-        const i64 expert = fixed ? k : __ldcg(ids + t * used + k);
+        const i64 expert = fixed ? k : ids[t * used + k];
         valid = expert >= 0 && expert < n_expert;
         const i64 at = ((valid ? expert : 0) * ff + row0) * row_bytes;
         g_rows = gate + at;
@@ -447,8 +434,8 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       const float* __restrict__ gd, const i8* __restrict__ gq,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
-                      float* __restrict__ act_shared, int shared_ff, const int* ready) {
-    pdl_begin_on(gate_up_flag(ready, used), ready != nullptr);
+                      float* __restrict__ act_shared, int shared_ff) {
+    pdl_begin();
     PROBE_RETURN(PROBE_GATE_UP);
     moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
                                                cols, used, n_expert, shared_gate, shared_up,

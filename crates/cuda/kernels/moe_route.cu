@@ -311,28 +311,16 @@ __global__ void moe_route_v2_kernel(const float* __restrict__ logits,
 // warps is its thread i: row_dot_lane over SPLIT_WARPS x 32 lanes), and their sums are added
 // as its block_reduce_sum adds them (the lanes past the warps add zeros): the logit's bits
 // are those of the split-K launch.
-// `ready` (null: none): token t's flag (common.cuh's copies), cleared before the next launch
-// may be scheduled and raised after the last write, for a gate/up launched right after this
-// one that waits on it instead of on this grid's completion (moe_gate_up_q8_kernel). Nothing
-// but that gate/up reads the flag, and the previous one of the step finished before this
-// launch could start, so the clear may come before the PDL wait.
 template <int PER, class B, int SPLIT_WARPS>
 __global__ void __launch_bounds__((1 + SPLIT_WARPS) * WARP_SIZE)
 moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ gate_w,
                       const float* __restrict__ x, int* __restrict__ ids,
                       float* __restrict__ weights, float* __restrict__ shared_weight, int cols,
-                      int n_expert, int used, int* ready) {
-    const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    // Cleared and seen at gpu scope before any thread's launch_dependents (the CTA's first
-    // one lets the gate/up be scheduled).
-    if (ready != nullptr) flag_clear(ready, t);
-    if ((REDLITE_PROBE_EXIT & PROBE_ROUTE) != 0) {
-        pdl_begin();
-        if (ready != nullptr) flag_raise(ready, t);
-        return;
-    }
+                      int n_expert, int used) {
+    PROBE_RETURN(PROBE_ROUTE);
     B::prepare();
     __shared__ float warp_sums[SPLIT_WARPS];
+    const int t = blockIdx.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     // The gate row's dot before the wait, under PDL while the router still runs: x is the
     // router's input, so its writer finished before the router passed its own wait, which
     // came before this launch could start (the row is a weight: nothing writes it).
@@ -352,7 +340,6 @@ moe_route_gate_kernel(const float* __restrict__ logits, const u8* __restrict__ g
         const float logit = warp_reduce_sum(lane < SPLIT_WARPS ? warp_sums[lane] : 0.0f);
         if (lane == 0) shared_weight[t] = sigmoidf(logit);
     }
-    if (ready != nullptr) flag_raise(ready, t);
 }
 
 // A fused router CTA's end: its row's logit written, a ticket taken; whether it is the last

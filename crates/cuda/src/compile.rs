@@ -34,8 +34,6 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
 /// sums, `attention.cu`);
-/// `REDLITE_READY_LINES=N` (1 to 32; 32 unless set) the lines a ready flag is copied over
-/// (`common.cuh`);
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
@@ -47,11 +45,6 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
-    let ready_lines = std::env::var("REDLITE_READY_LINES")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|n| (1..=32).contains(n))
-        .unwrap_or(32);
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -64,7 +57,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
-        format!("-DREDLITE_READY_LINES={ready_lines}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(

@@ -6,9 +6,7 @@ use crate::device::Device;
 use crate::error::CudaError;
 use crate::layer_ops::TokenWalk;
 pub(crate) use crate::matmul_launch::{matmul, matvec_v1, q8_shared_bytes};
-pub(crate) use crate::moe_launch::{
-    moe_down, moe_folds, moe_gate_up, moe_route, CachedCopies, Wait,
-};
+pub(crate) use crate::moe_launch::{moe_down, moe_folds, moe_gate_up, moe_route, CachedCopies};
 use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_HEADS_PER_CTA, ATTENTION_MIN_CHUNK,

@@ -93,10 +93,7 @@ pub use mma_groups::{MmaGroups, MmaTiles, MMA_TILE};
 pub use moe_cached::{moe_gate_up_cached, moe_gate_up_cached_takes, CacheCopies};
 pub use moe_groups::{moe_gate_up_grouped, ExpertTiles, GROUP_TILE};
 pub use moe_launch::with_preload;
-pub use moe_ops::{
-    moe_down, moe_folds_shared, moe_gate_up, moe_gate_up_after_routing, moe_route, SharedDown,
-    SharedGateUp,
-};
+pub use moe_ops::{moe_down, moe_folds_shared, moe_gate_up, moe_route, SharedDown, SharedGateUp};
 pub use moe_pairs::{moe_combine, SKIP_PAIR};
 pub use ops::{dequantize, matvec, Dots, WeightMatrix};
 pub use profile::{components_on, enable_components, profiling, take_components, ComponentTime};
@@ -108,7 +105,7 @@ pub use route_skew::{moe_route_skew, skew_permutation, RouteSkew};
 pub use router_topk::{router_topk, router_topk_takes};
 pub use source::{
     modules, weight_kind, ModuleSource, WeightKind, MMA_TYPES, ONE_TOKEN_KERNELS_MAX_TOKENS,
-    Q8_DOT_TYPES, READY_INTS_PER_TOKEN, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
+    Q8_DOT_TYPES, SMALL_BATCH_MAX_TOKENS, WEIGHT_KINDS,
 };
 pub use switch::Switch;
 

@@ -13,7 +13,6 @@ use cudarc::driver::{CudaView, CudaViewMut};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::expert_cache::{check_fills, CacheTables, FillTarget, FILL_CHUNK};
-use crate::layer_launch::Wait;
 use crate::layer_launch::{to_i32, CachedCopies};
 use crate::moe_launch::gate_up_is_q8;
 use crate::moe_ops::{gate_up, SharedGateUp};
@@ -113,6 +112,6 @@ pub fn moe_gate_up_cached(
         (x, q8),
         act,
         shared,
-        Wait::Copies(copies),
+        Some(copies),
     )
 }

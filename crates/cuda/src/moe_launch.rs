@@ -170,15 +170,6 @@ fn moe_version(kind: WeightKind, dots: Dots, cols: usize) -> MoeVersion {
     }
 }
 
-/// What a gate/up launch waits on before it reads the routing: the grid before it, that
-/// grid's ready flags, or (with an expert cache's copies in the launch, checked by
-/// `crate::moe_gate_up_cached`) the grid, then the copies.
-pub(crate) enum Wait<'a, 'b, 'c> {
-    Grid,
-    Ready(&'a CudaView<'b, i32>),
-    Copies(CachedCopies<'a, 'c>),
-}
-
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_gate_up(
     device: &Device,
@@ -192,32 +183,28 @@ pub(crate) fn moe_gate_up(
     (ff, cols): (usize, usize),
     (tokens, used, n_expert): MoeCounts,
     shared: Option<raw::SharedUpArgs<'_, '_>>,
-    wait: Wait<'_, '_, '_>,
+    copies: Option<CachedCopies<'_, '_>>,
 ) -> Result<(), CudaError> {
-    let ready = match wait {
-        Wait::Grid => None,
-        Wait::Ready(ready) => Some(ready),
-        Wait::Copies(copies) => {
-            let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
-                return Err(CudaError::UnsupportedType {
-                    op: crate::CudaOp::MoeGateUp,
-                    ty: kind.ty,
-                });
-            };
-            let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
-            let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
-            return gate_up_cached(
-                device,
-                device.kernel(&kernel)?,
-                (gate, up, ids),
-                (x, q8),
-                act,
-                ((ff, cols), rows_per_cta, (used, n_expert)),
-                shared,
-                copies,
-            );
-        }
-    };
+    if let Some(copies) = copies {
+        let MoeVersion::Q8 { lanes } = moe_version(kind, dots, cols) else {
+            return Err(CudaError::UnsupportedType {
+                op: crate::CudaOp::MoeGateUp,
+                ty: kind.ty,
+            });
+        };
+        let rows_per_cta = LAYER_WARPS as usize * 32 / lanes * gate_up_rows();
+        let kernel = source::moe_gate_up_q8_cached_kernel(kind, lanes, gate_up_rows());
+        return gate_up_cached(
+            device,
+            device.kernel(&kernel)?,
+            (gate, up, ids),
+            (x, q8),
+            act,
+            ((ff, cols), rows_per_cta, (used, n_expert)),
+            shared,
+            copies,
+        );
+    }
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
@@ -274,7 +261,7 @@ pub(crate) fn moe_gate_up(
             act,
             dims,
             shared,
-            (None, ready),
+            None,
         );
     }
     let cfg = config(
@@ -334,7 +321,7 @@ fn gate_up_cached(
         act,
         dims,
         shared,
-        (Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))), None),
+        Some((copies.args, (to_i32(grid.0), to_i32(grid.1)))),
     )
 }
 

@@ -5,11 +5,10 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{self as launch, Wait, SHARED_MAX_BYTES};
+use crate::layer_launch::{self as launch, SHARED_MAX_BYTES};
 use crate::layer_ops::{tokens_fit, MAX_GRID_YZ};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows};
-use crate::source::READY_INTS_PER_TOKEN;
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The shapes every expert gate/up launch relies on: `up` of `gate`'s type and shape, both
@@ -35,13 +34,6 @@ pub(crate) fn check_gate_up(
         tokens * used * ff,
         act_len,
     )
-}
-
-/// The ready flags of `tokens` tokens (what `moe_route_gate` raises and the gate/up after it
-/// waits on) hold READY_INTS_PER_TOKEN ints each.
-pub(crate) fn ready_flags_fit(op: CudaOp, tokens: usize, len: usize) -> Result<(), CudaError> {
-    let ints = tokens * READY_INTS_PER_TOKEN;
-    shape(op, "ready flags (tokens x READY_INTS_PER_TOKEN)", ints, len)
 }
 
 /// The experts and the picks per token of a routing of `tokens` tokens, from the lengths of
@@ -133,46 +125,11 @@ pub fn moe_gate_up(
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
 ) -> Result<(), CudaError> {
-    gate_up(
-        device,
-        (gate, up),
-        ff,
-        ids,
-        (x, q8),
-        act,
-        shared,
-        Wait::Grid,
-    )
+    gate_up(device, (gate, up), ff, ids, (x, q8), act, shared, None)
 }
 
-/// [`moe_gate_up`] launched right after the [`crate::moe_route_gate`] that wrote `ids` and
-/// raised `ready` (one flag per token): its routed CTAs wait on their token's flag instead of
-/// on the routing's grid, and the shared expert's on nothing (dataflow in place of one PDL
-/// boundary; the engine's `REDLITE_ROUTE_READY=1`, off by default). The same sums: the
-/// same bits. The caller guarantees that no launch comes between the two.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_gate_up_after_routing(
-    device: &Device,
-    (gate, up): (&WeightMatrix<'_>, &WeightMatrix<'_>),
-    ff: usize,
-    (ids, ready): (&CudaView<'_, i32>, &CudaView<'_, i32>),
-    (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
-    act: &mut CudaViewMut<'_, f32>,
-    shared: Option<SharedGateUp<'_, '_>>,
-) -> Result<(), CudaError> {
-    gate_up(
-        device,
-        (gate, up),
-        ff,
-        ids,
-        (x, q8),
-        act,
-        shared,
-        Wait::Ready(ready),
-    )
-}
-
-/// [`moe_gate_up`] with what its launch waits on.
+/// [`moe_gate_up`], with an expert cache's copies in the launch when `copies` is given
+/// (`crate::moe_gate_up_cached`, which checked them).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gate_up(
     device: &Device,
@@ -182,7 +139,7 @@ pub(crate) fn gate_up(
     (x, q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
     act: &mut CudaViewMut<'_, f32>,
     shared: Option<SharedGateUp<'_, '_>>,
-    wait: Wait<'_, '_, '_>,
+    copies: Option<launch::CachedCopies<'_, '_>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeGateUp;
     let (kind, n_expert) = expert_stack(device, op, gate, ff)?;
@@ -193,9 +150,6 @@ pub(crate) fn gate_up(
     let used = ids.len() / tokens;
     fits(op, "experts per token", used as u64, MAX_GRID_YZ)?;
     shape(op, "ids length (tokens x used)", tokens * used, ids.len())?;
-    if let Wait::Ready(ready) = &wait {
-        ready_flags_fit(op, tokens, ready.len())?;
-    }
     let lengths = (x.len(), act.len());
     check_gate_up(op, (gate, up), (ff, n_expert), (tokens, used), lengths)?;
     fits(
@@ -236,7 +190,7 @@ pub(crate) fn gate_up(
         (ff, cols),
         (tokens, used, n_expert),
         shared,
-        wait,
+        copies,
     )
 }
 

@@ -13,7 +13,7 @@ use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32};
 use crate::matmul_launch::{matvec_v1, split_k};
-use crate::moe_ops::{ready_flags_fit, routing_sizes};
+use crate::moe_ops::routing_sizes;
 use crate::ops::{check_matrix, shape, WeightMatrix};
 use crate::raw;
 use crate::source::{
@@ -60,9 +60,7 @@ pub fn moe_route_gate_takes(gate: &WeightMatrix<'_>, tokens: usize, n_expert: us
 }
 
 /// `moe_route` of `logits` (tokens x n_expert) with `shared_logit = gate · x[t]` computed in
-/// the same launch: `ids`, `weights` (tokens x used) and `shared_weight` (tokens). With
-/// `ready` (one flag per token), each token's flag is cleared, then raised once its outputs
-/// are written, for a [`crate::moe_gate_up_after_routing`] launched right after this.
+/// the same launch: `ids`, `weights` (tokens x used) and `shared_weight` (tokens).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_route_gate(
     device: &Device,
@@ -72,7 +70,6 @@ pub fn moe_route_gate(
     ids: &mut CudaViewMut<'_, i32>,
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
-    ready: Option<&mut CudaViewMut<'_, i32>>,
 ) -> Result<(), CudaError> {
     let op = CudaOp::MoeRoute;
     check_matrix(device, op, gate)?;
@@ -82,9 +79,6 @@ pub fn moe_route_gate(
         return Err(CudaError::UnsupportedType { op, ty: gate.ty });
     };
     shape(op, "x length (tokens x cols)", tokens * gate.cols, x.len())?;
-    if let Some(ready) = &ready {
-        ready_flags_fit(op, tokens, ready.len())?;
-    }
     let kernel = device.kernel(&source::route_gate_kernel(block))?;
     crate::profile::label(|| format!("route+gate {n_expert} {}x{}", gate.rows, gate.cols));
     let cfg = config((tokens, 1, 1), (1 + MATMUL_SPLITK_WARPS) * 32, 0);
@@ -98,6 +92,5 @@ pub fn moe_route_gate(
         weights,
         shared_weight,
         dims,
-        ready,
     )
 }

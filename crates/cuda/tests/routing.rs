@@ -4,14 +4,13 @@
 //! driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    matmul, moe_gate_up, moe_gate_up_after_routing, moe_route, moe_route_gate,
-    moe_route_gate_takes, moe_route_skew, router_topk, router_topk_takes, skew_permutation,
-    CudaSlice, Device, Dots, RouteSkew, WeightMatrix, READY_INTS_PER_TOKEN,
+    matmul, moe_route, moe_route_gate, moe_route_gate_takes, moe_route_skew, router_topk,
+    router_topk_takes, skew_permutation, CudaSlice, Device, Dots, RouteSkew, WeightMatrix,
 };
 use redlite_gguf::GgmlType;
 
 mod common;
-use common::{device, q8_matrix, random_matrix, Rng};
+use common::{device, random_matrix, Rng};
 
 /// A buffer's values as bits (for comparisons that must be exact, NaN included).
 fn bits(device: &Device, buffer: &CudaSlice<f32>) -> Vec<u32> {
@@ -246,147 +245,19 @@ fn routing_with_the_gate_row_equals_matmul_then_routing() {
                     zeros_f(tokens * used),
                     zeros_f(tokens),
                 );
-                for flags in [false, true] {
-                    let mut ready = zeros_i(tokens * READY_INTS_PER_TOKEN);
-                    let mut ready_view = ready.as_view_mut();
-                    moe_route_gate(
-                        &device,
-                        &logits.as_view(),
-                        &gate,
-                        &x.as_view(),
-                        &mut ids.as_view_mut(),
-                        &mut w.as_view_mut(),
-                        &mut shared.as_view_mut(),
-                        flags.then_some(&mut ready_view),
-                    )
-                    .unwrap();
-                    let case = format!("{case}, ready flags {flags}");
-                    let want = (&want_ids, &want_w, &want_shared);
-                    assert_same_routing(&device, &case, want, (&ids, &w, &shared));
-                    assert_raised(&device, &ready, tokens, flags, &case);
-                }
-            }
-        }
-    }
-}
-
-/// Every token's ready flag raised (its first copy 1, as every copy the kernels use) or, when
-/// not `raised`, never written; the ints between copies never written.
-fn assert_raised(device: &Device, ready: &CudaSlice<i32>, tokens: usize, raised: bool, case: &str) {
-    let flags = device.download(ready).unwrap();
-    for (t, token) in flags.chunks(READY_INTS_PER_TOKEN).enumerate() {
-        assert_eq!(
-            token[0],
-            i32::from(raised),
-            "{case}: token {t}'s first copy"
-        );
-        for (i, &v) in token.iter().enumerate() {
-            assert!(
-                v == 0 || (raised && i % 32 == 0 && v == 1),
-                "{case}: token {t}, int {i} = {v}"
-            );
-        }
-    }
-    assert_eq!(flags.len(), tokens * READY_INTS_PER_TOKEN, "{case}: flags");
-}
-
-/// The expert gate/up waiting on the routing's ready flags (routed slots) or on nothing (the
-/// shared expert's) gives the bits of the one waiting on the routing's grid, for 1 to 4
-/// tokens, over rounds whose logits change the ids in the same buffers (a stale id read after
-/// the flag would give another expert's rows). Every flag is raised after its round.
-#[test]
-fn gate_up_after_routing_flags_gives_the_same_bits() {
-    let Some(device) = device("gate_up_after_routing_flags_gives_the_same_bits") else {
-        return;
-    };
-    let mut rng = Rng(23);
-    let (n_expert, used, cols, ff) = (64usize, 8usize, 512usize, 256usize);
-    let ty = GgmlType::IQ2XXS;
-    let upload = |rows: usize, cols: usize, rng: &mut Rng| {
-        device.upload(&random_matrix(ty, rows, cols, rng)).unwrap()
-    };
-    let (gate_bytes, up_bytes) = (
-        upload(n_expert * ff, cols, &mut rng),
-        upload(n_expert * ff, cols, &mut rng),
-    );
-    let (s_gate_bytes, s_up_bytes) = (upload(ff, cols, &mut rng), upload(ff, cols, &mut rng));
-    let gate = q8_matrix(&gate_bytes, ty, (n_expert * ff, cols));
-    let up = q8_matrix(&up_bytes, ty, (n_expert * ff, cols));
-    let s_gate = q8_matrix(&s_gate_bytes, ty, (ff, cols));
-    let s_up = q8_matrix(&s_up_bytes, ty, (ff, cols));
-    let gate_row = device
-        .upload(&random_matrix(GgmlType::F32, 1, cols, &mut rng))
-        .unwrap();
-    let gate_row = WeightMatrix {
-        ty: GgmlType::F32,
-        rows: 1,
-        cols,
-        bytes: gate_row.as_view(),
-        dots: Dots::Q8K,
-    };
-    let zeros_f = |n| device.alloc_zeros::<f32>(n).unwrap();
-    let zeros_i = |n| device.alloc_zeros::<i32>(n).unwrap();
-    for tokens in 1..=4 {
-        assert!(moe_route_gate_takes(&gate_row, tokens, n_expert));
-        let (mut ids, mut w, mut shared_w, mut ready) = (
-            zeros_i(tokens * used),
-            zeros_f(tokens * used),
-            zeros_f(tokens),
-            zeros_i(tokens * READY_INTS_PER_TOKEN),
-        );
-        let (mut act, mut act_shared) = (zeros_f(tokens * used * ff), zeros_f(tokens * ff));
-        for round in 0..6 {
-            let case = format!("{tokens} tokens, round {round}");
-            let values = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.signed()).collect();
-            let x: Vec<f32> = values(tokens * cols, &mut rng);
-            let logits: Vec<f32> = values(tokens * n_expert, &mut rng);
-            let (x, logits) = (device.upload(&x).unwrap(), device.upload(&logits).unwrap());
-            let mut outputs = Vec::new();
-            for flags in [false, true] {
-                let mut ready_view = ready.as_view_mut();
                 moe_route_gate(
                     &device,
                     &logits.as_view(),
-                    &gate_row,
+                    &gate,
                     &x.as_view(),
                     &mut ids.as_view_mut(),
                     &mut w.as_view_mut(),
-                    &mut shared_w.as_view_mut(),
-                    flags.then_some(&mut ready_view),
+                    &mut shared.as_view_mut(),
                 )
                 .unwrap();
-                let mut act_shared_view = act_shared.as_view_mut();
-                let shared = Some((&s_gate, &s_up, &mut act_shared_view));
-                let (xv, iv, rv) = (x.as_view(), ids.as_view(), ready.as_view());
-                if flags {
-                    moe_gate_up_after_routing(
-                        &device,
-                        (&gate, &up),
-                        ff,
-                        (&iv, &rv),
-                        (&xv, None),
-                        &mut act.as_view_mut(),
-                        shared,
-                    )
-                    .unwrap();
-                } else {
-                    moe_gate_up(
-                        &device,
-                        &gate,
-                        &up,
-                        ff,
-                        &iv,
-                        (&xv, None),
-                        &mut act.as_view_mut(),
-                        shared,
-                    )
-                    .unwrap();
-                }
-                outputs.push((bits(&device, &act), bits(&device, &act_shared)));
+                let want = (&want_ids, &want_w, &want_shared);
+                assert_same_routing(&device, &case, want, (&ids, &w, &shared));
             }
-            assert_eq!(outputs[0].0, outputs[1].0, "{case}: routed experts' act");
-            assert_eq!(outputs[0].1, outputs[1].1, "{case}: shared expert's act");
-            assert_raised(&device, &ready, tokens, true, &case);
         }
     }
 }

@@ -1,6 +1,6 @@
 // What the decode kernels of kernels/moe_route.cu, elementwise.cu, matmul.cu and attention.cu
 // need on the host beyond ../emu-common/shim.h: the warp-wide integer reductions through the
-// shim's per-warp exchange, the 64-bit atomic maximum of the "last CTA" and
+// shim's per-warp exchange, the fence and the 64-bit atomic maximum of the "last CTA" and
 // argmax kernels (CTAs run one at a time, so they only have to be correct, not fast),
 // __ldcg, and the math the kernels call unqualified.
 #include "../emu-common/shim.h"
@@ -14,6 +14,7 @@ template <class T>
 T __ldcg(const T* p) {
     return *p;
 }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     unsigned long long old = __atomic_load_n(p, __ATOMIC_SEQ_CST);

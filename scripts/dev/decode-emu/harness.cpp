@@ -439,7 +439,7 @@ void gate_up(const std::vector<u8>& gate, const std::vector<u8>& up, const std::
         mo::moe_gate_up_q8_kernel<B, 4, LANES, ROWS>(gate.data(), up.data(), ids.data(), x.data(), gd, gq,
                                                      act.data(), ff, cols, used, n_expert,
                                                      shared_gate.data(), shared_up.data(),
-                                                     act_shared.data(), ff, nullptr);
+                                                     act_shared.data(), ff);
     });
 }
 

@@ -2,7 +2,7 @@
 """Turns a kernel module's NVRTC source (`dump_module`) into C++ for the host emulators
 (scripts/dev/*-emu): the inline PTX they know becomes calls into their shims (f16
 conversions, mma.sync), the PTX that only schedules (L2 prefetch, programmatic dependent
-launch) goes, the ready flags' relaxed loads and stores become atomic ones, the timeline option's clock reads 0, a volatile shared load becomes a plain
+launch) goes, the timeline option's clock reads 0, a volatile shared load becomes a plain
 one, launch bounds go and dynamic shared memory becomes plain extern arrays that each
 harness defines. Any other inline PTX
 (outside comments) is refused: the emulator would not know it.
@@ -24,17 +24,6 @@ s = re.sub(
     flags=re.S,
 )
 s = re.sub(r'asm volatile\("griddepcontrol\.[a-z_]+;" ::: "memory"\);', "", s)
-# The ready flags' relaxed loads and stores at gpu scope (common.cuh's flag_wait, flag_raise).
-s = re.sub(
-    r'asm volatile\("ld\.relaxed\.gpu\.global\.b32 %0, \[%1\];" : "=r"\((\w+)\) : "l"\((\w+)\) : "memory"\);',
-    r"\1 = __atomic_load_n(\2, __ATOMIC_RELAXED);",
-    s,
-)
-s = re.sub(
-    r'asm volatile\("st\.relaxed\.gpu\.global\.b32 \[%0\], %1;" ::"l"\((\w+)\), "r"\((\w+)\) : "memory"\);',
-    r"__atomic_store_n(\1, \2, __ATOMIC_RELAXED);",
-    s,
-)
 s = s.replace('asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));', "t = 0;")
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k32.*?\);', "emu_mma_k32(c, a, b0, b1);", s, flags=re.S)
 s = re.sub(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);', "emu_mma_k16(c, a0, a1, b0);", s, flags=re.S)

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstring>
 #include <cmath>
-#include <atomic>
 #include <barrier>
 #include <thread>
 #include <vector>
@@ -85,8 +84,6 @@ inline void __trap() { abort(); }
 std::barrier<>* cta_barrier;
 std::barrier<>* warp_barriers[32];
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-// common.cuh's ready flags fence every module's prelude.
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __syncthreads() { cta_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 // Warp exchange buffers.

@@ -53,20 +53,14 @@ pub(crate) fn launch_moe_route_gate(
     weights: &mut CudaViewMut<'_, f32>,
     shared_weight: &mut CudaViewMut<'_, f32>,
     (cols, n_expert, used): (i32, i32, i32),
-    ready: Option<&mut CudaViewMut<'_, i32>>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(logits).arg(gate_w).arg(x);
     launch.arg(ids).arg(weights).arg(shared_weight);
     launch.arg(&cols).arg(&n_expert).arg(&used);
-    match ready {
-        Some(ready) => launch.arg(ready),
-        None => launch.arg(&NO_POS),
-    };
     // SAFETY: arguments match the signature; per token (grid.x) logits hold n_expert values,
-    // x cols, ids/weights `used` (≤ n_expert), shared_weight one and `ready` (or null)
-    // READY_INTS_PER_TOKEN; the gate row holds cols values in the kernel's block type and
-    // n_expert ≤ 32 x its PER (the op entry).
+    // x cols, ids/weights `used` (≤ n_expert) and shared_weight one; the gate row holds cols
+    // values in the kernel's block type and n_expert ≤ 32 x its PER (the op entry).
     launched(stream, "cuLaunchKernel(moe_route_gate)", unsafe {
         launch.launch(config)
     })
@@ -240,10 +234,9 @@ fn push_shared_up<'a>(launch: &mut Launch<'a>, shared: Option<SharedUpArgs<'a, '
 }
 
 /// `moe_gate_up_v3_kernel<B, WARPS>(gate, up, ids, x, act, ff, cols, used, n_expert,
-/// shared_gate, shared_up, act_shared, shared_ff, ready)`, and `moe_gate_up_q8_kernel<B, WARPS,
-/// LANES, ROWS>` of the same signature with `gd, gq` after x (`Q8Arg::Absent` for version 3);
-/// null shared pointers without `shared`, a null `ready` without it. With `copies`
-/// (`moe_gate_up_q8_cached_kernel`) the copies' arguments take `ready`'s place.
+/// shared_gate, shared_up, act_shared, shared_ff)`, and `moe_gate_up_q8_kernel<B, WARPS, LANES,
+/// ROWS>` of the same signature with `gd, gq` after x (`Q8Arg::Absent` for version 3); null
+/// shared pointers without `shared`.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(crate) fn launch_moe_gate_up_v3(
     stream: &CudaStream,
@@ -259,10 +252,7 @@ pub(crate) fn launch_moe_gate_up_v3(
     act: &mut CudaViewMut<'_, f32>,
     (ff, cols, used, n_expert): (i32, i32, i32, i32),
     shared: Option<SharedUpArgs<'_, '_>>,
-    (copies, ready): (
-        Option<(CachedCopyArgs<'_, '_>, (i32, i32))>,
-        Option<&CudaView<'_, i32>>,
-    ),
+    copies: Option<(CachedCopyArgs<'_, '_>, (i32, i32))>,
 ) -> Result<(), CudaError> {
     let mut launch = builder(stream, kernel);
     launch.arg(gate).arg(up).arg(ids).arg(x);
@@ -272,14 +262,8 @@ pub(crate) fn launch_moe_gate_up_v3(
     let shared_ff = push_shared_up(&mut launch, shared);
     launch.arg(&shared_ff);
     let mut copies = copies;
-    match (copies.as_mut(), ready) {
-        (Some((copies, grid)), _) => push_cached_copies(&mut launch, copies, grid),
-        (None, Some(ready)) => {
-            launch.arg(ready);
-        }
-        (None, None) => {
-            launch.arg(&NO_POS);
-        }
+    if let Some((copies, grid)) = copies.as_mut() {
+        push_cached_copies(&mut launch, copies, grid);
     }
     // SAFETY: arguments match the signature; gate and up hold n_expert x ff rows of `cols`,
     // ids tokens x used (ids out of range are skipped by the kernel), x tokens x cols, act
@@ -293,9 +277,7 @@ pub(crate) fn launch_moe_gate_up_v3(
     // calls) of at least max_fills experts, fills of 2 x max_fills entries from the lookup;
     // grid.x is max_fills x (2 x gate_chunks + down_chunks) + grid_x x grid_y CTAs, as the
     // kernel recomputes for its tickets; the ticket is zero (its last CTA resets it) and
-    // ready[max_fills] zeroed by the lookup queued before. `ready` (without copies) holds
-    // READY_INTS_PER_TOKEN ints per token (grid.z), the flag that the routing launched just
-    // before this one raises (the op entry); null, the kernel waits on that grid instead.
+    // ready[max_fills] zeroed by the lookup queued before.
     launched(stream, "cuLaunchKernel(moe_gate_up_v3)", unsafe {
         launch.launch(config)
     })

@@ -363,8 +363,7 @@ mod tests {
 
     /// Every kernel launched with the PDL attribute (`raw/launcher.rs`) must wait in
     /// `pdl_begin` before it reads another kernel's output: each `__global__` body calls it
-    /// (the norm kernels through `norm_row`, which does; from a lambda as `pdl_begin_as`; the
-    /// gate/up that may wait on the routing's ready flags instead as `pdl_begin_on`).
+    /// (the norm kernels through `norm_row`, which does; from a lambda as `pdl_begin_as`).
     #[test]
     fn every_kernel_waits_for_the_previous_one() {
         let sources = [
@@ -390,7 +389,6 @@ mod tests {
                 assert!(
                     kernel.contains("pdl_begin();")
                         || kernel.contains("pdl_begin_as(")
-                        || kernel.contains("pdl_begin_on(")
                         || kernel.contains("norm_row"),
                     "{name}: no pdl_begin()"
                 );

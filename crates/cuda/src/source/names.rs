@@ -302,11 +302,6 @@ pub(crate) fn moe_down_v2_kernel(kind: WeightKind, lanes: usize) -> String {
 /// Router probabilities per lane of the version-2 routing (n_expert ≤ 32 x this).
 pub(crate) const ROUTE_V2_PER_LANE: usize = 16;
 
-/// The ints of one token's ready flag (`common.cuh`: READY_MAX_LINES copies, each on a
-/// 128-byte line of its own, READY_STRIDE ints apart): what [`crate::moe_route_gate`] raises
-/// and [`crate::moe_gate_up_after_routing`] waits on.
-pub const READY_INTS_PER_TOKEN: usize = 32 * 32;
-
 pub(crate) fn route_v2_kernel() -> String {
     format!("moe_route_v2_kernel<{ROUTE_V2_PER_LANE}>")
 }

@@ -27,11 +27,10 @@
 use std::sync::OnceLock;
 
 use redlite_cuda::{
-    mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_after_routing,
-    moe_gate_up_cached, moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma,
-    moe_route_skew, CacheCopies, CudaSlice, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups,
-    PrefillKernels, Q8Rows, RouteSkew, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
-    READY_INTS_PER_TOKEN,
+    mma_takes, moe_down, moe_down_mma, moe_folds_shared, moe_gate_up, moe_gate_up_cached,
+    moe_gate_up_cached_takes, moe_gate_up_grouped, moe_gate_up_mma, moe_route_skew, CacheCopies,
+    CudaSlice, CudaView, CudaViewMut, Device, ExpertTiles, MmaGroups, PrefillKernels, Q8Rows,
+    RouteSkew, SharedGateUp, ONE_TOKEN_KERNELS_MAX_TOKENS, Q8_BLOCK_VALUES,
 };
 
 use crate::backend::cuda::experts::LayerCache;
@@ -97,10 +96,7 @@ fn block(
     let e = c.n_embd;
     let t = h.len() / e;
     let used = c.n_expert_used;
-    // Ready flags where the routed gate/up follows the routing at once: no skewed ids, no
-    // cache lookup or fill between, the one-token kernels.
-    let flags = skew.is_none() && cache.is_none() && t <= ONE_TOKEN_KERNELS_MAX_TOKENS;
-    let raised = route(device, c, w, s, (h, flags), t)?;
+    route(device, c, w, s, h, t)?;
     let mut ids = s.ids.slice_mut(..t * used);
     let weights = s.weights.slice_mut(..t * used);
     let shared_weight = s.shared_weight.slice_mut(..t);
@@ -158,7 +154,6 @@ fn block(
             fills: &mut s.fills,
             fill_count: &mut s.fill_count,
             zero_ids: &s.zero_ids,
-            ready: raised.then_some(&s.route_ready),
         };
         let chosen = (
             &ids.slice(rows.start * used..rows.end * used),
@@ -193,8 +188,6 @@ struct ExpertScratch<'s> {
     fills: &'s mut CudaSlice<i32>,
     fill_count: &'s mut CudaSlice<i32>,
     zero_ids: &'s CudaSlice<i32>,
-    /// The routing's ready flags, where it raised them for these tokens' gate/up.
-    ready: Option<&'s CudaSlice<i32>>,
 }
 
 /// The routed and shared experts of the tokens of `h` (all of them fitting a cache's slots)
@@ -263,9 +256,8 @@ fn experts(
     let mut act = s.act.slice_mut(..t * used * c.expert_ff);
     let mut act_shared = s.act_shared.slice_mut(..t * c.shared_ff);
     let zero_ids = s.zero_ids.slice(..t);
-    let ready = s.ready.map(|flags| flags.slice(..t * READY_INTS_PER_TOKEN));
     part.run(
-        (&chosen, copies, ready.as_ref()),
+        (&chosen, copies),
         weights,
         (shared_weight, &zero_ids),
         (h, h_q8),
@@ -377,11 +369,7 @@ impl<'a> Part<'a> {
     /// launch; `act`: the routed and shared activations.
     fn run<'v>(
         &self,
-        (ids, copies, ready): (
-            &CudaView<'_, i32>,
-            Option<CacheCopies<'_, '_>>,
-            Option<&CudaView<'_, i32>>,
-        ),
+        (ids, copies): (&CudaView<'_, i32>, Option<CacheCopies<'_, '_>>),
         weights: &CudaView<'_, f32>,
         (shared_weight, zero_ids): (&CudaView<'_, f32>, &CudaView<'_, i32>),
         (h, h_q8): (&CudaView<'_, f32>, Option<&Q8Rows<'_>>),
@@ -407,7 +395,6 @@ impl<'a> Part<'a> {
             ff: c.expert_ff,
             tiles: tiles.as_ref(),
             ids,
-            ready,
             h,
             h_q8,
         };
@@ -462,8 +449,6 @@ struct RoutedGateUp<'a, 'b> {
     ff: usize,
     tiles: Option<&'a ExpertTiles>,
     ids: &'a CudaView<'b, i32>,
-    /// The routing's ready flags, where it raised them (the launch right before this one).
-    ready: Option<&'a CudaView<'b, i32>>,
     h: &'a CudaView<'b, f32>,
     /// `h` in Q8_K when its norm quantized it (a batch of decode size).
     h_q8: Option<&'a Q8Rows<'b>>,
@@ -491,20 +476,11 @@ impl RoutedGateUp<'_, '_> {
             )?;
             return Ok(());
         }
-        match (self.tiles, self.ready) {
-            (Some(tiles), _) => {
+        match self.tiles {
+            Some(tiles) => {
                 moe_gate_up_grouped(self.device, &gate, &up, self.ff, tiles, self.h, act, shared)?
             }
-            (None, Some(ready)) => moe_gate_up_after_routing(
-                self.device,
-                (&gate, &up),
-                self.ff,
-                (self.ids, ready),
-                (self.h, self.h_q8),
-                act,
-                shared,
-            )?,
-            (None, None) => moe_gate_up(
+            None => moe_gate_up(
                 self.device,
                 &gate,
                 &up,

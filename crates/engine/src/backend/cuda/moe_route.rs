@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use redlite_cuda::{
     matmul, moe_route, moe_route_gate, moe_route_gate_takes, router_topk, router_topk_takes,
-    CudaView, Device, READY_INTS_PER_TOKEN,
+    CudaView, Device,
 };
 
 use crate::backend::cuda::scratch::Scratch;
@@ -17,18 +17,15 @@ use crate::error::Result;
 use crate::model::config::HybridConfig;
 
 /// The router and the routing of the `t` tokens of `h`: their ids, weights and shared-expert
-/// weights into `s`, the router's logits at `s.router[t * n_expert..]`. With `ready` (the
-/// caller launches the experts' gate/up right after, nothing between) the routing raises
-/// `s.route_ready` where its kernel can and `REDLITE_ROUTE_READY=1` asks for it; returns
-/// whether it did, so that the gate/up waits on those flags.
+/// weights into `s`, the router's logits at `s.router[t * n_expert..]`.
 pub(super) fn route(
     device: &Device,
     c: &HybridConfig,
     w: &MoeWeights,
     s: &mut Scratch,
-    (h, ready): (&CudaView<'_, f32>, bool),
+    h: &CudaView<'_, f32>,
     t: usize,
-) -> Result<bool> {
+) -> Result<()> {
     let used = c.n_expert_used;
     device.mark("router");
     let mut ids = s.ids.slice_mut(..t * used);
@@ -57,9 +54,6 @@ pub(super) fn route(
         // the real files have): the gate's dot in the routing launch, the same bits.
         let mut router = s.router.slice_mut(..t * c.n_expert);
         matmul(device, &w.router.view(), h, &mut router)?;
-        // The gate kernel takes batches of decode size only: the flags' buffer holds them.
-        let raise = ready && route_ready_flags();
-        let mut flags = raise.then(|| s.route_ready.slice_mut(..t * READY_INTS_PER_TOKEN));
         moe_route_gate(
             device,
             &router.as_view(),
@@ -68,9 +62,7 @@ pub(super) fn route(
             &mut ids,
             &mut weights,
             &mut shared_weight,
-            flags.as_mut(),
         )?;
-        return Ok(raise);
     } else {
         let (router, shared_logit) = match merged {
             Some(both) => {
@@ -101,16 +93,7 @@ pub(super) fn route(
             &mut shared_weight,
         )?;
     }
-    Ok(false)
-}
-
-/// Whether the routing with the gate row raises ready flags for the gate/up after it
-/// (`REDLITE_ROUTE_READY=1`). Off by default: with the flag on one L2 line it measured 1 %
-/// slower than the gate/up waiting on the routing's grid (H100, thirty-third session), and
-/// its copies over 32 lines are not measured yet (docs/PERF.md).
-fn route_ready_flags() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_ROUTE_READY").as_deref() == Ok("1"))
+    Ok(())
 }
 
 /// Whether one-token steps compute the router and the shared expert's gate row in one launch

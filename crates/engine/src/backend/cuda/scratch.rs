@@ -2,10 +2,7 @@
 //! workspaces asked for (`Backend::new_act`) and reused: decode allocates nothing. A larger
 //! batch than planned grows them once.
 
-use redlite_cuda::{
-    attention_partials_len, CudaSlice, Device, ONE_TOKEN_KERNELS_MAX_TOKENS, READY_INTS_PER_TOKEN,
-    SMALL_BATCH_MAX_TOKENS,
-};
+use redlite_cuda::{attention_partials_len, CudaSlice, Device, SMALL_BATCH_MAX_TOKENS};
 
 use crate::backend::cuda::q8_buffers::Q8Buffers;
 
@@ -65,10 +62,6 @@ pub struct Scratch {
     pub fill_count: CudaSlice<i32>,
     /// The fused decode router's ticket counter (one i32, zero between launches).
     pub route_ticket: CudaSlice<i32>,
-    /// Ready flags of a batch of decode size (`[T ≤ ONE_TOKEN_KERNELS_MAX_TOKENS]`, each
-    /// READY_INTS_PER_TOKEN ints): the routing raises token t's once its ids are written, and
-    /// the gate/up right after it waits on them instead of on the routing's grid.
-    pub route_ready: CudaSlice<i32>,
     /// Prompts: one wave's ids `[T][used]`, each pair's down product `[T][used][n_embd]`, and
     /// `[T][used]` ones (the weight of a per-pair down launch).
     pub wave_ids: CudaSlice<i32>,
@@ -128,8 +121,6 @@ impl Scratch {
             fills: device.alloc_zeros(2 * t * c.n_expert_used.max(1))?,
             fill_count: device.alloc_zeros(1)?,
             route_ticket: device.alloc_zeros(1)?,
-            route_ready: device
-                .alloc_zeros(t.min(ONE_TOKEN_KERNELS_MAX_TOKENS) * READY_INTS_PER_TOKEN)?,
             wave_ids: device.alloc_zeros(t * c.n_expert_used.max(1))?,
             // A one-token batch decodes with the fused down: no per-pair products.
             pair_out: f(if tokens > 1 {
