@@ -364,39 +364,6 @@ static __device__ __forceinline__ void prefetch_kv_rows(const KV* k_cache, const
 #endif
 }
 
-// Asks L2 for the K and V rows of positions [0, pos0) of a layer (each cache's rows
-// contiguous from its start, `row_bytes` a position, a multiple of 16), or for nothing where
-// both together pass `budget` bytes (rows L2 could not keep until the split kernels read them
-// would only evict others). Launched on a side branch beside the layer's projections, so the
-// rows come from DRAM while those latency-bound products run instead of after the split
-// kernels' own requests under PDL, which have only `attn_prep` to hide behind. Only hints:
-// nothing is written, and the rows before pos0 were written by earlier steps. sm_90: bulk
-// prefetches of up to KV_L2_PIECE bytes a thread; earlier architectures one 128-byte line a
-// prefetch.
-#define KV_L2_PIECE 65536
-__global__ void kv_rows_to_l2_kernel(const u8* __restrict__ k_cache,
-                                     const u8* __restrict__ v_cache,
-                                     const u32* __restrict__ pos_dev, int pos0, i64 row_bytes,
-                                     i64 budget) {
-    if (pos_dev != nullptr) pos0 = int(*pos_dev);
-    const i64 bytes = i64(pos0) * row_bytes;
-    if (bytes <= 0 || 2 * bytes > budget) return;
-    const i64 first = i64(blockIdx.x) * blockDim.x + threadIdx.x;
-    const i64 threads = i64(gridDim.x) * blockDim.x;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (i64 at = first * KV_L2_PIECE; at < bytes; at += threads * KV_L2_PIECE) {
-        const u32 size = u32(min(i64(KV_L2_PIECE), bytes - at));
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + at), "r"(size));
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + at), "r"(size));
-    }
-#else
-    for (i64 at = first * 128; at < bytes; at += threads * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + at));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + at));
-    }
-#endif
-}
-
 // The split's chunk: the launch's, or with chunk <= 0 (small batches; a graph replayed at any
 // position) ceil(len / splits) of token t's own length over its ceil(len / min_chunk) splits
 // (at most grid.z), as the host computes them.

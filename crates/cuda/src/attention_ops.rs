@@ -165,28 +165,6 @@ pub fn attention_prep<T: KvElement>(
     )
 }
 
-/// Asks L2 for the K and V rows before the position (`pos`, or `s.pos0`) of both caches,
-/// unless they pass `budget` bytes together: a hint, queued where it runs beside the layer's
-/// projections (a side branch), so that the split kernels read the rows from L2. It writes
-/// nothing.
-pub fn attention_rows_to_l2<T: KvElement>(
-    device: &Device,
-    s: &AttentionShape,
-    (k_cache, v_cache): (&CudaView<'_, T>, &CudaView<'_, T>),
-    pos: Position<'_, '_>,
-    budget: usize,
-) -> Result<(), CudaError> {
-    let op = CudaOp::Attention;
-    let d = s.check(op)?;
-    let pos = pos.check(op, s.tokens)?;
-    shape(op, "k cache length", s.cache_len(), k_cache.len())?;
-    shape(op, "v cache length", s.cache_len(), v_cache.len())?;
-    // The bulk prefetches take 16-byte multiples.
-    let row_bytes = s.kv_heads * s.head_dim * size_of::<T>();
-    shape(op, "KV row bytes modulo 16", 0, row_bytes % 16)?;
-    launch::kv_rows_to_l2(device, &d, (k_cache, v_cache), pos, budget)
-}
-
 /// Floats of the flash-decoding scratch that lets `tokens` tokens use every split; a
 /// shorter `partials` buffer uses fewer splits, and one too short for two runs the
 /// single-pass kernel.

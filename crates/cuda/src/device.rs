@@ -26,8 +26,6 @@ pub struct Device {
     second_branch: SideStream,
     arch: String,
     multiprocessors: u32,
-    /// Bytes of L2 cache.
-    l2_bytes: usize,
     /// Most dynamic shared memory one CTA may ask for once its kernel's limit is raised.
     shared_per_block_optin: usize,
     /// Kernel name expression (e.g. `matvec_kernel<Q4K, 4, true>`) to its function.
@@ -82,9 +80,6 @@ impl Device {
         let multiprocessors = context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver("cuDeviceGetAttribute(multiprocessors)"))?;
-        let l2_bytes = context
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-            .map_err(CudaError::driver("cuDeviceGetAttribute(L2 cache size)"))?;
         let shared_optin = context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(CudaError::driver(
@@ -124,7 +119,6 @@ impl Device {
             context,
             arch,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1),
-            l2_bytes: usize::try_from(l2_bytes).unwrap_or(0),
             shared_per_block_optin: usize::try_from(shared_optin).unwrap_or(0),
             kernels,
             timeline_modules,
@@ -187,11 +181,6 @@ impl Device {
 
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
-    }
-
-    /// Bytes of L2 cache (50 MiB on the H100 and H200).
-    pub fn l2_bytes(&self) -> usize {
-        self.l2_bytes
     }
 
     /// Most dynamic shared memory one CTA may use after raising its kernel's limit (227 KiB
@@ -308,12 +297,6 @@ impl Device {
         self.stream
             .wait(&self.side.mark)
             .map_err(CudaError::driver("cuStreamWaitEvent"))
-    }
-
-    /// Whether the side stream has work the main stream has not joined (the expert cache's
-    /// prefetch of the next block).
-    pub fn side_pending(&self) -> bool {
-        self.side.pending.load(Ordering::Relaxed)
     }
 
     /// The main stream waits for all the side stream's work (nothing when there is none

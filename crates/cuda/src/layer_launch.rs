@@ -376,33 +376,6 @@ pub(crate) fn attention_prep<T: DeviceRepr>(
     )
 }
 
-/// Threads of `kv_rows_to_l2_kernel`'s one CTA: on sm_90 one 64 KiB bulk prefetch each per
-/// cache covers 16 MiB of rows a round.
-const KV_L2_THREADS: u32 = 256;
-
-/// `kv_rows_to_l2_kernel`: one CTA asking L2 for the rows before the position (`pos`, or
-/// `d.pos0`) of both caches, unless they pass `budget` bytes together.
-pub(crate) fn kv_rows_to_l2<T: DeviceRepr>(
-    device: &Device,
-    d: &AttnDims,
-    caches: (&CudaView<'_, T>, &CudaView<'_, T>),
-    pos: Option<&CudaView<'_, u32>>,
-    budget: usize,
-) -> Result<(), CudaError> {
-    let kernel = device.kernel(source::KV_ROWS_TO_L2_KERNEL)?;
-    let row_bytes = d.kv_heads * d.head_dim * size_of::<T>();
-    raw::launch_kv_rows_to_l2(
-        device.stream(),
-        kernel,
-        config((1, 1, 1), KV_L2_THREADS, 0),
-        caches,
-        pos,
-        to_i32(d.pos0),
-        i64::try_from(row_bytes).unwrap_or(i64::MAX),
-        i64::try_from(budget).unwrap_or(i64::MAX),
-    )
-}
-
 fn split_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("REDLITE_ATTN_SPLIT").as_deref() != Ok("0"))

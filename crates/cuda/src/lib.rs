@@ -60,7 +60,7 @@ mod timeline;
 
 pub use attention_ops::{
     attention, attention_max_splits, attention_on, attention_partials_len, attention_prep,
-    attention_rows_to_l2, AttentionKernels, AttentionShape, KvElement, Position,
+    AttentionKernels, AttentionShape, KvElement, Position,
 };
 pub use attention_prefill::FLASH_PREFILL_MIN_TOKENS;
 pub use cache::cache_dir;

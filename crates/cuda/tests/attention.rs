@@ -7,8 +7,8 @@
 
 use half::f16;
 use redlite_cuda::{
-    attention_on, attention_partials_len, attention_rows_to_l2, AttentionKernels, AttentionShape,
-    CudaSlice, Device, KvElement, Position,
+    attention_on, attention_partials_len, AttentionKernels, AttentionShape, CudaSlice, Device,
+    KvElement, Position,
 };
 
 mod common;
@@ -305,76 +305,5 @@ fn split_by_depth_takes_each_tokens_kernel() {
         case::<u16>(&device, tokens, pos0, long_len, |x| {
             f16::from_f32(x).to_bits()
         });
-    }
-}
-
-/// The request of a layer's K and V rows to L2 (`attention_rows_to_l2`) changes nothing: the
-/// caches and the attention after it keep their bits, with the position from the host and
-/// from device memory, under and over the byte budget, f32 and f16 caches; a cache shorter
-/// than the shape says is refused.
-#[test]
-fn rows_to_l2_changes_no_bits() {
-    let Some(device) = device("rows_to_l2_changes_no_bits") else {
-        return;
-    };
-    fn case<T: KvElement + PartialEq + Copy>(device: &Device, pos0: usize, to_kv: fn(f32) -> T) {
-        let (shape, [q, qg], [k, v]) =
-            upload_case(device, &Case { tokens: 1, pos0 }, pos0 as u64 + 5, to_kv);
-        let splits = attention_partials_len(1, 1, HEAD_DIM) / (HEAD_DIM + 2);
-        let attend = || -> Vec<u32> {
-            let o = run(
-                device,
-                (AttentionKernels::PerToken, splits),
-                &shape,
-                (&q, &qg),
-                (&k, &v),
-            );
-            o.into_iter().map(f32::to_bits).collect()
-        };
-        let before = (
-            attend(),
-            device.download(&k).unwrap(),
-            device.download(&v).unwrap(),
-        );
-        let pos = device.upload(&[pos0 as u32]).unwrap();
-        let pos_view = pos.as_view();
-        for position in [Position::Host, Position::Device(&pos_view)] {
-            for budget in [0, usize::MAX / 4] {
-                attention_rows_to_l2(
-                    device,
-                    &shape,
-                    (&k.as_view(), &v.as_view()),
-                    position,
-                    budget,
-                )
-                .unwrap_or_else(|error| panic!("pos0 {pos0} budget {budget}: {error}"));
-            }
-        }
-        let after = (
-            attend(),
-            device.download(&k).unwrap(),
-            device.download(&v).unwrap(),
-        );
-        assert!(
-            before.0 == after.0,
-            "pos0 {pos0}: the attention's bits changed"
-        );
-        assert!(
-            before.1 == after.1 && before.2 == after.2,
-            "pos0 {pos0}: a cache changed"
-        );
-        let short = device.upload(&vec![to_kv(0.0); k.len() - 1]).unwrap();
-        let refused = attention_rows_to_l2(
-            device,
-            &shape,
-            (&short.as_view(), &v.as_view()),
-            Position::Host,
-            usize::MAX,
-        );
-        assert!(refused.is_err(), "a short K cache must be refused");
-    }
-    for pos0 in [0, 1, 4095] {
-        case(&device, pos0, |x| x);
-        case::<u16>(&device, pos0, |x| f16::from_f32(x).to_bits());
     }
 }

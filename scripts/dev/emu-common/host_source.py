@@ -18,11 +18,6 @@ s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));', "value = 
 s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));', "bits = emu_to_half(value);")
 s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\((.*?)\)\);', r"(void)(\1);", s)
 s = re.sub(
-    r'asm volatile\("cp\.async\.bulk\.prefetch\.L2\.global \[%0\], %1;" ::"l"\((.*?)\), "r"\((.*?)\)\);',
-    r"(void)(\1); (void)(\2);",
-    s,
-)
-s = re.sub(
     r'asm volatile\("ld\.shared\.v4\.f32 \{%0, %1, %2, %3\}, \[%4\];".*?\);',
     "v = *reinterpret_cast<const float4*>(p); (void)address;",
     s,

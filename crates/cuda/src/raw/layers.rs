@@ -482,30 +482,6 @@ pub(crate) fn launch_attn_prep<T: DeviceRepr>(
     })
 }
 
-/// `kv_rows_to_l2_kernel(k_cache, v_cache, pos_dev, pos0, row_bytes, budget)`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_kv_rows_to_l2<T: DeviceRepr>(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    (k_cache, v_cache): (&CudaView<'_, T>, &CudaView<'_, T>),
-    pos: Option<&CudaView<'_, u32>>,
-    pos0: i32,
-    row_bytes: i64,
-    budget: i64,
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(k_cache).arg(v_cache);
-    push_pos(&mut launch, pos);
-    launch.arg(&pos0).arg(&row_bytes).arg(&budget);
-    // SAFETY: arguments match the signature; the op entry checked that both caches hold the
-    // positions the kernel may name (pos0, or the device position below the capacity, times
-    // row_bytes), and the kernel only asks L2 for them: it reads and writes nothing else.
-    launched(stream, "cuLaunchKernel(kv_rows_to_l2)", unsafe {
-        launch.launch(config)
-    })
-}
-
 /// `attention_kernel<KV, VPL, WARPS>(q, qg, k_cache, v_cache, o, pos_dev, pos0, heads,
 /// kv_heads, scale)`.
 #[allow(clippy::too_many_arguments)]

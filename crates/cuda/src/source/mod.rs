@@ -303,10 +303,7 @@ fn module_families() -> Vec<ModuleSource> {
                         }),
                     )
                 })
-                .chain([
-                    ATTENTION_COMBINE_KERNEL.to_string(),
-                    KV_ROWS_TO_L2_KERNEL.to_string(),
-                ])
+                .chain([ATTENTION_COMBINE_KERNEL.to_string()])
                 .collect(),
         },
         ModuleSource {

@@ -405,9 +405,6 @@ pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
 
 pub(crate) const ATTENTION_COMBINE_KERNEL: &str = "attention_combine_kernel";
 
-/// Asks L2 for a layer's K and V rows before its split kernels read them.
-pub(crate) const KV_ROWS_TO_L2_KERNEL: &str = "kv_rows_to_l2_kernel";
-
 /// Warps per CTA, query rows per CTA (8 per warp) and cache positions per shared-memory tile
 /// of the flash prefill kernel (`PREFILL_*` in `attention_prefill.cu`).
 pub(crate) const PREFILL_WARPS: u32 = 8;

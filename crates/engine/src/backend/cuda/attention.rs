@@ -2,12 +2,9 @@
 //! q (with its per-head gate), k, v projections; q/k RMSNorm + partial NEOX RoPE + KV write;
 //! causal attention over the cache with the sigmoid gate; output projection.
 
-use std::sync::OnceLock;
-
 use redlite_cuda::{
-    attention, attention_prep, attention_rows_to_l2, matmul, matmul_quantized, AttentionShape,
-    CudaSlice, CudaView, CudaViewMut, Device, KvElement, Position, Q8Rows,
-    ONE_TOKEN_KERNELS_MAX_TOKENS,
+    attention, attention_prep, matmul, matmul_quantized, AttentionShape, CudaSlice, CudaView,
+    CudaViewMut, Device, KvElement, Position, Q8Rows,
 };
 
 use crate::backend::cuda::beside;
@@ -38,6 +35,14 @@ pub fn forward(
     let mut qg = s.proj.slice_mut(..t * 2 * heads);
     let mut k = s.k.slice_mut(..t * kv_width);
     let mut v = s.v.slice_mut(..t * kv_width);
+    device.mark("attention projections");
+    beside::products3(
+        device,
+        t,
+        || Ok(matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?),
+        || Ok(matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?),
+        || Ok(matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?),
+    )?;
     let shape = AttentionShape {
         tokens: t,
         pos0: b.pos0,
@@ -49,19 +54,6 @@ pub fn forward(
         eps: c.rms_eps,
         capacity,
     };
-    // Not behind the expert cache's copies for the next block on the side stream.
-    let ahead = rows_ahead() && t <= ONE_TOKEN_KERNELS_MAX_TOKENS && !device.side_pending();
-    if ahead {
-        rows_to_l2(device, &shape, kv, position)?;
-    }
-    device.mark("attention projections");
-    beside::products3(
-        device,
-        t,
-        || Ok(matmul_quantized(device, &w.q.view(), (h, h_q8), &mut qg)?),
-        || Ok(matmul_quantized(device, &w.k.view(), (h, h_q8), &mut k)?),
-        || Ok(matmul_quantized(device, &w.v.view(), (h, h_q8), &mut v)?),
-    )?;
     let mut q = s.q.slice_mut(..t * heads);
     let mut o = s.o.slice_mut(..t * heads);
     let mut partials = s.attn_partials.as_view_mut();
@@ -95,55 +87,9 @@ pub fn forward(
             position,
         )?,
     }
-    if ahead {
-        // Long done (a few instructions of one CTA beside the projections); joined here, in
-        // the mixer, because a capture ends only with every stream joined and a step whose
-        // experts run on the CPU ends its capture before any MoE block on the GPU joins.
-        device.join_side()?;
-    }
     device.mark("attention projections");
     matmul(device, &w.out.view(), &o.as_view(), out)?;
     Ok(())
-}
-
-/// `REDLITE_KV_ROWS_AHEAD=1`: a decode batch's attention asks L2 for its layer's K and V rows
-/// on the side stream before the projections ([`rows_to_l2`]). Off until measured.
-fn rows_ahead() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_KV_ROWS_AHEAD").as_deref() == Ok("1"))
-}
-
-/// Queues the layer's request of its cached K and V rows to L2 on the side stream, after the
-/// normed input and beside the projections (a parallel branch in a captured step), so that
-/// the rows come from DRAM while the latency-bound products run and the split kernels find
-/// them in L2. Rows that would fill more than half of L2 are not asked for. The request
-/// writes nothing.
-fn rows_to_l2(
-    device: &Device,
-    shape: &AttentionShape,
-    kv: &LayerKv,
-    position: Position<'_, '_>,
-) -> Result<()> {
-    let budget = device.l2_bytes() / 2;
-    device.on_side(|| -> Result<()> {
-        match kv {
-            LayerKv::F32 { k, v } => attention_rows_to_l2(
-                device,
-                shape,
-                (&k.as_view(), &v.as_view()),
-                position,
-                budget,
-            )?,
-            LayerKv::F16 { k, v } => attention_rows_to_l2(
-                device,
-                shape,
-                (&k.as_view(), &v.as_view()),
-                position,
-                budget,
-            )?,
-        }
-        Ok(())
-    })
 }
 
 struct Inputs<'a> {
