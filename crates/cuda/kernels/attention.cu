@@ -301,16 +301,13 @@ static __device__ __forceinline__ void softmax_groups(QueryOf qv_of, const float
 // VPL values a lane of Σ p v): merged in shared memory relative to the largest max, into
 // partials[row][split] (HD values, then the max and the sum; (0, -inf, 0) where no warp saw a
 // position).
-// `tid`: the thread's index among the warps that merge (threadIdx.x unless the CTA merges
-// several groups of warps at once, each into its own shared arrays: attention_split_pair_kernel).
 template <int VPL, int WARPS>
 static __device__ __forceinline__ void merge_split_warps(float m, float l, const float (&acc)[VPL],
                                                          float* m_part, float* l_part,
                                                          float (*acc_part)[VPL * WARP_SIZE],
-                                                         float* partials, i64 row, int split,
-                                                         int tid) {
+                                                         float* partials, i64 row, int split) {
     constexpr int HD = VPL * WARP_SIZE;
-    const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     // Warps past WARPS (a CTA of more: attention_split_depth_kernel) only meet the barrier.
     if (warp < WARPS) {
         if (lane == 0) {
@@ -330,7 +327,7 @@ static __device__ __forceinline__ void merge_split_warps(float m, float l, const
     for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
     float* out = partials + (row * gridDim.z + split) * (HD + 2);
     const bool empty = m_all == -INFINITY;
-    for (int i = tid; i < HD && tid < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
+    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
         float total = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) {
@@ -338,7 +335,7 @@ static __device__ __forceinline__ void merge_split_warps(float m, float l, const
         }
         out[i] = total;
     }
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
         float l_all = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
@@ -437,7 +434,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
         softmax_groups<VPL, G, 1>(query, kr, vr, base, end, scale, m, l, acc);
     }
     merge_split_warps<VPL, WARPS>(m[0], l[0], acc[0], m_part, l_part, acc_part, partials,
-                                  i64(t) * heads + h, split, threadIdx.x);
+                                  i64(t) * heads + h, split);
 }
 
 // The work of an attention_split_heads_kernel CTA on query heads h0 ... h0 + HPC - 1 of token
@@ -486,7 +483,7 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
 #pragma unroll
     for (int r = 0; r < HPC; ++r) {
         merge_split_warps<VPL, WARPS>(m[r], l[r], acc[r], m_part, l_part, acc_part, partials,
-                                      i64(t) * heads + h0 + r, split, threadIdx.x);
+                                      i64(t) * heads + h0 + r, split);
         // The next head's partials go through the same shared memory.
         __syncthreads();
     }
@@ -513,71 +510,6 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     pdl_begin();
     split_heads_body<KV, VPL, WARPS, HPC>(q, k_cache, v_cache, partials, t, h0, split, chunk,
                                           pos0, heads, kv_heads, scale);
-}
-
-// attention_split_heads_kernel<KV, VPL, 4, 4>'s work for two of its CTAs in one CTA of 8 warps
-// (`REDLITE_ATTN_PAIR=1`): grid (tokens, heads / 8, splits); warps 4g ... 4g + 3 take query
-// heads 8y + 4g ... 8y + 4g + 3 as that kernel's warps 0-3 take its four (the same positions a
-// warp, the same online softmax, the same merge, each group in shared arrays of its own), so
-// the partials are its bits. Warps w and w + 4 load the same K and V rows at about the same
-// time: one request crosses from L2 and the other finds the line in L1 (or already on its way
-// there), so a KV head's rows leave L2 once for its eight query heads instead of twice, with
-// as many warps walking them as two four-head CTAs. Needs 8 query heads to a KV head.
-// One CTA a multiprocessor is enough for one wave at depth 4096 (128 CTAs), and keeps the
-// registers of the four-head kernel (two would cap them at 128).
-template <class KV, int VPL>
-__global__ void __launch_bounds__(8 * WARP_SIZE, 1)
-attention_split_pair_kernel(const float* __restrict__ q, const KV* __restrict__ k_cache,
-                            const KV* __restrict__ v_cache, float* __restrict__ partials,
-                            const u32* __restrict__ pos_dev, int pos0, int heads, int kv_heads,
-                            int chunk, int min_chunk, float scale) {
-    PROBE_RETURN(PROBE_ATTENTION);
-    constexpr int HD = VPL * WARP_SIZE, G = 4, WARPS = 4, HPC = 4;
-    if (pos_dev != nullptr) pos0 = int(*pos_dev);
-    const int t = blockIdx.x, h8 = blockIdx.y * 2 * HPC, split = blockIdx.z;
-    const int kvh = h8 / (heads / kv_heads);
-    chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads, kvh,
-                             HD);
-    pdl_begin();
-    __shared__ float m_part[2][WARPS], l_part[2][WARPS];
-    __shared__ __align__(16) float acc_part[2][WARPS][HD];
-    __shared__ __align__(16) float qs[2 * HPC][HD];
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int group = warp / WARPS, group_warp = warp % WARPS;
-    const int group_tid = threadIdx.x % (WARPS * WARP_SIZE);
-    const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
-    const float* qr = q + (i64(t) * heads + h8) * HD;
-    for (int i = threadIdx.x; i < 2 * HPC * HD; i += blockDim.x) qs[i / HD][i % HD] = qr[i];
-    __syncthreads();
-    float acc[HPC][VPL], m[HPC], l[HPC];
-#pragma unroll
-    for (int r = 0; r < HPC; ++r) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < VPL; ++e) acc[r][e] = 0.0f;
-    }
-    for (int base = begin + group_warp * G; base < end; base += WARPS * G) {
-        float kr[G][VPL], vr[G][VPL];
-        load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
-        const auto query = [&](int r, float (&out)[VPL]) {
-            if constexpr (ATTN_WIDE_LOADS) {
-                load_run<float, VPL>(&qs[HPC * group + r][lane * VPL], out);
-            } else {
-#pragma unroll
-                for (int e = 0; e < VPL; ++e) out[e] = qs[HPC * group + r][lane + WARP_SIZE * e];
-            }
-        };
-        softmax_groups<VPL, G, HPC>(query, kr, vr, base, end, scale, m, l, acc);
-    }
-#pragma unroll
-    for (int r = 0; r < HPC; ++r) {
-        merge_split_warps<VPL, WARPS>(m[r], l[r], acc[r], m_part[group], l_part[group],
-                                      acc_part[group], partials,
-                                      i64(t) * heads + h8 + HPC * group + r, split, group_tid);
-        // The next head's partials go through the same shared memory.
-        __syncthreads();
-    }
 }
 
 // The split kernel chosen by depth, token by token (`REDLITE_ATTN_LONG_FROM`): grid (tokens,

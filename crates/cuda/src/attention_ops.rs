@@ -203,10 +203,6 @@ pub enum AttentionKernels {
     /// warps a CTA (the bits of `PerTokenHeads(4)`), the others eight and eight. Needs eight
     /// query heads to a KV head.
     PerTokenDepth(usize),
-    /// [`PerToken`](Self::PerToken) with the split CTAs of `PerTokenHeads(4)` two to a CTA of
-    /// eight warps, whose two groups load the same rows (`REDLITE_ATTN_PAIR=1`): the bits of
-    /// `PerTokenHeads(4)`. Needs eight query heads to a KV head.
-    PerTokenPair,
     /// Tiles of query rows (tokens x the query heads of one KV head) over K/V tiles in shared
     /// memory (`attention_prefill.cu`): prompts. Needs the position from the host.
     FlashPrefill,
@@ -280,17 +276,6 @@ pub fn attention_on<T: KvElement>(
                 });
             }
             Some(SplitKernel::Depth(from))
-        }
-        AttentionKernels::PerTokenPair => {
-            if !group.is_multiple_of(8) || !s.heads.is_multiple_of(8) {
-                return Err(CudaError::NoSpecialization {
-                    op,
-                    what: "query heads to a KV head for the paired split",
-                    found: group,
-                    supported: "multiples of 8",
-                });
-            }
-            Some(SplitKernel::Pair)
         }
         AttentionKernels::PerTokenHeads(hpc) => {
             if hpc != 1 && !(ATTENTION_HEADS_PER_CTA.contains(&hpc) && group.is_multiple_of(hpc)) {

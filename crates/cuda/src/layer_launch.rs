@@ -428,8 +428,6 @@ pub(crate) enum SplitKernel {
     Heads(usize),
     /// Four or eight heads a CTA by each token's length (`attention_split_depth_kernel`).
     Depth(usize),
-    /// Two CTAs of four heads in one (`attention_split_pair_kernel`).
-    Pair,
 }
 
 /// The split kernel the environment asks for `d`: the split by depth
@@ -439,22 +437,8 @@ pub(crate) enum SplitKernel {
 fn chosen_split(d: &AttnDims) -> SplitKernel {
     match long_from(d) {
         Some(from) => SplitKernel::Depth(from),
-        None if paired(d) => SplitKernel::Pair,
         None => SplitKernel::Heads(attention_heads_per_cta(d)),
     }
-}
-
-/// `REDLITE_ATTN_PAIR=1`: the split CTAs of four heads two to a CTA
-/// (`attention_split_pair_kernel`, the same bits), where the shape has eight query heads to a
-/// KV head and four heads a CTA are chosen; off until measured.
-fn paired(d: &AttnDims) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("REDLITE_ATTN_PAIR").as_deref() == Ok("1"));
-    let group = d.heads / d.kv_heads.max(1);
-    on && d.kv_heads > 0
-        && group.is_multiple_of(8)
-        && d.heads.is_multiple_of(8)
-        && attention_heads_per_cta(d) == 4
 }
 
 /// `REDLITE_ATTN_LONG_FROM=N` (N > 0): the split kernel that takes, token by token, four query
@@ -537,10 +521,6 @@ pub(crate) fn attention<T: DeviceRepr>(
             SplitKernel::Depth(from) => {
                 let name = source::attention_split_depth_kernel(kv_type, d.head_dim);
                 (device.kernel(&name)?, d.heads / 4, 8, Some(from))
-            }
-            SplitKernel::Pair => {
-                let name = source::attention_split_pair_kernel(kv_type, d.head_dim);
-                (device.kernel(&name)?, d.heads / 8, 8, None)
             }
             SplitKernel::Heads(1) | SplitKernel::Chosen => {
                 let name = source::attention_split_kernel(kv_type, d.head_dim);

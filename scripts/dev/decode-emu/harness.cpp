@@ -380,45 +380,6 @@ void attention_depth() {
             ok);
 }
 
-// attention_split_pair_kernel (REDLITE_ATTN_PAIR) against the grouped split kernel of four
-// heads and four warps whose two CTAs of a KV head it runs in one: every partial the same bits
-// (f32 and f16 caches, 1-3 tokens, one and several live splits).
-template <class KV>
-bool attention_pair_case(int pos0, int tokens) {
-    constexpr int HD = 256, VPL = HD / 32, HEADS = 16, KV_HEADS = 2, SPLITS = 16, MIN_CHUNK = 32;
-    const float scale = 1.0f / 16.0f;
-    const int len = pos0 + tokens;
-    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
-    auto kf = uniform((size_t)len * KV_HEADS * HD, -1, 1), vf = uniform((size_t)len * KV_HEADS * HD, -1, 1);
-    std::vector<KV> k(kf.size()), v(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) {
-        if constexpr (sizeof(KV) == 2) {
-            k[i] = emu_to_half(kf[i]), v[i] = emu_to_half(vf[i]);
-        } else {
-            k[i] = kf[i], v[i] = vf[i];
-        }
-    }
-    const size_t n = (size_t)tokens * HEADS * SPLITS * (HD + 2);
-    std::vector<float> p4(n, NAN), pp(n, -1.0f);
-    launch({(unsigned)tokens, HEADS / 4, SPLITS}, 4 * 32, [&] {
-        at::attention_split_heads_kernel<KV, VPL, 4, 4>(q.data(), k.data(), v.data(), p4.data(), nullptr,
-                                                        pos0, HEADS, KV_HEADS, 0, MIN_CHUNK, scale);
-    });
-    launch({(unsigned)tokens, HEADS / 8, SPLITS}, 8 * 32, [&] {
-        at::attention_split_pair_kernel<KV, VPL>(q.data(), k.data(), v.data(), pp.data(), nullptr, pos0,
-                                                 HEADS, KV_HEADS, 0, MIN_CHUNK, scale);
-    });
-    return same("partials", p4, pp);
-}
-
-void attention_pair() {
-    const bool ok = attention_pair_case<float>(700, 3) & attention_pair_case<unsigned short>(300, 2) &
-                    attention_pair_case<float>(0, 1) & attention_pair_case<unsigned short>(1000, 1);
-    verdict("attention split of two four-head CTAs in one = four heads and four warps (f32 and f16, "
-            "1-3 tokens)",
-            ok);
-}
-
 // warp_reduce_sum_each (the attention split kernels' scores, several heads' at once) against
 // warp_reduce_sum value by value, bit for bit, on values of mixed signs and magnitudes (so
 // that the order of the additions shows), every lane's copy of every total.
@@ -718,7 +679,6 @@ int main(int argc, char** argv) {
         scattered_sums();
         attention_split_warps();
         attention_depth();
-        attention_pair();
     }
     if (group("moe")) {
         down_warps<mo::IQ2XXS>("IQ2_XXS");

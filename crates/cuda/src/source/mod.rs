@@ -290,7 +290,6 @@ fn module_families() -> Vec<ModuleSource> {
                                 attention_kernel(kv, hd),
                                 attention_split_kernel(kv, hd),
                                 attention_split_depth_kernel(kv, hd),
-                                attention_split_pair_kernel(kv, hd),
                                 attention_prefill_kernel(kv, hd),
                             ]
                             .into_iter()

@@ -392,10 +392,6 @@ pub(crate) fn attention_split_heads_kernel(
 
 /// The split kernel choosing four or eight query heads a CTA by each token's length
 /// (`REDLITE_ATTN_LONG_FROM`), 8 warps.
-pub(crate) fn attention_split_pair_kernel(kv: &str, head_dim: usize) -> String {
-    format!("attention_split_pair_kernel<{kv}, {}>", head_dim / 32)
-}
-
 pub(crate) fn attention_split_depth_kernel(kv: &str, head_dim: usize) -> String {
     format!("attention_split_depth_kernel<{kv}, {}>", head_dim / 32)
 }
