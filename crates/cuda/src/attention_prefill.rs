@@ -4,7 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
-use crate::layer_launch::{combine_config, config, to_i32, AttnDims};
+use crate::layer_launch::{combine_config, combine_kernel, config, to_i32, AttnDims};
 use crate::ops::fits;
 use crate::raw;
 use crate::source::{
@@ -105,7 +105,7 @@ pub(crate) fn attention_prefill<T: DeviceRepr>(
     if splits == 1 {
         return Ok(());
     }
-    let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
+    let combine = device.kernel(combine_kernel())?;
     let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);
     let dims = [d.heads, d.head_dim, splits].map(to_i32);
     raw::launch_attention_combine(

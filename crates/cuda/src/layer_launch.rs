@@ -56,6 +56,21 @@ pub(crate) fn combine_config(
     )
 }
 
+/// `REDLITE_COMBINE_AHEAD=0`: the attention's merge of its splits by
+/// `attention_combine_kernel`, which loads each split's values after building the list of
+/// live splits, instead of `attention_combine_ahead_kernel`, which loads them beside the splits'
+/// maxima (the same bits either way; `attention_combine.cu`).
+pub static COMBINE_AHEAD: Switch = Switch::new("REDLITE_COMBINE_AHEAD", true);
+
+/// The merge of the attention's splits that `COMBINE_AHEAD` picks.
+pub(crate) fn combine_kernel() -> &'static str {
+    if COMBINE_AHEAD.on() {
+        source::ATTENTION_COMBINE_AHEAD_KERNEL
+    } else {
+        source::ATTENTION_COMBINE_KERNEL
+    }
+}
+
 /// Columns (threads) of a combine CTA: 4 CTAs for a head of 256 (at depth 4096, 16 CTAs of
 /// 128 threads took 12.5 µs a launch, one L2 round trip per live split).
 const COMBINE_THREADS: u32 = 64;
@@ -545,7 +560,7 @@ pub(crate) fn attention<T: DeviceRepr>(
             scale,
             long_len.map(to_i32),
         )?;
-        let combine = device.kernel(source::ATTENTION_COMBINE_KERNEL)?;
+        let combine = device.kernel(combine_kernel())?;
         let cfg = combine_config(d.tokens, d.heads, splits, d.head_dim);
         let dims = [d.heads, d.head_dim, splits].map(to_i32);
         return raw::launch_attention_combine(

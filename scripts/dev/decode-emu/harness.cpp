@@ -14,7 +14,8 @@
 //      other sums) and with 4, then merged, each against a double-precision reference;
 //      attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split
 //      kernels of 4 heads and 4 warps and of 8 and 8, token by token; the scores' warp sums
-//      of several values at once (warp_reduce_sum_each) against a butterfly each.
+//      of several values at once (warp_reduce_sum_each) against a butterfly each; the merge of
+//      the splits with its values loaded first against the merge over the list of live splits.
 //   6. The q8 expert gate/up of 2 and 3 tokens with four rows a lane group
 //      (REDLITE_MOE_GATE_UP_ROWS=4) against two, the shared expert and an invalid expert id
 //      included; the expert down on CTAs of 8 warps (the default since 0821e26;
@@ -380,6 +381,52 @@ void attention_depth() {
             ok);
 }
 
+// attention_combine_ahead_kernel (the default) against attention_combine_kernel
+// (REDLITE_COMBINE_AHEAD=0) on the partials of the grouped split kernel: every output the same
+// bits, launched as the engine launches them (64 threads, four CTAs a head of 256). `splits`
+// above 64 walks the ahead kernel's splits past the ones it loads first.
+template <class KV>
+bool combine_ahead_case(int pos0, int tokens, int splits) {
+    constexpr int HD = 256, VPL = HD / 32, HEADS = 16, KV_HEADS = 2, MIN_CHUNK = 32;
+    const float scale = 1.0f / 16.0f;
+    const int len = pos0 + tokens;
+    auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
+    auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
+    auto kf = uniform((size_t)len * KV_HEADS * HD, -1, 1), vf = uniform((size_t)len * KV_HEADS * HD, -1, 1);
+    std::vector<KV> k(kf.size()), v(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+        if constexpr (sizeof(KV) == 2) {
+            k[i] = emu_to_half(kf[i]), v[i] = emu_to_half(vf[i]);
+        } else {
+            k[i] = kf[i], v[i] = vf[i];
+        }
+    }
+    std::vector<float> partials((size_t)tokens * HEADS * splits * (HD + 2), NAN);
+    launch({(unsigned)tokens, HEADS / 4, (unsigned)splits}, 4 * 32, [&] {
+        at::attention_split_heads_kernel<KV, VPL, 4, 4>(q.data(), k.data(), v.data(), partials.data(),
+                                                        nullptr, pos0, HEADS, KV_HEADS, 0, MIN_CHUNK, scale);
+    });
+    std::vector<float> listed((size_t)tokens * HEADS * HD, NAN), ahead(listed.size(), -1.0f);
+    launch({(unsigned)tokens, HEADS, HD / 64}, 64, [&] {
+        at::attention_combine_kernel(partials.data(), qg.data(), listed.data(), HEADS, HD, splits);
+    });
+    launch({(unsigned)tokens, HEADS, HD / 64}, 64, [&] {
+        at::attention_combine_ahead_kernel(partials.data(), qg.data(), ahead.data(), HEADS, HD, splits);
+    });
+    return same("merged attention", listed, ahead);
+}
+
+void combine_ahead() {
+    // One live split of 64; a few; every one of 64 (2,100 positions: 66 splits of 32 capped
+    // at 64); 66 live of 80 (the splits past the first 64); f32 and f16 caches.
+    const bool ok = combine_ahead_case<float>(0, 1, 64) & combine_ahead_case<float>(45, 3, 64) &
+                    combine_ahead_case<float>(2100, 2, 64) & combine_ahead_case<unsigned short>(2100, 1, 64) &
+                    combine_ahead_case<float>(2100, 2, 80);
+    verdict("attention merge with the values loaded first = the merge over the list of live splits "
+            "(1-3 tokens, 1 to 66 live splits, 64 and 80 launched)",
+            ok);
+}
+
 // warp_reduce_sum_each (the attention split kernels' scores, several heads' at once) against
 // warp_reduce_sum value by value, bit for bit, on values of mixed signs and magnitudes (so
 // that the order of the additions shows), every lane's copy of every total.
@@ -679,6 +726,7 @@ int main(int argc, char** argv) {
         scattered_sums();
         attention_split_warps();
         attention_depth();
+        combine_ahead();
     }
     if (group("moe")) {
         down_warps<mo::IQ2XXS>("IQ2_XXS");

@@ -21,6 +21,7 @@ const GEMM: &str = include_str!("../../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../../kernels/deltanet.cu");
 const DELTANET_CHUNKED: &str = include_str!("../../kernels/deltanet_chunked.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
+const ATTENTION_COMBINE: &str = include_str!("../../kernels/attention_combine.cu");
 const ATTENTION_PREFILL: &str = include_str!("../../kernels/attention_prefill.cu");
 const MOE: &str = include_str!("../../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../../kernels/moe_route.cu");
@@ -280,7 +281,7 @@ fn module_families() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "attention".to_string(),
-            source: with_reduce(&[ATTENTION, ATTENTION_PREFILL].join("\n")),
+            source: with_reduce(&[ATTENTION, ATTENTION_COMBINE, ATTENTION_PREFILL].join("\n")),
             kernels: KV_CUDA_TYPES
                 .iter()
                 .flat_map(|&kv| {
@@ -303,7 +304,10 @@ fn module_families() -> Vec<ModuleSource> {
                         }),
                     )
                 })
-                .chain([ATTENTION_COMBINE_KERNEL.to_string()])
+                .chain([
+                    ATTENTION_COMBINE_KERNEL.to_string(),
+                    ATTENTION_COMBINE_AHEAD_KERNEL.to_string(),
+                ])
                 .collect(),
         },
         ModuleSource {

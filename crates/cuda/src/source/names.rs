@@ -404,6 +404,7 @@ pub(crate) fn attention_split_kernel(kv: &str, head_dim: usize) -> String {
 }
 
 pub(crate) const ATTENTION_COMBINE_KERNEL: &str = "attention_combine_kernel";
+pub(crate) const ATTENTION_COMBINE_AHEAD_KERNEL: &str = "attention_combine_ahead_kernel";
 
 /// Warps per CTA, query rows per CTA (8 per warp) and cache positions per shared-memory tile
 /// of the flash prefill kernel (`PREFILL_*` in `attention_prefill.cu`).
