@@ -8,7 +8,7 @@
 use half::f16;
 use redlite_cuda::{
     attention_on, attention_partials_len, AttentionKernels, AttentionShape, CudaSlice, Device,
-    KvElement, Position,
+    KvElement, Position, COMBINE_AHEAD,
 };
 
 mod common;
@@ -250,6 +250,41 @@ fn split_ctas_of_several_heads_equal_one_head_per_cta() {
         case(&device, tokens, pos0, |x| x);
         case::<u16>(&device, tokens, pos0, |x| f16::from_f32(x).to_bits());
     }
+}
+
+/// The merge with each thread's split values loaded first (`REDLITE_COMBINE_AHEAD`, the
+/// default) gives the bits of the merge over the list of live splits, with f32 and f16 caches,
+/// where the KV length takes 1, several and all 64 splits, for one token and a small batch.
+/// (Other tests of this binary may run meanwhile: their kernels' bits do not depend on it.)
+#[test]
+fn merge_with_values_first_equals_merge_over_live_list() {
+    let name = "merge_with_values_first_equals_merge_over_live_list";
+    let Some(device) = device(name) else {
+        return;
+    };
+    fn case<T: KvElement>(device: &Device, tokens: usize, pos0: usize, to_kv: fn(f32) -> T) {
+        let seed = tokens as u64 * 13 + pos0 as u64;
+        let (shape, [q, qg], [k, v]) = upload_case(device, &Case { tokens, pos0 }, seed, to_kv);
+        let splits = attention_partials_len(1, 1, HEAD_DIM) / (HEAD_DIM + 2);
+        let run = |ahead: bool| -> Vec<u32> {
+            COMBINE_AHEAD.set(ahead);
+            let kernels = AttentionKernels::PerTokenHeads(4);
+            let o = run(device, (kernels, splits), &shape, (&q, &qg), (&k, &v));
+            o.into_iter().map(f32::to_bits).collect()
+        };
+        let listed = run(false);
+        let ahead = run(true);
+        let first = listed.iter().zip(&ahead).position(|(a, b)| a != b);
+        assert!(
+            first.is_none(),
+            "T {tokens} pos0 {pos0}: differs first at value {first:?}"
+        );
+    }
+    for (tokens, pos0) in [(1, 0), (1, 100), (1, 4095), (3, 2000)] {
+        case(&device, tokens, pos0, |x| x);
+        case::<u16>(&device, tokens, pos0, |x| f16::from_f32(x).to_bits());
+    }
+    COMBINE_AHEAD.set(true);
 }
 
 /// The split kernel chosen per token by its length (`REDLITE_ATTN_LONG_FROM`): tokens below
