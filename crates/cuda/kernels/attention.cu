@@ -469,10 +469,7 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
     int base = begin + warp * G;
     float kr[G][VPL], vr[G][VPL];
     // load_kv_group reads positions min(base + j, end - 1): the last is min(base + G, end) - 1.
-    // Not in the CTAs of 8 warps held to 128 registers (two a multiprocessor): there the
-    // group's registers across the wait spilled.
-    constexpr bool AHEAD = ATTN_FIRST_AHEAD && !(WARPS >= 8 && HPC <= 4);
-    bool loaded = AHEAD && base < stop && min(base + G, end) - 1 < pos0;
+    bool loaded = ATTN_FIRST_AHEAD && base < stop && min(base + G, end) - 1 < pos0;
     if (loaded) load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
     wait();
     const float* qr = q + (i64(t) * heads + h0) * HD;
