@@ -437,27 +437,17 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                                   i64(t) * heads + h, split);
 }
 
-// Compile option REDLITE_ATTN_FIRST_AHEAD=0: the split CTAs load their first group of K and V
-// rows after the PDL wait, like the others (compile.rs; the same bits either way).
-#ifndef ATTN_FIRST_AHEAD
-#define ATTN_FIRST_AHEAD 1
-#endif
-
 // The work of an attention_split_heads_kernel CTA on query heads h0 ... h0 + HPC - 1 of token
-// t, split `split`, by its first WARPS warps; a CTA of more warps (the depth kernel below) has
-// the others idle but at every barrier, so the partials are those of a CTA of WARPS warps bit
-// for bit. `wait` is the kernel's PDL wait: a warp whose first group of rows lies below pos0
-// (cached by earlier steps; this step's kernels write positions from pos0 on) loads it into
-// registers before the wait, so that its first scores need no round trip after the wait but
-// the one that stages the queries.
-template <class KV, int VPL, int WARPS, int HPC, class Wait>
+// t, split `split`, after the PDL wait, by its first WARPS warps; a CTA of more warps (the
+// depth kernel below) has the others idle but at every barrier, so the partials are those of a
+// CTA of WARPS warps bit for bit.
+template <class KV, int VPL, int WARPS, int HPC>
 static __device__ __forceinline__ void split_heads_body(const float* __restrict__ q,
                                                        const KV* __restrict__ k_cache,
                                                        const KV* __restrict__ v_cache,
                                                        float* __restrict__ partials, int t,
                                                        int h0, int split, int chunk, int pos0,
-                                                       int heads, int kv_heads, float scale,
-                                                       Wait wait) {
+                                                       int heads, int kv_heads, float scale) {
     constexpr int HD = VPL * WARP_SIZE, G = 4;
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ __align__(16) float acc_part[WARPS][HD];
@@ -465,13 +455,6 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int kvh = h0 / (heads / kv_heads);
     const int begin = split * chunk, end = min(begin + chunk, pos0 + t + 1);
-    const int stop = warp < WARPS ? end : begin;
-    int base = begin + warp * G;
-    float kr[G][VPL], vr[G][VPL];
-    // load_kv_group reads positions min(base + j, end - 1): the last is min(base + G, end) - 1.
-    bool loaded = ATTN_FIRST_AHEAD && base < stop && min(base + G, end) - 1 < pos0;
-    if (loaded) load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
-    wait();
     const float* qr = q + (i64(t) * heads + h0) * HD;
     for (int i = threadIdx.x; i < HPC * HD; i += blockDim.x) qs[i / HD][i % HD] = qr[i];
     __syncthreads();
@@ -483,11 +466,10 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
 #pragma unroll
         for (int e = 0; e < VPL; ++e) acc[r][e] = 0.0f;
     }
-    for (; base < stop; base += WARPS * G) {
-        if (!loaded) {
-            load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
-        }
-        loaded = false;
+    const int stop = warp < WARPS ? end : begin;
+    for (int base = begin + warp * G; base < stop; base += WARPS * G) {
+        float kr[G][VPL], vr[G][VPL];
+        load_kv_group<KV, VPL, G>(k_cache, v_cache, base, end, kv_heads, kvh, lane, kr, vr);
         const auto query = [&](int r, float (&out)[VPL]) {
             if constexpr (ATTN_WIDE_LOADS) {
                 load_run<float, VPL>(&qs[r][lane * VPL], out);
@@ -525,9 +507,9 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
     chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
                              h0 / (heads / kv_heads), HD);
+    pdl_begin();
     split_heads_body<KV, VPL, WARPS, HPC>(q, k_cache, v_cache, partials, t, h0, split, chunk,
-                                          pos0, heads, kv_heads, scale,
-                                          [] { pdl_begin_as("attention_split_heads_kernel"); });
+                                          pos0, heads, kv_heads, scale);
 }
 
 // The split kernel chosen by depth, token by token (`REDLITE_ATTN_LONG_FROM`): grid (tokens,
@@ -555,12 +537,12 @@ attention_split_depth_kernel(const float* __restrict__ q, const KV* __restrict__
     }
     chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
                              h0 / (heads / kv_heads), HD);
-    const auto wait = [] { pdl_begin_as("attention_split_depth_kernel"); };
+    pdl_begin();
     if (long_token) {
         split_heads_body<KV, VPL, 8, 8>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,
-                                        heads, kv_heads, scale, wait);
+                                        heads, kv_heads, scale);
     } else {
         split_heads_body<KV, VPL, 4, 4>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,
-                                        heads, kv_heads, scale, wait);
+                                        heads, kv_heads, scale);
     }
 }
