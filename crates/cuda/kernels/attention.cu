@@ -73,6 +73,11 @@ static __device__ __forceinline__ void store_run(float* p, const float (&v)[VPL]
 
 // Values of a head's row a lane of attn_prep_kernel: head sizes up to 32 x this.
 #define ROPE_PER_LANE 8
+// Compile option REDLITE_ATTN_PREP_AHEAD=0: attn_prep_kernel loads a key head's value row after
+// its RoPE (compile.rs; the same bits either way).
+#ifndef ATTN_PREP_AHEAD
+#define ATTN_PREP_AHEAD 1
+#endif
 
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
 // y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the
@@ -110,14 +115,36 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
     pdl_begin();
     const float* src = is_query ? qg + (i64(t) * heads + y) * 2 * hd
                                 : k + (i64(t) * kv_heads + kvh) * hd;
+    const float* vr = v + (i64(t) * kv_heads + kvh) * hd;
+    // This lane's values of the row, and of a key head's value row, loaded at once: one round
+    // trip after the wait (REDLITE_ATTN_PREP_AHEAD=0: the value row's loads after the RoPE, a
+    // second one). The sums and products are the loop's, in its order.
+    float x[ROPE_PER_LANE], vv[ROPE_PER_LANE];
+    if (ATTN_PREP_AHEAD) {
+#pragma unroll
+        for (int u = 0; u < ROPE_PER_LANE; ++u) {
+            const int i = lane + u * WARP_SIZE;
+            if (i < hd) {
+                x[u] = src[i];
+                if (!is_query) vv[u] = vr[i];
+            }
+        }
+    }
     float ss = 0.0f;
-    for (int i = lane; i < hd; i += WARP_SIZE) ss += src[i] * src[i];
+    if (ATTN_PREP_AHEAD) {
+#pragma unroll
+        for (int u = 0; u < ROPE_PER_LANE; ++u) {
+            if (lane + u * WARP_SIZE < hd) ss += x[u] * x[u];
+        }
+    } else {
+        for (int i = lane; i < hd; i += WARP_SIZE) ss += src[i] * src[i];
+    }
     ss = warp_reduce_sum(ss);
     const float scale = 1.0f / sqrtf(ss / float(hd) + eps);
 #pragma unroll
     for (int u = 0; u < ROPE_PER_LANE; ++u) {
         const int i = lane + u * WARP_SIZE;
-        if (i < hd) buf[i] = src[i] * scale * w_lane[u];
+        if (i < hd) buf[i] = (ATTN_PREP_AHEAD ? x[u] : src[i]) * scale * w_lane[u];
     }
     __syncwarp();
 #pragma unroll
@@ -135,10 +162,20 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
         for (int i = lane; i < hd; i += WARP_SIZE) out[i] = buf[i];
     } else {
         const i64 at = (i64(pos) * kv_heads + kvh) * hd;
-        const float* vr = v + (i64(t) * kv_heads + kvh) * hd;
-        for (int i = lane; i < hd; i += WARP_SIZE) {
-            kv_store(k_cache + at + i, buf[i]);
-            kv_store(v_cache + at + i, vr[i]);
+        if (ATTN_PREP_AHEAD) {
+#pragma unroll
+            for (int u = 0; u < ROPE_PER_LANE; ++u) {
+                const int i = lane + u * WARP_SIZE;
+                if (i < hd) {
+                    kv_store(k_cache + at + i, buf[i]);
+                    kv_store(v_cache + at + i, vv[u]);
+                }
+            }
+        } else {
+            for (int i = lane; i < hd; i += WARP_SIZE) {
+                kv_store(k_cache + at + i, buf[i]);
+                kv_store(v_cache + at + i, vr[i]);
+            }
         }
     }
 }
@@ -437,6 +474,71 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                                   i64(t) * heads + h, split);
 }
 
+// Compile option REDLITE_ATTN_MERGE_AT_ONCE=0: a split CTA of several query heads merges its
+// warps' partials head by head (two barriers a head) instead of all heads at once (compile.rs;
+// the same bits either way).
+#ifndef ATTN_MERGE_AT_ONCE
+#define ATTN_MERGE_AT_ONCE 1
+#endif
+
+// merge_split_warps for HPC heads at once, rows row0 ... row0 + HPC - 1: every warp's partials
+// of every head staged, one barrier, then each head's merge as merge_split_warps computes it
+// (the same expressions in the same order: the same bits).
+template <int VPL, int WARPS, int HPC>
+static __device__ __forceinline__ void merge_split_heads(const float (&m)[HPC],
+                                                         const float (&l)[HPC],
+                                                         const float (&acc)[HPC][VPL],
+                                                         float* __restrict__ partials, i64 row0,
+                                                         int split) {
+    constexpr int HD = VPL * WARP_SIZE;
+    __shared__ float m_part[HPC][WARPS], l_part[HPC][WARPS];
+    __shared__ __align__(16) float acc_part[HPC][WARPS][HD];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    // Warps past WARPS (a CTA of more: attention_split_depth_kernel) only meet the barrier.
+    if (warp < WARPS) {
+#pragma unroll
+        for (int r = 0; r < HPC; ++r) {
+            if (lane == 0) {
+                m_part[r][warp] = m[r];
+                l_part[r][warp] = l[r];
+            }
+            if constexpr (ATTN_WIDE_LOADS) {
+                store_run<VPL>(&acc_part[r][warp][lane * VPL], acc[r]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VPL; ++e) acc_part[r][warp][lane + WARP_SIZE * e] = acc[r][e];
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < HPC; ++r) {
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[r][w]);
+        float* out = partials + ((row0 + r) * gridDim.z + split) * (HD + 2);
+        const bool empty = m_all == -INFINITY;
+        for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE;
+             i += WARPS * WARP_SIZE) {
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                total += empty ? 0.0f : acc_part[r][w][i] * expf(m_part[r][w] - m_all);
+            }
+            out[i] = total;
+        }
+        if (threadIdx.x == 0) {
+            float l_all = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                l_all += empty ? 0.0f : l_part[r][w] * expf(m_part[r][w] - m_all);
+            }
+            out[HD] = m_all;
+            out[HD + 1] = l_all;
+        }
+    }
+}
+
 // The work of an attention_split_heads_kernel CTA on query heads h0 ... h0 + HPC - 1 of token
 // t, split `split`, after the PDL wait, by its first WARPS warps; a CTA of more warps (the
 // depth kernel below) has the others idle but at every barrier, so the partials are those of a
@@ -479,6 +581,11 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
             }
         };
         softmax_groups<VPL, G, HPC>(query, kr, vr, base, end, scale, m, l, acc);
+    }
+    // All heads at once where their staging fits 32 KB (not 8 heads of 8 warps: 64 KB).
+    if constexpr (ATTN_MERGE_AT_ONCE && HPC > 1 && HPC * WARPS * HD * 4 <= 32768) {
+        merge_split_heads<VPL, WARPS, HPC>(m, l, acc, partials, i64(t) * heads + h0, split);
+        return;
     }
 #pragma unroll
     for (int r = 0; r < HPC; ++r) {
