@@ -328,6 +328,21 @@ double attention_error(int tokens, int pos0) {
     return attention_reference_error(q, qg, k, v, o, tokens, pos0);
 }
 
+// n uniform values in [-1, 1) as a KV cache holds them: floats, or f16 bits (KV of 2 bytes).
+template <class KV>
+std::vector<KV> random_cache(size_t n) {
+    const auto f = uniform(n, -1, 1);
+    std::vector<KV> out(n);
+    for (size_t i = 0; i < n; ++i) {
+        if constexpr (sizeof(KV) == 2) {
+            out[i] = emu_to_half(f[i]);
+        } else {
+            out[i] = f[i];
+        }
+    }
+    return out;
+}
+
 // attention_split_depth_kernel (REDLITE_ATTN_LONG_FROM) against the grouped split kernel of
 // four heads and four warps for tokens shorter than long_len, of eight and eight for the
 // others: every token's partials the same bits (f32 and f16 caches, tokens on both sides).
@@ -338,15 +353,7 @@ bool attention_depth_case(int pos0, int tokens, int long_len) {
     const float scale = 1.0f / 16.0f;
     const int len = pos0 + tokens;
     auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
-    auto kf = uniform((size_t)len * KV_HEADS * HD, -1, 1), vf = uniform((size_t)len * KV_HEADS * HD, -1, 1);
-    std::vector<KV> k(kf.size()), v(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) {
-        if constexpr (sizeof(KV) == 2) {
-            k[i] = emu_to_half(kf[i]), v[i] = emu_to_half(vf[i]);
-        } else {
-            k[i] = kf[i], v[i] = vf[i];
-        }
-    }
+    auto k = random_cache<KV>((size_t)len * KV_HEADS * HD), v = random_cache<KV>((size_t)len * KV_HEADS * HD);
     const size_t n = (size_t)tokens * HEADS * SPLITS * (HD + 2);
     std::vector<float> p4(n, NAN), p8(n, -1.0f), pd(n, -2.0f);
     launch({(unsigned)tokens, HEADS / 4, SPLITS}, 4 * 32, [&] {
@@ -392,15 +399,7 @@ bool combine_ahead_case(int pos0, int tokens, int splits) {
     const int len = pos0 + tokens;
     auto q = uniform((size_t)tokens * HEADS * HD, -1, 1);
     auto qg = uniform((size_t)tokens * HEADS * 2 * HD, -2, 2);
-    auto kf = uniform((size_t)len * KV_HEADS * HD, -1, 1), vf = uniform((size_t)len * KV_HEADS * HD, -1, 1);
-    std::vector<KV> k(kf.size()), v(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) {
-        if constexpr (sizeof(KV) == 2) {
-            k[i] = emu_to_half(kf[i]), v[i] = emu_to_half(vf[i]);
-        } else {
-            k[i] = kf[i], v[i] = vf[i];
-        }
-    }
+    auto k = random_cache<KV>((size_t)len * KV_HEADS * HD), v = random_cache<KV>((size_t)len * KV_HEADS * HD);
     std::vector<float> partials((size_t)tokens * HEADS * splits * (HD + 2), NAN);
     launch({(unsigned)tokens, HEADS / 4, (unsigned)splits}, 4 * 32, [&] {
         at::attention_split_heads_kernel<KV, VPL, 4, 4>(q.data(), k.data(), v.data(), partials.data(),
