@@ -73,10 +73,11 @@ static __device__ __forceinline__ void store_run(float* p, const float (&v)[VPL]
 
 // Values of a head's row a lane of attn_prep_kernel: head sizes up to 32 x this.
 #define ROPE_PER_LANE 8
-// Compile option REDLITE_ATTN_PREP_AHEAD=0: attn_prep_kernel loads a key head's value row after
-// its RoPE (compile.rs; the same bits either way).
+// Compile option REDLITE_ATTN_PREP_AHEAD=1: attn_prep_kernel loads a key head's value row
+// beside its key row, not after its RoPE (compile.rs; the same bits expected; written without
+// a GPU, off until measured).
 #ifndef ATTN_PREP_AHEAD
-#define ATTN_PREP_AHEAD 1
+#define ATTN_PREP_AHEAD 0
 #endif
 
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
@@ -116,9 +117,9 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
     const float* src = is_query ? qg + (i64(t) * heads + y) * 2 * hd
                                 : k + (i64(t) * kv_heads + kvh) * hd;
     const float* vr = v + (i64(t) * kv_heads + kvh) * hd;
-    // This lane's values of the row, and of a key head's value row, loaded at once: one round
-    // trip after the wait (REDLITE_ATTN_PREP_AHEAD=0: the value row's loads after the RoPE, a
-    // second one). The sums and products are the loop's, in its order.
+    // ATTN_PREP_AHEAD: this lane's values of the row, and of a key head's value row, loaded at
+    // once, one round trip after the wait (else the value row's loads follow the RoPE, a second
+    // one). The sums and products are the loop's, in its order.
     float x[ROPE_PER_LANE], vv[ROPE_PER_LANE];
     if (ATTN_PREP_AHEAD) {
 #pragma unroll
@@ -474,11 +475,12 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
                                   i64(t) * heads + h, split);
 }
 
-// Compile option REDLITE_ATTN_MERGE_AT_ONCE=0: a split CTA of several query heads merges its
-// warps' partials head by head (two barriers a head) instead of all heads at once (compile.rs;
-// the same bits either way).
+// Compile option REDLITE_ATTN_MERGE_AT_ONCE=1: a split CTA of several query heads merges its
+// warps' partials all heads at once (one barrier) instead of head by head (two barriers a
+// head) (compile.rs; the same bits: the host emulator; written without a GPU, off until
+// measured).
 #ifndef ATTN_MERGE_AT_ONCE
-#define ATTN_MERGE_AT_ONCE 1
+#define ATTN_MERGE_AT_ONCE 0
 #endif
 
 // merge_split_warps for HPC heads at once, rows row0 ... row0 + HPC - 1: every warp's partials
