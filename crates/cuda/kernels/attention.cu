@@ -116,7 +116,8 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
     pdl_begin();
     const float* src = is_query ? qg + (i64(t) * heads + y) * 2 * hd
                                 : k + (i64(t) * kv_heads + kvh) * hd;
-    const float* vr = v + (i64(t) * kv_heads + kvh) * hd;
+    // A key head's value row (query heads read none).
+    const float* vr = is_query ? v : v + (i64(t) * kv_heads + kvh) * hd;
     // ATTN_PREP_AHEAD: this lane's values of the row, and of a key head's value row, loaded at
     // once, one round trip after the wait (else the value row's loads follow the RoPE, a second
     // one). The sums and products are the loop's, in its order.
