@@ -336,6 +336,35 @@ static __device__ __forceinline__ void softmax_groups(QueryOf qv_of, const float
     }
 }
 
+// One head's partials from its warps' staged running maxima, sums and Σ p v (after the
+// barrier that staged them): merged relative to the largest max into `out` (HD values, then
+// the max and the sum; (0, -inf, 0) where no warp saw a position).
+template <int VPL, int WARPS>
+static __device__ __forceinline__ void merge_staged_warps(const float* m_part, const float* l_part,
+                                                          const float (*acc_part)[VPL * WARP_SIZE],
+                                                          float* out) {
+    constexpr int HD = VPL * WARP_SIZE;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+    const bool empty = m_all == -INFINITY;
+    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
+        }
+        out[i] = total;
+    }
+    if (threadIdx.x == 0) {
+        float l_all = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
+        out[HD] = m_all;
+        out[HD + 1] = l_all;
+    }
+}
+
 // A split's partials from its warps' online softmaxes (each warp's running max m, sum l and
 // VPL values a lane of Σ p v): merged in shared memory relative to the largest max, into
 // partials[row][split] (HD values, then the max and the sum; (0, -inf, 0) where no warp saw a
@@ -361,26 +390,8 @@ static __device__ __forceinline__ void merge_split_warps(float m, float l, const
         }
     }
     __syncthreads();
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
-    float* out = partials + (row * gridDim.z + split) * (HD + 2);
-    const bool empty = m_all == -INFINITY;
-    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
-        }
-        out[i] = total;
-    }
-    if (threadIdx.x == 0) {
-        float l_all = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
-        out[HD] = m_all;
-        out[HD + 1] = l_all;
-    }
+    merge_staged_warps<VPL, WARPS>(m_part, l_part, acc_part,
+                                   partials + (row * gridDim.z + split) * (VPL * WARP_SIZE + 2));
 }
 
 // Under PDL, before the wait: asks L2 for the K and V rows of positions [begin, end) of KV
@@ -485,8 +496,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
 #endif
 
 // merge_split_warps for HPC heads at once, rows row0 ... row0 + HPC - 1: every warp's partials
-// of every head staged, one barrier, then each head's merge as merge_split_warps computes it
-// (the same expressions in the same order: the same bits).
+// of every head staged, one barrier, then each head's merge_staged_warps (the same bits).
 template <int VPL, int WARPS, int HPC>
 static __device__ __forceinline__ void merge_split_heads(const float (&m)[HPC],
                                                          const float (&l)[HPC],
@@ -516,29 +526,8 @@ static __device__ __forceinline__ void merge_split_heads(const float (&m)[HPC],
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < HPC; ++r) {
-        float m_all = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[r][w]);
-        float* out = partials + ((row0 + r) * gridDim.z + split) * (HD + 2);
-        const bool empty = m_all == -INFINITY;
-        for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE;
-             i += WARPS * WARP_SIZE) {
-            float total = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                total += empty ? 0.0f : acc_part[r][w][i] * expf(m_part[r][w] - m_all);
-            }
-            out[i] = total;
-        }
-        if (threadIdx.x == 0) {
-            float l_all = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                l_all += empty ? 0.0f : l_part[r][w] * expf(m_part[r][w] - m_all);
-            }
-            out[HD] = m_all;
-            out[HD + 1] = l_all;
-        }
+        merge_staged_warps<VPL, WARPS>(m_part[r], l_part[r], acc_part[r],
+                                       partials + ((row0 + r) * gridDim.z + split) * (HD + 2));
     }
 }
 
