@@ -227,12 +227,32 @@ static __device__ __forceinline__ void route_token_v2(const float* l, int* ids, 
     for (int k = lane; k < used; k += WARP_SIZE) weights[k] /= total;
 }
 
-// The picks of route_token_tree from p by a tree over all of this lane's values each pick
-// (p's chosen entries set to -2 as they go).
+// route_token_v2's selection in shorter chains (what the routing kernels run; route_token_v2
+// stays for more than 32 picks and as the host emulator's reference), the same ids and
+// weights bit for bit. A round's per-lane choice is a
+// tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
+// larger value, the lower j on a tie, so the root is the first largest as the chain finds
+// it), and with at most 32 picks each lane's pick is divided by the total in registers
+// (route_token_v2 stores it, then reads it back from global memory to divide).
 template <int PER>
-static __device__ __forceinline__ void route_picks_tree(float (&p)[PER], int n_expert, int used,
-                                                        int lane, float& total, float& mine,
-                                                        int& mine_index) {
+static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
+                                                        int n_expert, int used, int lane) {
+    static_assert((PER & (PER - 1)) == 0, "a tree of pairwise picks over PER values");
+    if (used > WARP_SIZE) {
+        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
+        return;
+    }
+    float p[PER];
+    const float inv = route_exps<PER>(l, n_expert, lane, p);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        // Padding and chosen entries hold -2, below every probability and the -1 start. A
+        // NaN, which the chain never picks (NaN > v is false), becomes -2 too: never picked.
+        const float q = p[j] * inv;
+        p[j] = lane + WARP_SIZE * j < n_expert && q == q ? q : -2.0f;
+    }
+    float total = 0.0f, mine = 0.0f;
+    int mine_index = n_expert;
     for (int k = 0; k < used; ++k) {
         float tv[PER];
         int tj[PER];
@@ -265,106 +285,6 @@ static __device__ __forceinline__ void route_picks_tree(float (&p)[PER], int n_e
             if (lane + WARP_SIZE * j == index) p[j] = -2.0f;
         }
         total += v;
-    }
-}
-
-// Compile option REDLITE_ROUTE_LAZY=1: route_token_tree's picks from each lane's best two
-// (route_picks_lazy) instead of a tree over all its values every pick (compile.rs; the same
-// bits: the host emulator; written without a GPU, off until measured).
-#ifndef ROUTE_LAZY
-#define ROUTE_LAZY 0
-#endif
-
-// This lane's best and second best of p[0..PER) leaving out the entries whose bit is set in
-// `gone` (larger value first, the lower j on a tie, as the tree and the chain pick): a scan
-// in increasing j that replaces only on a strictly larger value.
-template <int PER>
-static __device__ __forceinline__ void lane_best_two(const float (&p)[PER], u32 gone, float& v1,
-                                                     int& j1, float& v2, int& j2) {
-    v1 = -2.0f, v2 = -2.0f;
-    j1 = PER, j2 = PER;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const float x = (gone >> j & 1u) != 0 ? -2.0f : p[j];
-        if (x > v1) {
-            v2 = v1, j2 = j1;
-            v1 = x, j1 = j;
-        } else if (x > v2) {
-            v2 = x, j2 = j;
-        }
-    }
-}
-
-// The picks of route_token_tree from p (this lane's probabilities; -2 for padding), with
-// each lane keeping its best two remaining values: a pick takes the warp's largest lane best
-// (the tree's root is the lane's best too), the winning lane's second becomes its best, and
-// only a lane that wins again with no second left scans its values again. The same offers to
-// warp_argmax each pick as the tree's, so the same ids, weights and total. About a fifth of
-// the tree's instructions in the one warp that routes.
-template <int PER>
-static __device__ __forceinline__ void route_picks_lazy(const float (&p)[PER], int n_expert,
-                                                        int used, int lane, float& total,
-                                                        float& mine, int& mine_index) {
-    float v1, v2;
-    int j1, j2;
-    u32 gone = 0;
-    lane_best_two<PER>(p, gone, v1, j1, v2, j2);
-    bool second = true;
-    for (int k = 0; k < used; ++k) {
-        // The chain starts from (-1, n_expert) and takes only values above it.
-        const bool offer = v1 > -1.0f;
-        float v = offer ? v1 : -1.0f;
-        int index = offer ? lane + WARP_SIZE * j1 : n_expert;
-        warp_argmax(v, index);
-        if (lane == k) {
-            mine = v;
-            mine_index = index;
-        }
-        total += v;
-        if (offer && index == lane + WARP_SIZE * j1) {
-            gone |= 1u << j1;
-            if (second) {
-                v1 = v2, j1 = j2;
-                second = false;
-            } else {
-                lane_best_two<PER>(p, gone, v1, j1, v2, j2);
-                second = true;
-            }
-        }
-    }
-}
-
-// route_token_v2's selection in shorter chains (what the routing kernels run; route_token_v2
-// stays for more than 32 picks and as the host emulator's reference), the same ids and
-// weights bit for bit. A round's per-lane choice is a
-// tree of pairwise picks (4 levels instead of a chain of PER compares: each pick keeps the
-// larger value, the lower j on a tie, so the root is the first largest as the chain finds
-// it), and with at most 32 picks each lane's pick is divided by the total in registers
-// (route_token_v2 stores it, then reads it back from global memory to divide).
-template <int PER>
-static __device__ __forceinline__ void route_token_tree(const float* l, int* ids, float* weights,
-                                                        int n_expert, int used, int lane) {
-    static_assert((PER & (PER - 1)) == 0, "a tree of pairwise picks over PER values");
-    static_assert(PER <= 32, "a lane's removed values as bits of one word");
-    if (used > WARP_SIZE) {
-        route_token_v2<PER>(l, ids, weights, n_expert, used, lane);
-        return;
-    }
-    float p[PER];
-    const float inv = route_exps<PER>(l, n_expert, lane, p);
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        // Padding and chosen entries hold -2, below every probability and the -1 start. A
-        // NaN, which the chain never picks (NaN > v is false), becomes -2 too: never picked.
-        const float q = p[j] * inv;
-        p[j] = lane + WARP_SIZE * j < n_expert && q == q ? q : -2.0f;
-    }
-    float total = 0.0f, mine = 0.0f;
-    int mine_index = n_expert;
-    if constexpr (ROUTE_LAZY) {
-        route_picks_lazy<PER>(p, n_expert, used, lane, total, mine, mine_index);
-    } else {
-        route_picks_tree<PER>(p, n_expert, used, lane, total, mine, mine_index);
     }
     if (lane < used) {
         ids[lane] = route_spread(mine_index, l, n_expert);

@@ -36,10 +36,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// sums, `attention.cu`), `REDLITE_ATTN_MERGE_AT_ONCE=1` the attention split CTAs of several
 /// query heads merging their warps' partials all at once instead of head by head (the same
 /// bits), `REDLITE_ATTN_PREP_AHEAD=1` `attn_prep_kernel` loading a key head's value row beside
-/// its key row instead of after its RoPE (the same bits expected), `REDLITE_ROUTE_LAZY=1` the
-/// routing's picks from each lane's best two values instead of a tree over all of them every
-/// pick (`moe_route.cu`, the same bits); the three written, not yet measured on a GPU, so off;
-/// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// its key row instead of after its RoPE (the same bits expected); both written, not yet
+/// measured on a GPU, so off; `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
 fn options(arch: &str) -> Vec<String> {
@@ -52,7 +50,6 @@ fn options(arch: &str) -> Vec<String> {
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let merge_at_once = std::env::var("REDLITE_ATTN_MERGE_AT_ONCE").as_deref() == Ok("1");
     let prep_ahead = std::env::var("REDLITE_ATTN_PREP_AHEAD").as_deref() == Ok("1");
-    let route_lazy = std::env::var("REDLITE_ROUTE_LAZY").as_deref() == Ok("1");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -67,7 +64,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
         format!("-DATTN_MERGE_AT_ONCE={}", u8::from(merge_at_once)),
         format!("-DATTN_PREP_AHEAD={}", u8::from(prep_ahead)),
-        format!("-DROUTE_LAZY={}", u8::from(route_lazy)),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(
