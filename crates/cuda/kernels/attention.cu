@@ -73,13 +73,6 @@ static __device__ __forceinline__ void store_run(float* p, const float (&v)[VPL]
 
 // Values of a head's row a lane of attn_prep_kernel: head sizes up to 32 x this.
 #define ROPE_PER_LANE 8
-// Compile option REDLITE_ATTN_PREP_AHEAD=1: attn_prep_kernel loads a key head's value row
-// beside its key row, not after its RoPE (compile.rs; the same bits expected; written without
-// a GPU, off until measured).
-#ifndef ATTN_PREP_AHEAD
-#define ATTN_PREP_AHEAD 0
-#endif
-
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
 // y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the
 // value head copied to the v cache. RoPE angles in f64 as the CPU reference computes them.
@@ -118,35 +111,29 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
                                 : k + (i64(t) * kv_heads + kvh) * hd;
     // A key head's value row (query heads read none).
     const float* vr = is_query ? v : v + (i64(t) * kv_heads + kvh) * hd;
-    // ATTN_PREP_AHEAD: this lane's values of the row, and of a key head's value row, loaded at
-    // once, one round trip after the wait (else the value row's loads follow the RoPE, a second
-    // one). The sums and products are the loop's, in its order.
+    // This lane's values of the row, and of a key head's value row, loaded at once: one round
+    // trip after the wait, where loading the value row after the RoPE made a second one
+    // (+0.2–0.3 % on an H200, the same bits; thirty-sixth session).
     float x[ROPE_PER_LANE], vv[ROPE_PER_LANE];
-    if (ATTN_PREP_AHEAD) {
 #pragma unroll
-        for (int u = 0; u < ROPE_PER_LANE; ++u) {
-            const int i = lane + u * WARP_SIZE;
-            if (i < hd) {
-                x[u] = src[i];
-                if (!is_query) vv[u] = vr[i];
-            }
+    for (int u = 0; u < ROPE_PER_LANE; ++u) {
+        const int i = lane + u * WARP_SIZE;
+        if (i < hd) {
+            x[u] = src[i];
+            if (!is_query) vv[u] = vr[i];
         }
     }
     float ss = 0.0f;
-    if (ATTN_PREP_AHEAD) {
 #pragma unroll
-        for (int u = 0; u < ROPE_PER_LANE; ++u) {
-            if (lane + u * WARP_SIZE < hd) ss += x[u] * x[u];
-        }
-    } else {
-        for (int i = lane; i < hd; i += WARP_SIZE) ss += src[i] * src[i];
+    for (int u = 0; u < ROPE_PER_LANE; ++u) {
+        if (lane + u * WARP_SIZE < hd) ss += x[u] * x[u];
     }
     ss = warp_reduce_sum(ss);
     const float scale = 1.0f / sqrtf(ss / float(hd) + eps);
 #pragma unroll
     for (int u = 0; u < ROPE_PER_LANE; ++u) {
         const int i = lane + u * WARP_SIZE;
-        if (i < hd) buf[i] = (ATTN_PREP_AHEAD ? x[u] : src[i]) * scale * w_lane[u];
+        if (i < hd) buf[i] = x[u] * scale * w_lane[u];
     }
     __syncwarp();
 #pragma unroll
@@ -164,19 +151,12 @@ __global__ void attn_prep_kernel(const float* __restrict__ qg, const float* __re
         for (int i = lane; i < hd; i += WARP_SIZE) out[i] = buf[i];
     } else {
         const i64 at = (i64(pos) * kv_heads + kvh) * hd;
-        if (ATTN_PREP_AHEAD) {
 #pragma unroll
-            for (int u = 0; u < ROPE_PER_LANE; ++u) {
-                const int i = lane + u * WARP_SIZE;
-                if (i < hd) {
-                    kv_store(k_cache + at + i, buf[i]);
-                    kv_store(v_cache + at + i, vv[u]);
-                }
-            }
-        } else {
-            for (int i = lane; i < hd; i += WARP_SIZE) {
+        for (int u = 0; u < ROPE_PER_LANE; ++u) {
+            const int i = lane + u * WARP_SIZE;
+            if (i < hd) {
                 kv_store(k_cache + at + i, buf[i]);
-                kv_store(v_cache + at + i, vr[i]);
+                kv_store(v_cache + at + i, vv[u]);
             }
         }
     }
@@ -424,17 +404,28 @@ static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, in
     return (len + splits - 1) / splits;
 }
 
+// Compile option REDLITE_ATTN_ROWS_AHEAD: which of a split's K and V rows its CTA asks of L2
+// before the PDL wait: 1 (default) all of them, 0 none, 2 only its warps' first groups (WARPS x
+// 4 rows). The requests run beside `attn_prep`, which the timeline shows 2 µs a launch slower
+// with f32 KV than with f16 at depth 4096 (H200, thirty-sixth session). Bits unchanged.
+#ifndef ATTN_ROWS_AHEAD
+#define ATTN_ROWS_AHEAD 1
+#endif
+
 // A split kernel's start: the chunk of token t (split_chunk) and, under PDL, its split's K
-// and V rows of KV head kvh asked of L2 before the wait. pos_dev is written before the step,
-// the rows before pos0 by earlier steps: only those are asked for.
+// and V rows of KV head kvh asked of L2 before the wait (ATTN_ROWS_AHEAD says which; `warps`
+// walk the split G = 4 rows at a time). pos_dev is written before the step, the rows before
+// pos0 by earlier steps: only those are asked for.
 template <class KV>
 static __device__ __forceinline__ int split_rows_ahead(const KV* k_cache, const KV* v_cache,
                                                        int chunk, int pos0, int t, int split,
                                                        int min_chunk, int kv_heads, int kvh,
-                                                       int hd) {
+                                                       int hd, int warps) {
     chunk = split_chunk(chunk, pos0, t, min_chunk);
     const int first = split * chunk;
-    prefetch_kv_rows(k_cache, v_cache, first, min(first + chunk, pos0), kv_heads, kvh, hd);
+    const int ahead = ATTN_ROWS_AHEAD == 0 ? 0 : ATTN_ROWS_AHEAD == 2 ? warps * 4 : chunk;
+    prefetch_kv_rows(k_cache, v_cache, first, min(first + min(chunk, ahead), pos0), kv_heads, kvh,
+                     hd);
     return chunk;
 }
 
@@ -459,7 +450,7 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
-                             h / (heads / kv_heads), HD);
+                             h / (heads / kv_heads), HD, WARPS);
     pdl_begin();
     __shared__ float m_part[WARPS], l_part[WARPS];
     __shared__ __align__(16) float acc_part[WARPS][HD];
@@ -485,50 +476,6 @@ attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k_cac
     }
     merge_split_warps<VPL, WARPS>(m[0], l[0], acc[0], m_part, l_part, acc_part, partials,
                                   i64(t) * heads + h, split);
-}
-
-// Compile option REDLITE_ATTN_MERGE_AT_ONCE=1: a split CTA of several query heads merges its
-// warps' partials all heads at once (one barrier) instead of head by head (two barriers a
-// head) (compile.rs; the same bits: the host emulator; written without a GPU, off until
-// measured).
-#ifndef ATTN_MERGE_AT_ONCE
-#define ATTN_MERGE_AT_ONCE 0
-#endif
-
-// merge_split_warps for HPC heads at once, rows row0 ... row0 + HPC - 1: every warp's partials
-// of every head staged, one barrier, then each head's merge_staged_warps (the same bits).
-template <int VPL, int WARPS, int HPC>
-static __device__ __forceinline__ void merge_split_heads(const float (&m)[HPC],
-                                                         const float (&l)[HPC],
-                                                         const float (&acc)[HPC][VPL],
-                                                         float* __restrict__ partials, i64 row0,
-                                                         int split) {
-    constexpr int HD = VPL * WARP_SIZE;
-    __shared__ float m_part[HPC][WARPS], l_part[HPC][WARPS];
-    __shared__ __align__(16) float acc_part[HPC][WARPS][HD];
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    // Warps past WARPS (a CTA of more: attention_split_depth_kernel) only meet the barrier.
-    if (warp < WARPS) {
-#pragma unroll
-        for (int r = 0; r < HPC; ++r) {
-            if (lane == 0) {
-                m_part[r][warp] = m[r];
-                l_part[r][warp] = l[r];
-            }
-            if constexpr (ATTN_WIDE_LOADS) {
-                store_run<VPL>(&acc_part[r][warp][lane * VPL], acc[r]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < VPL; ++e) acc_part[r][warp][lane + WARP_SIZE * e] = acc[r][e];
-            }
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < HPC; ++r) {
-        merge_staged_warps<VPL, WARPS>(m_part[r], l_part[r], acc_part[r],
-                                       partials + ((row0 + r) * gridDim.z + split) * (HD + 2));
-    }
 }
 
 // The work of an attention_split_heads_kernel CTA on query heads h0 ... h0 + HPC - 1 of token
@@ -574,11 +521,6 @@ static __device__ __forceinline__ void split_heads_body(const float* __restrict_
         };
         softmax_groups<VPL, G, HPC>(query, kr, vr, base, end, scale, m, l, acc);
     }
-    // All heads at once where their staging fits 32 KB (not 8 heads of 8 warps: 64 KB).
-    if constexpr (ATTN_MERGE_AT_ONCE && HPC > 1 && HPC * WARPS * HD * 4 <= 32768) {
-        merge_split_heads<VPL, WARPS, HPC>(m, l, acc, partials, i64(t) * heads + h0, split);
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < HPC; ++r) {
         merge_split_warps<VPL, WARPS>(m[r], l[r], acc[r], m_part, l_part, acc_part, partials,
@@ -605,7 +547,7 @@ attention_split_heads_kernel(const float* __restrict__ q, const KV* __restrict__
     if (pos_dev != nullptr) pos0 = int(*pos_dev);
     const int t = blockIdx.x, h0 = blockIdx.y * HPC, split = blockIdx.z;
     chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
-                             h0 / (heads / kv_heads), HD);
+                             h0 / (heads / kv_heads), HD, WARPS);
     pdl_begin();
     split_heads_body<KV, VPL, WARPS, HPC>(q, k_cache, v_cache, partials, t, h0, split, chunk,
                                           pos0, heads, kv_heads, scale);
@@ -635,7 +577,7 @@ attention_split_depth_kernel(const float* __restrict__ q, const KV* __restrict__
         return;
     }
     chunk = split_rows_ahead(k_cache, v_cache, chunk, pos0, t, split, min_chunk, kv_heads,
-                             h0 / (heads / kv_heads), HD);
+                             h0 / (heads / kv_heads), HD, long_token ? 8 : 4);
     pdl_begin();
     if (long_token) {
         split_heads_body<KV, VPL, 8, 8>(q, k_cache, v_cache, partials, t, h0, split, chunk, pos0,

@@ -33,11 +33,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
 /// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
-/// sums, `attention.cu`), `REDLITE_ATTN_MERGE_AT_ONCE=1` the attention split CTAs of several
-/// query heads merging their warps' partials all at once instead of head by head (the same
-/// bits), `REDLITE_ATTN_PREP_AHEAD=1` `attn_prep_kernel` loading a key head's value row beside
-/// its key row instead of after its RoPE (the same bits expected); both written, not yet
-/// measured on a GPU, so off; `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
+/// sums, `attention.cu`), `REDLITE_ATTN_ROWS_AHEAD=0|2` the attention split CTAs asking L2 for
+/// none of their K and V rows before the PDL wait, or for their warps' first groups only,
+/// instead of all (`attention.cu`; the same bits), `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
 /// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
 /// key.
 fn options(arch: &str) -> Vec<String> {
@@ -48,8 +46,11 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
-    let merge_at_once = std::env::var("REDLITE_ATTN_MERGE_AT_ONCE").as_deref() == Ok("1");
-    let prep_ahead = std::env::var("REDLITE_ATTN_PREP_AHEAD").as_deref() == Ok("1");
+    let rows_ahead = match std::env::var("REDLITE_ATTN_ROWS_AHEAD").as_deref() {
+        Ok("0") => 0,
+        Ok("2") => 2,
+        _ => 1,
+    };
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -62,8 +63,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
-        format!("-DATTN_MERGE_AT_ONCE={}", u8::from(merge_at_once)),
-        format!("-DATTN_PREP_AHEAD={}", u8::from(prep_ahead)),
+        format!("-DATTN_ROWS_AHEAD={rows_ahead}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(
