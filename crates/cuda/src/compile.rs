@@ -35,9 +35,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
 /// sums, `attention.cu`), `REDLITE_ATTN_ROWS_AHEAD=0|2` the attention split CTAs asking L2 for
 /// none of their K and V rows before the PDL wait, or for their warps' first groups only,
-/// instead of all (`attention.cu`; the same bits), `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's
-/// registers and local memory ([`ModuleCompiled::kernels`]). The options are part of the cache
-/// key.
+/// instead of all (`attention.cu`; the same bits), `REDLITE_NVRTC_VERBOSE=1` asks ptxas for
+/// each kernel's registers and local memory ([`ModuleCompiled::kernels`]). The options are part
+/// of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
