@@ -2,8 +2,9 @@
 // (run.sh), each against the launches it replaces, bit for bit: both sides are the kernels'
 // own code compiled alike, so any difference is a fault of layout, indexing or order, not of
 // rounding. Cases (the switches measured slower on a GPU were removed with their cases):
-//   1. router_topk_kernel (the router with the gate row stored after it) against the split-K
-//      router then moe_route_v2_kernel; route_token_tree against route_token_v2.
+//   1. router_topk_kernel (the router with the gate row stored after it) and
+//      moe_route_gate_kernel (REDLITE_ROUTE_GATE_TAIL or not) against the split-K router then
+//      moe_route_v2_kernel; route_token_tree against route_token_v2.
 //   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
 //   3. The small-batch q8 products (2 to 4 tokens, MTP verifications) against the one-token
@@ -26,6 +27,8 @@
 //      load ahead) against a scalar reference of the same integer sums, on every item of
 //      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
 //      against the forms that load as they go.
+//   8. The norms' sum of squares from the 8 warps' sums read by every thread
+//      (block_sum_of_8_warps, REDLITE_NORM_SUM_TREE=1) against block_reduce_sum.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -154,6 +157,18 @@ void router_fused(const char* name, const Router& r) {
     });
     Routing got = router_topk(r, h.data(), -3.0f);
     verdict(name, same_routing(ref, got));
+    // moe_route_gate_kernel (the routing with the gate row's dot in its launch; under
+    // REDLITE_ROUTE_GATE_TAIL=1 the dot's lanes all in one warp) on the same router logits.
+    Routing gated(r, -5.0f);
+    gated.logits = ref.logits;
+    const u8* gate_row = rows + (size_t)r.n_expert * cols * sizeof(float);
+    launch({1, 1, 0}, (1 + SPLIT_WARPS) * 32, [&] {
+        mo::moe_route_gate_kernel<PER, mo::F32x4, SPLIT_WARPS>(
+            gated.logits.data(), gate_row, h.data(), gated.ids.data(), gated.weights.data(),
+            gated.shared_weight.data(), cols, r.n_expert, r.used);
+    });
+    verdict("moe_route_gate_kernel = split-K gate row, then moe_route_v2_kernel",
+            same_routing(ref, gated));
 }
 
 // The host's greedy argmax: the largest finite value, the lower index on ties, -0 = +0.
@@ -688,9 +703,38 @@ void iq1m_item_dot() {
             ok);
 }
 
+// block_sum_of_8_warps (the norms' sum of squares under REDLITE_NORM_SUM_TREE=1) against
+// block_reduce_sum on the same 256 values a CTA, every thread's result bit for bit: values
+// from a normal law squared (as the norm sums them), zeros, subnormals, huge ones, a NaN.
+float sum_scratch_a[32], sum_scratch_b[32];
+void norm_sums() {
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    bool ok = true;
+    for (int rep = 0; rep < 200; ++rep) {
+        std::vector<float> v(256);
+        for (auto& x : v) {
+            const float n = normal(rng);
+            x = n * n;
+        }
+        if (rep % 5 == 1) for (int i = 0; i < 256; i += 3) v[i] = 0.0f;
+        if (rep % 5 == 2) for (int i = 0; i < 256; i += 7) v[i] = 1e-41f;
+        if (rep % 5 == 3) v[rng() % 256] = 3e38f;
+        if (rep == 4) v[rng() % 256] = NAN;
+        std::vector<float> a(256), b(256);
+        launch({1, 1, 0}, 256, [&] {
+            a[threadIdx.x] = el::block_reduce_sum(v[threadIdx.x], sum_scratch_a);
+            b[threadIdx.x] = el::block_sum_of_8_warps(v[threadIdx.x], sum_scratch_b);
+        });
+        ok &= same("CTA sum", a, b);
+    }
+    verdict("block_sum_of_8_warps = block_reduce_sum (200 CTAs of 256 non-negative values: zeros, "
+            "subnormals, 3e38, a NaN)",
+            ok);
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention,
-    // moe or iq1m.
+    // moe, iq1m or norm.
     const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
     // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
     const Router r = random_router(2048, 512, 10);
@@ -736,6 +780,7 @@ int main(int argc, char** argv) {
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }
+    if (group("norm")) norm_sums();
     printf("%s\n", failures == 0 ? "all cases passed" : "some cases failed");
     return failures == 0 ? 0 : 1;
 }
