@@ -73,6 +73,7 @@ static __device__ __forceinline__ void store_run(float* p, const float (&v)[VPL]
 
 // Values of a head's row a lane of attn_prep_kernel: head sizes up to 32 x this.
 #define ROPE_PER_LANE 8
+
 // Grid (tokens, heads + kv_heads), one warp, hd floats of dynamic shared memory. Blocks
 // y < heads: query head y → q. Others: key head y - heads → k cache at pos0 + t, and the
 // value head copied to the v cache. RoPE angles in f64 as the CPU reference computes them.
@@ -316,35 +317,6 @@ static __device__ __forceinline__ void softmax_groups(QueryOf qv_of, const float
     }
 }
 
-// One head's partials from its warps' staged running maxima, sums and Σ p v (after the
-// barrier that staged them): merged relative to the largest max into `out` (HD values, then
-// the max and the sum; (0, -inf, 0) where no warp saw a position).
-template <int VPL, int WARPS>
-static __device__ __forceinline__ void merge_staged_warps(const float* m_part, const float* l_part,
-                                                          const float (*acc_part)[VPL * WARP_SIZE],
-                                                          float* out) {
-    constexpr int HD = VPL * WARP_SIZE;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
-    const bool empty = m_all == -INFINITY;
-    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
-        }
-        out[i] = total;
-    }
-    if (threadIdx.x == 0) {
-        float l_all = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
-        out[HD] = m_all;
-        out[HD + 1] = l_all;
-    }
-}
-
 // A split's partials from its warps' online softmaxes (each warp's running max m, sum l and
 // VPL values a lane of Σ p v): merged in shared memory relative to the largest max, into
 // partials[row][split] (HD values, then the max and the sum; (0, -inf, 0) where no warp saw a
@@ -370,8 +342,26 @@ static __device__ __forceinline__ void merge_split_warps(float m, float l, const
         }
     }
     __syncthreads();
-    merge_staged_warps<VPL, WARPS>(m_part, l_part, acc_part,
-                                   partials + (row * gridDim.z + split) * (VPL * WARP_SIZE + 2));
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, m_part[w]);
+    float* out = partials + (row * gridDim.z + split) * (HD + 2);
+    const bool empty = m_all == -INFINITY;
+    for (int i = threadIdx.x; i < HD && threadIdx.x < WARPS * WARP_SIZE; i += WARPS * WARP_SIZE) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            total += empty ? 0.0f : acc_part[w][i] * expf(m_part[w] - m_all);
+        }
+        out[i] = total;
+    }
+    if (threadIdx.x == 0) {
+        float l_all = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) l_all += empty ? 0.0f : l_part[w] * expf(m_part[w] - m_all);
+        out[HD] = m_all;
+        out[HD + 1] = l_all;
+    }
 }
 
 // Under PDL, before the wait: asks L2 for the K and V rows of positions [begin, end) of KV

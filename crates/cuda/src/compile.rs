@@ -38,7 +38,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// instead of all (`attention.cu`; the same bits), `REDLITE_NORM_SUM_TREE=1` the norms' sum of
 /// squares from the warps' sums read by every thread after one barrier (`elementwise.cu`; the
 /// same bits), `REDLITE_ROUTE_GATE_TAIL=1` the routing's shared-expert gate finished by its own
-/// warps beside the routing warp (`moe_route.cu`; the same bits); the last three not yet
+/// warp beside the routing warp (`moe_route.cu`; the same bits); the last three not yet
 /// measured on a GPU. `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
 /// local memory ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
