@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, one call for off-by-default options that keep the math, then issue 6's
 # matrix with them where they won. Carry .cache/device/redlite.xz, routing and llama-src.tgz
-# (scripts/device/prepare.sh); about 8 minutes on an H200, most of it llama.cpp's build (started
-# first, niced, in the background while the files are written and the options measured):
+# (scripts/device/prepare.sh); an estimated 7-8 minutes on an H200 (not yet run there), most of
+# it llama.cpp's build (started first, niced, in the background while the files are written and
+# the options measured):
 #   1. bits: `redlite logits --chunk 1` over 2,100 tokens (past the attention's split length) with
 #      the defaults and with OPTS all set, compared byte for byte; the routing GPU tests with OPTS;
 #   2. ab_rounds.sh with f32 KV at depth 4096, two rounds, the defaults against OPTS;
