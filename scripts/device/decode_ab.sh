@@ -19,7 +19,8 @@
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   6a. (stage timeline, not by default) REDLITE_TIMELINE=1 at each of TIMELINE_DEPTHS
-#      (default 0 4096), then MTP steps of one draft at acceptance 0.7: per kernel, its share
+#      (default 0 4096; empty: none), then MTP steps of each of TIMELINE_DRAFTS drafts (default
+#      1) at acceptance 0.7: per kernel, its share
 #      of a replayed step on the critical path and how early its CTAs were resident
 #      (programmatic dependent launch's overlap);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
@@ -171,19 +172,21 @@ if stage timeline; then
   # early its first CTA was resident) at the process's end, one process a depth so that the
   # rings hold that depth's steps only. The option compiles every module again (~2 min).
   stamp "timeline"
-  for d in ${TIMELINE_DEPTHS:-0 4096}; do
+  for d in ${TIMELINE_DEPTHS-0 4096}; do
     REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 1 ${BENCH_EXTRA:-} \
       > "$OUT/timeline-d$d.txt" 2>&1
     note "timeline at depth $d: $(grep -E '^\| tg' "$OUT/timeline-d$d.txt" | tr -s ' ')"
     grep -A 25 '^timeline:' "$OUT/timeline-d$d.txt" | tee -a "$SUMMARY"
   done
-  # One draft at acceptance 0.7 (bench times plain decoding first; the rings keep the MTP
-  # steps, each ending with the draft's LM head): what a step's graphs and the host leave idle
-  # (docs/MTP.md asks for that before one graph for the whole step).
-  REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -r 1 --mtp --draft 1 \
-    --mtp-accept 0.7 ${BENCH_EXTRA:-} > "$OUT/timeline-mtp.txt" 2>&1
-  note "timeline, MTP: $(grep -E '^\| tg|verify' "$OUT/timeline-mtp.txt" | tr -s ' ' | tr '\n' ' ')"
-  grep -A 25 '^timeline:' "$OUT/timeline-mtp.txt" | tee -a "$SUMMARY"
+  # Drafts of TIMELINE_DRAFTS (default 1) at acceptance 0.7 (bench times plain decoding first;
+  # the rings keep the MTP steps, each ending with the draft's LM head): what a step's graphs
+  # and the host leave idle, and each kernel's share of a verification of several rows.
+  for k in ${TIMELINE_DRAFTS:-1}; do
+    REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -r 1 --mtp --draft "$k" \
+      --mtp-accept 0.7 ${BENCH_EXTRA:-} > "$OUT/timeline-mtp$k.txt" 2>&1
+    note "timeline, MTP draft $k: $(grep -E '^\| tg|verify' "$OUT/timeline-mtp$k.txt" | tr -s ' ' | tr '\n' ' ')"
+    grep -A 40 '^timeline:' "$OUT/timeline-mtp$k.txt" | tee -a "$SUMMARY"
+  done
 fi
 if stage profile && command -v ncu > /dev/null; then
   # One metric, L2 left as the previous kernel left it (what a decode step sees); the first

@@ -394,18 +394,12 @@ static __device__ __forceinline__ int split_chunk(int chunk, int pos0, int t, in
     return (len + splits - 1) / splits;
 }
 
-// Compile option REDLITE_ATTN_ROWS_AHEAD: which of a split's K and V rows its CTA asks of L2
-// before the PDL wait: 1 (default) all of them, 0 none, 2 only its warps' first groups (WARPS x
-// 4 rows). The requests run beside `attn_prep`, which the timeline shows 2 µs a launch slower
-// with f32 KV than with f16 at depth 4096 (H200, thirty-sixth session). Bits unchanged.
-#ifndef ATTN_ROWS_AHEAD
-#define ATTN_ROWS_AHEAD 1
-#endif
-
-// A split kernel's start: the chunk of token t (split_chunk) and, under PDL, its split's K
-// and V rows of KV head kvh asked of L2 before the wait (ATTN_ROWS_AHEAD says which; `warps`
-// walk the split G = 4 rows at a time). pos_dev is written before the step, the rows before
-// pos0 by earlier steps: only those are asked for.
+// A split kernel's start: the chunk of token t (split_chunk) and, under PDL, the first rows of
+// its split's K and V of KV head kvh asked of L2 before the wait: one group of G = 4 rows for
+// each of its `warps` (their first round), not the whole split, whose requests ran beside
+// `attn_prep` and slowed it with f32 KV (with the norms' and routing's orders of the
+// thirty-eighth session: +1.1 % at depth 4096, the same bits). pos_dev is written before the
+// step, the rows before pos0 by earlier steps: only those are asked for.
 template <class KV>
 static __device__ __forceinline__ int split_rows_ahead(const KV* k_cache, const KV* v_cache,
                                                        int chunk, int pos0, int t, int split,
@@ -413,7 +407,7 @@ static __device__ __forceinline__ int split_rows_ahead(const KV* k_cache, const 
                                                        int hd, int warps) {
     chunk = split_chunk(chunk, pos0, t, min_chunk);
     const int first = split * chunk;
-    const int ahead = ATTN_ROWS_AHEAD == 0 ? 0 : ATTN_ROWS_AHEAD == 2 ? warps * 4 : chunk;
+    const int ahead = warps * 4;
     prefetch_kv_rows(k_cache, v_cache, first, min(first + min(chunk, ahead), pos0), kv_heads, kvh,
                      hd);
     return chunk;

@@ -29,19 +29,14 @@ __global__ void embed_kernel(const u8* __restrict__ table, const u32* __restrict
 // blockDim values take the vector path).
 #define NORM_CHUNKS 4
 
-// Compile option REDLITE_NORM_SUM_TREE=1: `norm_row`'s sum of squares over a CTA of 8 warps
-// from the warps' sums read by every thread, after one barrier, instead of block_reduce_sum's
-// two barriers and second butterfly (compile.rs; the same bits; not yet measured on a GPU).
-#ifndef NORM_SUM_TREE
-#define NORM_SUM_TREE 0
-#endif
-
-// block_reduce_sum of non-negative values (no -0) over a CTA of 8 warps, the same bits: each
-// warp's butterfly, one barrier, then every thread adds the 8 warp sums in the order the
-// second butterfly does. Its lanes 8-31 add zeros at offsets 16 and 8 (x + 0 = x for x ≥ +0),
-// then at offset 4 lane i holds s_i + s_(i+4), at 2 those pairs' sums two apart, at 1 the last
-// two: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), addition commuting bit for bit. One
-// call a kernel (`scratch` is not guarded against a second).
+// block_reduce_sum of non-negative values (no -0) over a CTA of 8 warps, the same bits (host
+// emulator case `norm`) with one barrier where it has two and a second butterfly (`norm_row`'s
+// sum of squares, 97 norms a decode step): each warp's butterfly, one barrier, then every
+// thread adds the 8 warp sums in the order the second butterfly does. Its lanes 8-31 add zeros
+// at offsets 16 and 8 (x + 0 = x for x ≥ +0), then at offset 4 lane i holds s_i + s_(i+4), at 2
+// those pairs' sums two apart, at 1 the last two: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 +
+// s7)), addition commuting bit for bit. One call a kernel (`scratch` is not guarded against a
+// second).
 static __device__ __forceinline__ float block_sum_of_8_warps(float value, float* scratch) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     value = warp_reduce_sum(value);
@@ -102,8 +97,8 @@ static __device__ __forceinline__ void norm_row(float* x, const float* y, const 
                 ss += v[c].w * v[c].w;
             }
         }
-        ss = NORM_SUM_TREE && blockDim.x == 8 * WARP_SIZE ? block_sum_of_8_warps(ss, scratch)
-                                                           : block_reduce_sum(ss, scratch);
+        ss = blockDim.x == 8 * WARP_SIZE ? block_sum_of_8_warps(ss, scratch)
+                                         : block_reduce_sum(ss, scratch);
         const float scale = 1.0f / sqrtf(ss / float(cols) + eps);
 #pragma unroll
         for (int c = 0; c < NORM_CHUNKS; ++c) {

@@ -33,13 +33,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
 /// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
-/// sums, `attention.cu`), `REDLITE_ATTN_ROWS_AHEAD=0|2` the attention split CTAs asking L2 for
-/// none of their K and V rows before the PDL wait, or for their warps' first groups only,
-/// instead of all (`attention.cu`; the same bits), `REDLITE_NORM_SUM_TREE=1` the norms' sum of
-/// squares from the warps' sums read by every thread after one barrier (`elementwise.cu`; the
-/// same bits), `REDLITE_ROUTE_GATE_TAIL=1` the routing's shared-expert gate finished by its own
-/// warp beside the routing warp (`moe_route.cu`; the same bits); the last three not yet
-/// measured on a GPU. `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
+/// sums, `attention.cu`). `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
 /// local memory ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
@@ -49,13 +43,6 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
-    let rows_ahead = match std::env::var("REDLITE_ATTN_ROWS_AHEAD").as_deref() {
-        Ok("0") => 0,
-        Ok("2") => 2,
-        _ => 1,
-    };
-    let norm_sum_tree = std::env::var("REDLITE_NORM_SUM_TREE").as_deref() == Ok("1");
-    let route_gate_tail = std::env::var("REDLITE_ROUTE_GATE_TAIL").as_deref() == Ok("1");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -68,9 +55,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
-        format!("-DATTN_ROWS_AHEAD={rows_ahead}"),
-        format!("-DNORM_SUM_TREE={}", u8::from(norm_sum_tree)),
-        format!("-DROUTE_GATE_TAIL={}", u8::from(route_gate_tail)),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(

@@ -3,7 +3,7 @@
 // own code compiled alike, so any difference is a fault of layout, indexing or order, not of
 // rounding. Cases (the switches measured slower on a GPU were removed with their cases):
 //   1. router_topk_kernel (the router with the gate row stored after it) and
-//      moe_route_gate_kernel (REDLITE_ROUTE_GATE_TAIL or not) against the split-K router then
+//      moe_route_gate_kernel (its gate dot's lanes all in one warp) against the split-K router then
 //      moe_route_v2_kernel; route_token_tree against route_token_v2.
 //   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
@@ -28,7 +28,7 @@
 //      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
 //      against the forms that load as they go.
 //   8. The norms' sum of squares from the 8 warps' sums read by every thread
-//      (block_sum_of_8_warps, REDLITE_NORM_SUM_TREE=1) against block_reduce_sum.
+//      (block_sum_of_8_warps, norm_row's on CTAs of 8 warps) against block_reduce_sum.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -157,8 +157,8 @@ void router_fused(const char* name, const Router& r) {
     });
     Routing got = router_topk(r, h.data(), -3.0f);
     verdict(name, same_routing(ref, got));
-    // moe_route_gate_kernel (the routing with the gate row's dot in its launch; under
-    // REDLITE_ROUTE_GATE_TAIL=1 the dot's lanes all in one warp) on the same router logits.
+    // moe_route_gate_kernel (the routing with the gate row's dot in its launch, the dot's lanes
+    // all in one warp) on the same router logits.
     Routing gated(r, -5.0f);
     gated.logits = ref.logits;
     const u8* gate_row = rows + (size_t)r.n_expert * cols * sizeof(float);
@@ -703,7 +703,7 @@ void iq1m_item_dot() {
             ok);
 }
 
-// block_sum_of_8_warps (the norms' sum of squares under REDLITE_NORM_SUM_TREE=1) against
+// block_sum_of_8_warps (the norms' sum of squares on CTAs of 8 warps) against
 // block_reduce_sum on the same 256 values a CTA, every thread's result bit for bit: values
 // from a normal law squared (as the norm sums them), zeros, subnormals, huge ones, a NaN.
 float sum_scratch_a[32], sum_scratch_b[32];
