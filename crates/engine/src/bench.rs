@@ -1,8 +1,9 @@
 //! `redlite bench`: llama-bench's measurements on one session. Prompt processing (`pp`):
 //! `n_prompt` tokens in one prefill from an empty state. Token generation (`tg`): `n_gen`
 //! tokens decoded one at a time after a context of `depth` tokens (not timed). One warm-up
-//! run of each test is excluded; repetitions give a mean and a standard deviation. Each
-//! repetition feeds other tokens, so a GPU expert cache is not measured on a replay.
+//! run of each test is excluded (two for speculative decoding: [`MTP_WARMUP_RUNS`]);
+//! repetitions give a mean and a standard deviation. Each repetition feeds other tokens, so a
+//! GPU expert cache is not measured on a replay.
 
 use std::time::Instant;
 
@@ -236,6 +237,14 @@ pub fn bench_gen(
     Ok(result)
 }
 
+/// Warm-up runs of a speculative test. A chained step runs as before the first time its shape
+/// (rows of each forward call: the block's catch-up after k kept drafts, fewer drafts near
+/// the end) is seen and is recorded as one CUDA graph the second time, with the GPU idle while
+/// the host records (`backend/cuda/step_graph.rs`); the forced verdicts repeat from run to
+/// run, so after two runs every shape of a run replays, as over a long generation, the state
+/// the plain `tg` test measures after its one warm-up (its decode graph recorded).
+pub const MTP_WARMUP_RUNS: usize = 2;
+
 /// Generation of `n_gen` tokens with speculative decoding (greedy, `draft` drafts per step,
 /// optionally a forced acceptance rate) after `depth` tokens of context (at least one: the
 /// first token is sampled from the context's logits). Tokens are the model's own.
@@ -252,7 +261,7 @@ pub fn bench_gen_mtp(
     let mut total = MtpStats::default();
     let mut timings = MtpTimings::default();
     let mut force = None;
-    for rep in 0..=reps {
+    for rep in 0..reps + MTP_WARMUP_RUNS {
         session.reset();
         let logits = session.feed(&context, false, false)?.logits;
         let mut sampler = Sampler::new(SamplingParams::greedy())?;
@@ -284,7 +293,7 @@ pub fn bench_gen_mtp(
             }
         }
         let seconds = start.elapsed().as_secs_f64();
-        if rep > 0 {
+        if rep >= MTP_WARMUP_RUNS {
             // The first token came from the context's logits: count the decoded ones, as
             // the plain test does.
             samples.push(generated.saturating_sub(1) as f64 / seconds);
