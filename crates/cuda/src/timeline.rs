@@ -8,7 +8,8 @@
 //! summarized per kernel (name, CTAs, threads):
 //!
 //! - `launches/step`: launches in the window over its steps (the last [`STEPS`] whole steps;
-//!   a run of the LM head's pieces ends a step: see [`STEP_MARKER`]);
+//!   a run of the LM head's pieces ends a step: see [`STEP_MARKER`], and [`VERIFY_MARKER`]
+//!   for speculative steps);
 //! - `share µs/step`: the time from its release to the next release of any kernel, attributed
 //!   to it (in a chain, the time it alone held the critical path after the kernel before it
 //!   ended; the gaps between steps, when the GPU idles for the host, fall to a step's last
@@ -47,6 +48,12 @@ const RECORD_BYTES: usize = 8 + 8 + 4 + 4 + NAME;
 const STEP_MARKER_MIN_CTAS: u32 = 4_096;
 /// Its function's name.
 const STEP_MARKER: &str = "matmul_q8_kernel";
+/// A speculative step has a one-token head for each draft and ends with the verification's
+/// head over all its rows (the small-batch tile products, as many CTAs as the one-token head):
+/// where the rings hold at least [`VERIFY_RUNS_MIN`] runs of this one, they end the steps. A
+/// plain decode's rings hold a few at most (a prompt's last logits).
+const VERIFY_MARKER: &str = "matmul_q8_tiles_kernel";
+const VERIFY_RUNS_MIN: usize = STEPS / 2;
 
 /// One launch as its first CTA recorded it.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,6 +96,15 @@ fn parse(bytes: &[u8], count: u32) -> Vec<Record> {
 /// timed repetition's second half; the prompts' and the warm-up's launches stay out).
 const STEPS: usize = 32;
 
+/// Where each run of consecutive launches of `name` with `STEP_MARKER_MIN_CTAS` or more CTAs
+/// ends in `sorted` (an LM head's pieces).
+fn run_ends(sorted: &[&Record], name: &str) -> Vec<usize> {
+    let marker = |r: &Record| r.name == name && r.ctas >= STEP_MARKER_MIN_CTAS;
+    (0..sorted.len())
+        .filter(|&i| marker(sorted[i]) && sorted.get(i + 1).is_none_or(|n| !marker(n)))
+        .collect()
+}
+
 /// The per-kernel summary of the modules' records (each module's list oldest first).
 fn report(modules: &[Vec<Record>]) -> String {
     // Where every module's launches are all there: from the latest of the full rings' oldest
@@ -107,10 +123,12 @@ fn report(modules: &[Vec<Record>]) -> String {
     sorted.sort_by_key(|r| r.release);
     // Steps end with a run of the LM head's pieces: the window is the last STEPS whole steps,
     // from after one such run to the end of the last one.
-    let marker = |r: &Record| r.name == STEP_MARKER && r.ctas >= STEP_MARKER_MIN_CTAS;
-    let run_ends: Vec<usize> = (0..sorted.len())
-        .filter(|&i| marker(sorted[i]) && sorted.get(i + 1).is_none_or(|n| !marker(n)))
-        .collect();
+    let verify_ends = run_ends(&sorted, VERIFY_MARKER);
+    let (marker, run_ends) = if verify_ends.len() >= VERIFY_RUNS_MIN {
+        (VERIFY_MARKER, verify_ends)
+    } else {
+        (STEP_MARKER, run_ends(&sorted, STEP_MARKER))
+    };
     let (window, steps) = match run_ends.len() {
         0 | 1 => (0..sorted.len(), run_ends.len().max(1)),
         n => {
@@ -152,7 +170,7 @@ fn report(modules: &[Vec<Record>]) -> String {
         out.insert_str(
             0,
             &format!(
-                "(no two runs of {STEP_MARKER} with {STEP_MARKER_MIN_CTAS}+ CTAs: no steps found, \
+                "(no two runs of {marker} with {STEP_MARKER_MIN_CTAS}+ CTAs: no steps found, \
              the whole ring counted as one)\n"
             ),
         );
@@ -289,5 +307,38 @@ mod tests {
         assert_eq!(cells, ("2.0", "3.0", "4.75"), "{text}");
         // b: 9 µs to the next step's a.
         assert_eq!(line("b ")[4], "9.0", "{text}");
+    }
+
+    #[test]
+    fn speculative_steps_end_with_the_verification_head() {
+        let record = |release: u64, ctas: u32, name: &str| Record {
+            start: release,
+            release,
+            ctas,
+            threads: 256,
+            name: name.into(),
+        };
+        // Each step: three drafts (a layer, then a one-token head), the verification, its head.
+        let head = STEP_MARKER_MIN_CTAS;
+        let step = |t: u64| {
+            let mut launches = Vec::new();
+            for d in 0..3 {
+                launches.push(record(t + 10 * d, 1, "mtp_layer"));
+                launches.push(record(t + 10 * d + 5, head, STEP_MARKER));
+            }
+            launches.push(record(t + 40, 4, "verify"));
+            launches.push(record(t + 50, head, VERIFY_MARKER));
+            launches
+        };
+        let records: Vec<Record> = (0..VERIFY_RUNS_MIN as u64 + 1)
+            .flat_map(|s| step(100 * s))
+            .collect();
+        let text = report(std::slice::from_ref(&records));
+        let steps = VERIFY_RUNS_MIN;
+        assert!(text.contains(&format!("over {steps} steps")), "{text}");
+        // Fewer verification runs than that (five steps): the one-token heads count, three a
+        // step, the window from after the first.
+        let text = report(&[records[..8 * 5].to_vec()]);
+        assert!(text.contains("over 14 steps"), "{text}");
     }
 }
