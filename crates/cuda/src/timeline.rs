@@ -260,15 +260,19 @@ mod tests {
         assert_eq!((ring[0].start, ring[RECORDS - 1].start), (3, 2));
     }
 
-    #[test]
-    fn each_kernel_gets_the_time_to_the_next_release() {
-        let record = |start: u64, release: u64, ctas: u32, name: &str| Record {
+    /// A launch of `ctas` CTAs of 128 threads.
+    fn record(start: u64, release: u64, ctas: u32, name: &str) -> Record {
+        Record {
             start,
             release,
             ctas,
             threads: 128,
             name: name.into(),
-        };
+        }
+    }
+
+    #[test]
+    fn each_kernel_gets_the_time_to_the_next_release() {
         // Three steps of a chain: a, the LM head in two pieces (one run ends a step), then b
         // (the next step's first kernel in the window). The window: after the first head's
         // run to the end of the last, two steps.
@@ -311,13 +315,7 @@ mod tests {
 
     #[test]
     fn speculative_steps_end_with_the_verification_head() {
-        let record = |release: u64, ctas: u32, name: &str| Record {
-            start: release,
-            release,
-            ctas,
-            threads: 256,
-            name: name.into(),
-        };
+        let record = |release: u64, ctas: u32, name: &str| record(release, release, ctas, name);
         // Each step: three drafts (a layer, then a one-token head), the verification, its head.
         let head = STEP_MARKER_MIN_CTAS;
         let step = |t: u64| {
