@@ -20,9 +20,8 @@
 #      replayed decode tokens, by kernel and grid size (which product shapes cost what);
 #   6a. (stage timeline, not by default) REDLITE_TIMELINE=1 at each of TIMELINE_DEPTHS
 #      (default 0 4096; empty: none), then MTP steps of each of TIMELINE_DRAFTS drafts (default
-#      1) at acceptance 0.7: per kernel, its share
-#      of a replayed step on the critical path and how early its CTAs were resident
-#      (programmatic dependent launch's overlap);
+#      1) at acceptance 0.7: per kernel, its share of a replayed step on the critical path and
+#      how early its CTAs were resident (programmatic dependent launch's overlap);
 #   7. (stage stalls, not by default) Nsight Compute's throughput, occupancy, warp-state,
 #      memory and source-counter sections for one decode launch of each kernel of
 #      STALL_KERNELS (why a product of a few MB takes ~10 µs: the stall reasons, the bytes
@@ -179,8 +178,9 @@ if stage timeline; then
     grep -A 25 '^timeline:' "$OUT/timeline-d$d.txt" | tee -a "$SUMMARY"
   done
   # Drafts of TIMELINE_DRAFTS (default 1) at acceptance 0.7 (bench times plain decoding first;
-  # the rings keep the MTP steps, each ending with the draft's LM head): what a step's graphs
-  # and the host leave idle, and each kernel's share of a verification of several rows.
+  # the rings keep the MTP steps, each ending with the verification's LM head: timeline.rs):
+  # what a step's graphs and the host leave idle, and each kernel's share of a verification of
+  # several rows.
   for k in ${TIMELINE_DRAFTS:-1}; do
     REDLITE_TIMELINE=1 "$R" bench -m "$M" --device cuda -p 0 -n 64 -r 1 --mtp --draft "$k" \
       --mtp-accept 0.7 ${BENCH_EXTRA:-} > "$OUT/timeline-mtp$k.txt" 2>&1
