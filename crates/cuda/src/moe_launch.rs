@@ -103,15 +103,6 @@ fn gate_up_rows() -> usize {
     forced.unwrap_or(2)
 }
 
-/// Whether a batch's q8 gate/up reads the shared expert's rows once for several tokens
-/// (`moe_batch.cu`; the same bits): `REDLITE_MOE_SHARED_BATCH=0` gives the shared expert one
-/// set of CTAs per token, as for one token. The batch's input must come quantized (the norm's
-/// Q8_K rows), which decode-sized batches have.
-fn shared_batch() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLITE_MOE_SHARED_BATCH").as_deref() != Ok("0"))
-}
-
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
 /// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
 /// `REDLITE_MOE_DOWN_PRELOAD=0` keeps the kernel that loads as it goes.
@@ -214,12 +205,6 @@ pub(crate) fn moe_gate_up(
             copies,
         );
     }
-    // The shared expert's rows read once for several tokens (`moe_batch.cu`).
-    let shared_once = tokens > 1
-        && shared.is_some()
-        && q8.is_some()
-        && source::MOE_BATCH_ROWS.contains(&gate_up_rows())
-        && shared_batch();
     let (kernel, rows_per_cta, threads, shared_bytes) = match moe_version(kind, dots, cols) {
         MoeVersion::V3 => (
             device.kernel(&source::moe_gate_up_v3_kernel(kind))?,
@@ -234,11 +219,7 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&if shared_once {
-                source::moe_gate_up_q8_batch_kernel(kind, lanes, gate_up_rows())
-            } else {
-                source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows())
-            })?,
+            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()))?,
             LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),

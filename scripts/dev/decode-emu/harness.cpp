@@ -22,8 +22,7 @@
 //      included; the expert down on CTAs of 8 warps (the default since 0821e26;
 //      REDLITE_DOWN_WARPS=4 keeps 4) against 4; the expert down with its ids loaded as a
 //      group, EARLY or not, against moe_down_q8_kernel's one id at a time (a skipped token,
-//      an id out of range); the batch gate/up with the shared expert's rows read once for
-//      up to four tokens (moe_batch.cu) against one set of CTAs per token.
+//      an id out of range).
 //   7. Q8Dot<IQ1M>'s item dot from its loaded bits (three loads an item, so the products can
 //      load ahead) against a scalar reference of the same integer sums, on every item of
 //      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
@@ -490,19 +489,18 @@ void attention_split_warps() {
 }
 
 // The q8 expert gate/up (with the shared expert) at ROWS rows a lane group into act and
-// act_shared; `fill` what they hold before. BATCH: moe_gate_up_q8_batch_kernel (the shared
-// expert's rows read once for up to four tokens; x must come quantized).
-template <class B, int LANES, int ROWS, bool BATCH = false>
+// act_shared; `fill` what they hold before.
+template <class B, int LANES, int ROWS>
 void gate_up(const std::vector<u8>& gate, const std::vector<u8>& up, const std::vector<u8>& shared_gate,
              const std::vector<u8>& shared_up, const std::vector<int>& ids, const std::vector<float>& x,
              const float* gd, const i8* gq, int tokens, int used, int n_expert, std::vector<float>& act,
              std::vector<float>& act_shared) {
     const int cols = 2048, ff = 256, rows_per_cta = 4 * 32 / LANES * ROWS;
-    const auto kernel = BATCH ? mo::moe_gate_up_q8_batch_kernel<B, 4, LANES, ROWS>
-                              : mo::moe_gate_up_q8_kernel<B, 4, LANES, ROWS>;
     launch({(unsigned)(ff / rows_per_cta), (unsigned)used + 1, (unsigned)tokens}, 128, [&] {
-        kernel(gate.data(), up.data(), ids.data(), x.data(), gd, gq, act.data(), ff, cols, used,
-               n_expert, shared_gate.data(), shared_up.data(), act_shared.data(), ff);
+        mo::moe_gate_up_q8_kernel<B, 4, LANES, ROWS>(gate.data(), up.data(), ids.data(), x.data(), gd, gq,
+                                                     act.data(), ff, cols, used, n_expert,
+                                                     shared_gate.data(), shared_up.data(),
+                                                     act_shared.data(), ff);
     });
 }
 
@@ -527,41 +525,6 @@ bool batch_rows_case(int tokens, bool quantized) {
     gate_up<B, LANES, 2>(gate, up, shared_gate, shared_up, ids, x, d, q, tokens, used, n_expert, act2, shared2);
     gate_up<B, LANES, 4>(gate, up, shared_gate, shared_up, ids, x, d, q, tokens, used, n_expert, act4, shared4);
     return same("routed act", act2, act4) & same("shared act", shared2, shared4);
-}
-
-// The batch kernel against moe_gate_up_q8_kernel, both at ROWS rows a lane group.
-template <class B, int LANES, int ROWS>
-bool shared_batch_case(int tokens) {
-    const int cols = 2048, ff = 256, n_expert = 16, used = 4;
-    auto gate = random_blocks<B>(rng, n_expert * ff, cols), up = random_blocks<B>(rng, n_expert * ff, cols);
-    auto shared_gate = random_blocks<B>(rng, ff, cols), shared_up = random_blocks<B>(rng, ff, cols);
-    std::vector<int> ids((size_t)tokens * used);
-    for (auto& id : ids) id = (int)(rng() % n_expert);
-    ids[1] = n_expert;  // an id out of range: zeros
-    auto x = uniform((size_t)tokens * cols, -1, 1);
-    std::vector<float> gd;
-    std::vector<i8> gq;
-    quantize_rows(x, tokens, cols, gd, gq);
-    std::vector<float> act_one((size_t)tokens * used * ff, NAN), shared_one((size_t)tokens * ff, NAN);
-    std::vector<float> act_batch((size_t)tokens * used * ff, -1.0f), shared_batch((size_t)tokens * ff, -1.0f);
-    gate_up<B, LANES, ROWS>(gate, up, shared_gate, shared_up, ids, x, gd.data(), gq.data(), tokens, used,
-                            n_expert, act_one, shared_one);
-    gate_up<B, LANES, ROWS, true>(gate, up, shared_gate, shared_up, ids, x, gd.data(), gq.data(), tokens,
-                                  used, n_expert, act_batch, shared_batch);
-    return same("routed act", act_one, act_batch) & same("shared act", shared_one, shared_batch);
-}
-
-template <class B>
-void shared_batch(const char* type) {
-    // 2 tokens (one shared CTA set, one left idle); 5 (a full set of four and one token).
-    const bool ok = shared_batch_case<B, 32, 2>(2) & shared_batch_case<B, 32, 2>(5) &
-                    shared_batch_case<B, 16, 1>(3);
-    char name[200];
-    snprintf(name, sizeof name,
-             "%s: batch gate/up, the shared expert's rows once for four tokens = one set per "
-             "token (2 and 5 tokens, 32 lanes, 2 rows; 3 tokens, 16 lanes, 1 row)",
-             type);
-    verdict(name, ok);
 }
 
 template <class B>
@@ -816,8 +779,6 @@ int main(int argc, char** argv) {
         down_id_group<mo::Q2K, true>("Q2_K");
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
-        shared_batch<mo::IQ2XXS>("IQ2_XXS");
-        shared_batch<mo::IQ1M>("IQ1_M");
     }
     if (group("norm")) norm_sums();
     printf("%s\n", failures == 0 ? "all cases passed" : "some cases failed");

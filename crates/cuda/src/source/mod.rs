@@ -26,7 +26,6 @@ const ATTENTION_PREFILL: &str = include_str!("../../kernels/attention_prefill.cu
 const MOE: &str = include_str!("../../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../../kernels/moe_route.cu");
 const MOE_DECODE: &str = include_str!("../../kernels/moe_decode.cu");
-const MOE_BATCH: &str = include_str!("../../kernels/moe_batch.cu");
 const Q8DOT: &str = include_str!("../../kernels/q8dot.cuh");
 const EXPERT_COPY: &str = include_str!("../../kernels/expert_copy.cuh");
 const EXPERT_CACHE: &str = include_str!("../../kernels/expert_cache.cu");
@@ -196,7 +195,7 @@ fn module_families() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "moe".to_string(),
-            source: with_q8_dots(&[MOE, MOE_DECODE, MOE_BATCH, MOE_ROUTE].join("\n")),
+            source: with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n")),
             kernels: WEIGHT_KINDS
                 .iter()
                 .flat_map(|&k| [moe_gate_up_kernel(k), moe_down_kernel(k)])
@@ -221,13 +220,6 @@ fn module_families() -> Vec<ModuleSource> {
                                 moe_down_q8_kernel(k, lanes, rows),
                             ]
                         })
-                    })
-                }))
-                .chain(q8_kinds().flat_map(|k| {
-                    MOE_LANES.iter().flat_map(move |&lanes| {
-                        MOE_BATCH_ROWS
-                            .iter()
-                            .map(move |&rows| moe_gate_up_q8_batch_kernel(k, lanes, rows))
                     })
                 }))
                 .chain(q8_kinds().flat_map(|k| {
@@ -391,7 +383,6 @@ mod tests {
             MOE,
             MOE_ROUTE,
             MOE_DECODE,
-            MOE_BATCH,
             EXPERT_CACHE,
             MOE_CACHED,
             MMA,

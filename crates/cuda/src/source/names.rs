@@ -182,21 +182,9 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
-/// Rows per lane group the batch gate/up (`moe_batch.cu`) is built for.
-pub(crate) const MOE_BATCH_ROWS: [usize; 2] = [1, 2];
-
 pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
     format!(
         "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
-        kind.cuda_name
-    )
-}
-
-/// The q8 gate/up of a small batch with the shared expert's rows read once for several
-/// tokens (`moe_batch.cu`).
-pub(crate) fn moe_gate_up_q8_batch_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
-    format!(
-        "moe_gate_up_q8_batch_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
         kind.cuda_name
     )
 }
