@@ -3,8 +3,8 @@
 # one (.cache/device/redlite-base.xz) on the full RECIPE+MTP file (IQ2_XXS unless set), the
 # cheapest order for a change meant to keep the bits: the logits of 24 tokens fed one and four
 # at a time (`cmp`; also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096
-# alternating (ROUNDS, f16 KV), one MTP draft at acceptance 0.7 each, then the GPU tests of
-# TESTS. Carry both builds and the test binaries named in TESTS (scripts/device/prepare.sh; copy
+# alternating (ROUNDS, f16 KV), MTP at acceptance 0.7 with each of MTP_DRAFTS drafts (1), with
+# SMALL=1 batches of 1 to 4 tokens (two alternating rounds), then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS (scripts/device/prepare.sh; copy
 # the earlier redlite.xz to redlite-base.xz before building).
 #
 #   TESTS="cuda_parity cuda_expert_cache" [RECIPE=IQ1_M] bash scripts/device/vs_base.sh
@@ -49,11 +49,21 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
   done
 done
-stamp "MTP, one draft at 0.7"
-for bin in "$R" "$B"; do
-  note "$(basename "$bin"): $("$bin" bench -m "$M" --device cuda --kv f16 -p 0 -n 128 -r 2 --mtp \
-    --draft 1 --mtp-accept 0.7 2>&1 | grep -E '^\| tg' | cut -c1-120 | tr -s ' ' | tr '\n' ' ')"
+stamp "MTP at 0.7"
+for k in ${MTP_DRAFTS:-1}; do
+  for bin in "$R" "$B"; do
+    note "$(basename "$bin"), $k draft(s): $("$bin" bench -m "$M" --device cuda --kv f16 -p 0 -n 128 \
+      -r 2 --mtp --draft "$k" --mtp-accept 0.7 2>&1 | grep -E '^\| tg' | cut -c1-120 | tr -s ' ' \
+      | tr '\n' ' ')"
+  done
 done
+if [ "${SMALL:-0}" = 1 ]; then
+  stamp "batches of 1 to 4 tokens, alternating"
+  for bin in "$R" "$B" "$R" "$B"; do
+    note "$(basename "$bin"): $("$bin" bench -m "$M" --device cuda -p 1,2,3,4 -n 0 -r 20 2>&1 \
+      | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
 # shellcheck disable=SC2086
 run_tests "$D" ${TESTS:-}
 stamp "done"

@@ -239,8 +239,8 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
 // turns them off): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
 // consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
 // each warp takes ROWS rows for all NT tokens, so a weight item is loaded and decoded once
-// for NT products instead of once per token (the per-token dots below share their loads
-// and codebook lookups after inlining). Sums per (row, token) run in matmul_q8_kernel's
+// for NT products instead of once per token (`Q8Decode`: the codebook lookups, sign masks,
+// nibbles and scales before the tokens' dots). Sums per (row, token) run in matmul_q8_kernel's
 // lane order: the same terms, summed in the same order for each token.
 template <class B, int WARPS, int ROWS, int NT>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
@@ -277,12 +277,14 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (r >= valid) continue;
-            const typename Q8Dot<B>::Raw raw = Q8Dot<B>::load(wb + r * row_bytes, item);
+            const auto weights_of_item =
+                Q8Decode<B>::decode(Q8Dot<B>::load(wb + r * row_bytes, item), item);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 if (j < nt) {
-                    acc[r][j] += Q8Dot<B>::dot(raw, item, xq + j * cols + block * B::VALUES,
-                                               xd[j * nb + block]);
+                    acc[r][j] += Q8Decode<B>::dot(weights_of_item, item,
+                                                  xq + j * cols + block * B::VALUES,
+                                                  xd[j * nb + block]);
                 }
             }
         }

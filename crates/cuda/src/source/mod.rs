@@ -27,6 +27,7 @@ const MOE: &str = include_str!("../../kernels/moe.cu");
 const MOE_ROUTE: &str = include_str!("../../kernels/moe_route.cu");
 const MOE_DECODE: &str = include_str!("../../kernels/moe_decode.cu");
 const Q8DOT: &str = include_str!("../../kernels/q8dot.cuh");
+const Q8DECODE: &str = include_str!("../../kernels/q8decode.cuh");
 const EXPERT_COPY: &str = include_str!("../../kernels/expert_copy.cuh");
 const EXPERT_CACHE: &str = include_str!("../../kernels/expert_cache.cu");
 const MOE_CACHED: &str = include_str!("../../kernels/moe_cached.cu");
@@ -50,7 +51,7 @@ fn with_reduce(body: &str) -> String {
 
 /// The prelude, the reductions and the Q8_K integer dots.
 fn with_q8_dots(body: &str) -> String {
-    with_prelude(&[REDUCE, Q8DOT, body].join("\n"))
+    with_prelude(&[REDUCE, Q8DOT, Q8DECODE, body].join("\n"))
 }
 
 /// Kernels per compiled module at most: NVRTC's time grows with the template instances it

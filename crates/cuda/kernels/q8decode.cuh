@@ -1,0 +1,116 @@
+// An item's weights decoded once for the dots of several tokens (the token-tile products:
+// an MTP verification, a short prompt). Q8Dot<B>::dot(raw, item, q, d8) redoes, for each
+// token, the work that depends on the weights alone: for IQ2_XXS the four codebook lookups
+// and sign masks, for Q4_K / Q5_K the scale and min unpacking and the nibble (and fifth-bit)
+// extraction, for both the f16 scales. A 4-token verification's products spent their time
+// there (the LM head of 4 rows took 3.1 times a row's, thirty-ninth session's timeline).
+//
+// Q8Decode<B>::decode(raw, item) gives the item's weights as the dot consumes them and
+// Q8Decode<B>::dot(decoded, item, q, d8) the rest: the same integer sums (exact) and the
+// same float expression as Q8Dot<B>::dot, so the same bits. Types without a
+// specialization forward to Q8Dot<B>. Needs q8dot.cuh before it.
+
+template <class B>
+struct Q8Decode {
+    typedef typename Q8Dot<B>::Raw Decoded;
+    static __device__ __forceinline__ Decoded decode(const typename Q8Dot<B>::Raw& r, int) {
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const Decoded& e, int item, const i8* q,
+                                                float d8) {
+        return Q8Dot<B>::dot(e, item, q, d8);
+    }
+};
+
+// Group l: its grid bytes as two words and the same words masked to the negative values
+// (iq2_group_dot's operands), then the item's f16 scale and odd multiplier.
+template <>
+struct Q8Decode<IQ2XXS> {
+    struct Decoded {
+        u32 grid[4][2], negative[4][2];
+        float d;
+        int scale;
+    };
+    static __device__ __forceinline__ Decoded decode(const Q8Dot<IQ2XXS>::Raw& r, int) {
+        Decoded e;
+        const u32 a = r.a.value(), s = r.s.value();
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u64 grid = Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff];
+            const u32 signs = Q8_KSIGNS[(s >> (7 * l)) & 127];
+            e.grid[l][0] = u32(grid);
+            e.grid[l][1] = u32(grid >> 32);
+            e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);
+            e.negative[l][1] = u32(grid >> 32) & sign_bytes((signs >> 4) & 0x0f);
+        }
+        e.d = f16_to_f32(r.d);
+        e.scale = 2 * int(s >> 28) + 1;
+        return e;
+    }
+    static __device__ __forceinline__ float dot(const Decoded& e, int item, const i8* q,
+                                                float d8) {
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int sumi = 0;
+        int neg = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            sumi = __dp4a(int(e.grid[l][0]), xs[2 * l], sumi);
+            sumi = __dp4a(int(e.grid[l][1]), xs[2 * l + 1], sumi);
+            neg = __dp4a(int(e.negative[l][0]), xs[2 * l], neg);
+            neg = __dp4a(int(e.negative[l][1]), xs[2 * l + 1], neg);
+        }
+        sumi -= 2 * neg;
+        return 0.125f * e.d * d8 * float(sumi * e.scale);
+    }
+};
+
+// The item's low and high codes (with Q5_K's fifth bit), its two sub-blocks' scales and
+// mins, and the block's f16 scale and min.
+template <bool FIVE_BITS>
+struct Q8Decode<QKAffine<FIVE_BITS>> {
+    struct Decoded {
+        u32 lo[4], hi[4];
+        int sc_lo, m_lo, sc_hi, m_hi;
+        float d, dmin;
+    };
+    static __device__ __forceinline__ Decoded decode(
+        const typename Q8Dot<QKAffine<FIVE_BITS>>::Raw& r, int item) {
+        Decoded e;
+        const int c = item >> 1;
+        scale_min_k4_words(2 * c, r.packed, e.sc_lo, e.m_lo);
+        scale_min_k4_words(2 * c + 1, r.packed, e.sc_hi, e.m_hi);
+        const u32 qs_w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
+        const u32 qh_w[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            u32 lo = qs_w[w] & 0x0f0f0f0fu, hi = (qs_w[w] >> 4) & 0x0f0f0f0fu;
+            if (FIVE_BITS) {
+                lo |= ((qh_w[w] >> (2 * c)) & 0x01010101u) << 4;
+                hi |= ((qh_w[w] >> (2 * c + 1)) & 0x01010101u) << 4;
+            }
+            e.lo[w] = lo;
+            e.hi[w] = hi;
+        }
+        e.d = f16_to_f32(u16(r.dd & 0xffff));
+        e.dmin = f16_to_f32(u16(r.dd >> 16));
+        return e;
+    }
+    static __device__ __forceinline__ float dot(const Decoded& e, int item, const i8* q,
+                                                float d8) {
+        const int c = item >> 1, h = item & 1;
+        const int4 x_lo = load_q8x16(q + 64 * c + 16 * h);
+        const int4 x_hi = load_q8x16(q + 64 * c + 32 + 16 * h);
+        const int xl[4] = {x_lo.x, x_lo.y, x_lo.z, x_lo.w};
+        const int xh[4] = {x_hi.x, x_hi.y, x_hi.z, x_hi.w};
+        int sum_lo = 0, sum_hi = 0;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            sum_lo = __dp4a(int(e.lo[w]), xl[w], sum_lo);
+            sum_hi = __dp4a(int(e.hi[w]), xh[w], sum_hi);
+        }
+        const int scaled = e.sc_lo * sum_lo + e.sc_hi * sum_hi;
+        const int mins = e.m_lo * q8_sum16(x_lo) + e.m_hi * q8_sum16(x_hi);
+        return d8 * (e.d * float(scaled) - e.dmin * float(mins));
+    }
+};
