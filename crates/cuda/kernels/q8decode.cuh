@@ -8,7 +8,9 @@
 // Q8Decode<B>::decode(raw, item) gives the item's weights as the dot consumes them and
 // Q8Decode<B>::dot(decoded, item, q, d8) the rest: the same integer sums (exact) and the
 // same float expression as Q8Dot<B>::dot, so the same bits. Types without a
-// specialization forward to Q8Dot<B>. Needs q8dot.cuh before it.
+// specialization forward to Q8Dot<B>. Q8Dot<B>::dot keeps its one-call form (the one-token
+// kernels' code as measured), so the specializations repeat its sums: the host emulator's
+// small-batch cases hold the two to the same bits. Needs q8dot.cuh before it.
 
 template <class B>
 struct Q8Decode {
