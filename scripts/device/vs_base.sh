@@ -3,9 +3,10 @@
 # one (.cache/device/redlite-base.xz) on the full RECIPE+MTP file (IQ2_XXS unless set), the
 # cheapest order for a change meant to keep the bits: the logits of 24 tokens fed one and four
 # at a time (`cmp`; also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096
-# alternating (ROUNDS, f16 KV), MTP at acceptance 0.7 with each of MTP_DRAFTS drafts (1), with
-# SMALL=1 batches of 1 to 4 tokens (two alternating rounds), then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS (scripts/device/prepare.sh; copy
-# the earlier redlite.xz to redlite-base.xz before building).
+# alternating (ROUNDS, f16 KV), MTP at acceptance 0.7 with each of MTP_DRAFTS drafts (1; a
+# space: none), with SMALL=1 batches of 1 to 4 tokens (two alternating rounds), then the GPU
+# tests of TESTS. Carry both builds and the test binaries named in TESTS
+# (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
 #
 #   TESTS="cuda_parity cuda_expert_cache" [RECIPE=IQ1_M] bash scripts/device/vs_base.sh
 set -u
