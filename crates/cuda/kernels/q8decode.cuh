@@ -1,8 +1,8 @@
 // An item's weights decoded once for the dots of several tokens (the token-tile products:
 // an MTP verification, a short prompt). Q8Dot<B>::dot(raw, item, q, d8) redoes, for each
-// token, the work that depends on the weights alone: for IQ2_XXS the four codebook lookups
-// and sign masks, for Q4_K / Q5_K the scale and min unpacking and the nibble (and fifth-bit)
-// extraction, for both the f16 scales. A 4-token verification's products spent their time
+// token, the work that depends on the weights alone: for IQ2_XXS, IQ2_XS and IQ1_M the four
+// codebook lookups (and sign masks), for Q4_K / Q5_K the scale and min unpacking and the
+// nibble (and fifth-bit) extraction, for all the f16 scales. A 4-token verification's products spent their time
 // there (the LM head of 4 rows took 3.1 times a row's, thirty-ninth session's timeline).
 //
 // Q8Decode<B>::decode(raw, item) gives the item's weights as the dot consumes them and
@@ -10,7 +10,13 @@
 // same float expression as Q8Dot<B>::dot, so the same bits. Types without a
 // specialization forward to Q8Dot<B>. Q8Dot<B>::dot keeps its one-call form (the one-token
 // kernels' code as measured), so the specializations repeat its sums: the host emulator's
-// small-batch cases hold the two to the same bits. Needs q8dot.cuh before it.
+// small-batch cases hold the two to the same bits. REDLITE_Q8_DECODE_ONCE=0 (a compile
+// option) leaves every type forwarding: the per-token decoding, for A/B and parity. Needs
+// q8dot.cuh before it.
+
+#ifndef REDLITE_Q8_DECODE_ONCE
+#define REDLITE_Q8_DECODE_ONCE 1
+#endif
 
 template <class B>
 struct Q8Decode {
@@ -24,6 +30,7 @@ struct Q8Decode {
     }
 };
 
+#if REDLITE_Q8_DECODE_ONCE
 // Group l: its grid bytes as two words and the same words masked to the negative values
 // (iq2_group_dot's operands), then the item's f16 scale and odd multiplier.
 template <>
@@ -64,6 +71,98 @@ struct Q8Decode<IQ2XXS> {
         }
         sumi -= 2 * neg;
         return 0.125f * e.d * d8 * float(sumi * e.scale);
+    }
+};
+
+// IQ2_XS: the same operands as IQ2_XXS (a 9-bit grid index per group, its own sign index),
+// then the two halves' odd scales.
+template <>
+struct Q8Decode<IQ2XS> {
+    struct Decoded {
+        u32 grid[4][2], negative[4][2];
+        float d;
+        int scale_lo, scale_hi;
+    };
+    static __device__ __forceinline__ Decoded decode(const Q8Dot<IQ2XS>::Raw& r, int) {
+        Decoded e;
+        const u32 w01 = r.w01.value(), w23 = r.w23.value();
+        const u32 index[4] = {w01 & 511, (w01 >> 16) & 511, w23 & 511, (w23 >> 16) & 511};
+        const u32 sign[4] = {(w01 >> 9) & 127, w01 >> 25, (w23 >> 9) & 127, w23 >> 25};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u64 grid = Q8_IQ2XS_GRID[index[l]];
+            const u32 signs = Q8_KSIGNS[sign[l]];
+            e.grid[l][0] = u32(grid);
+            e.grid[l][1] = u32(grid >> 32);
+            e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);
+            e.negative[l][1] = u32(grid >> 32) & sign_bytes((signs >> 4) & 0x0f);
+        }
+        e.d = f16_to_f32(r.d);
+        e.scale_lo = int(2 * (u32(r.sc) & 0x0f) + 1);
+        e.scale_hi = int(2 * (u32(r.sc) >> 4) + 1);
+        return e;
+    }
+    static __device__ __forceinline__ float dot(const Decoded& e, int item, const i8* q,
+                                                float d8) {
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int half[2] = {0, 0}, neg[2] = {0, 0};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            half[l / 2] = __dp4a(int(e.grid[l][0]), xs[2 * l], half[l / 2]);
+            half[l / 2] = __dp4a(int(e.grid[l][1]), xs[2 * l + 1], half[l / 2]);
+            neg[l / 2] = __dp4a(int(e.negative[l][0]), xs[2 * l], neg[l / 2]);
+            neg[l / 2] = __dp4a(int(e.negative[l][1]), xs[2 * l + 1], neg[l / 2]);
+        }
+        const int low = half[0] - 2 * neg[0], high = half[1] - 2 * neg[1];
+        const int sumi = low * e.scale_lo + high * e.scale_hi;
+        return 0.125f * e.d * d8 * float(sumi);
+    }
+};
+
+// IQ1_M: each group's grid bytes, its odd scale, and the scale signed by the group's delta
+// bit (the sum of the codes enters with the sign the delta gives it), then the block's
+// f16 scale assembled from the top nibbles of its scale words.
+template <>
+struct Q8Decode<IQ1M> {
+    struct Decoded {
+        u32 grid[4][2];
+        int ls[4], delta_ls[4];
+        float d;
+    };
+    static __device__ __forceinline__ Decoded decode(const Q8Dot<IQ1M>::Raw& r, int item) {
+        Decoded e;
+        const u32 w0 = r.scales.x & 0xffff, w1 = r.scales.x >> 16;
+        const u32 w2 = r.scales.y & 0xffff, w3 = r.scales.y >> 16;
+        e.d = f16_to_f32(u16((w0 >> 12) | ((w1 >> 8) & 0x00f0) | ((w2 >> 4) & 0x0f00) |
+                             (w3 & 0xf000)));
+        const u32 word = item < 4 ? (item < 2 ? w0 : w1) : (item < 6 ? w2 : w3);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 nibble = (u32(r.qh) >> (4 * l)) & 0x0f;
+            const u64 grid = iq1s_grid[((r.qs >> (8 * l)) & 0xff) | ((nibble & 7) << 8)];
+            e.grid[l][0] = u32(grid);
+            e.grid[l][1] = u32(grid >> 32);
+            e.ls[l] = 2 * int((word >> (6 * (item % 2) + 3 * (l / 2))) & 7) + 1;
+            e.delta_ls[l] = nibble & 8 ? -e.ls[l] : e.ls[l];
+        }
+        return e;
+    }
+    static __device__ __forceinline__ float dot(const Decoded& e, int item, const i8* q,
+                                                float d8) {
+        const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int sumi = 0, sum_delta = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            int grid_sum = __dp4a(int(e.grid[l][0]), xs[2 * l], 0);
+            grid_sum = __dp4a(int(e.grid[l][1]), xs[2 * l + 1], grid_sum);
+            int code_sum = __dp4a(0x01010101, xs[2 * l], 0);
+            code_sum = __dp4a(0x01010101, xs[2 * l + 1], code_sum);
+            sumi += grid_sum * e.ls[l];
+            sum_delta += code_sum * e.delta_ls[l];
+        }
+        return e.d * d8 * (float(sumi) + 0.125f * float(sum_delta));
     }
 };
 
@@ -116,3 +215,4 @@ struct Q8Decode<QKAffine<FIVE_BITS>> {
         return d8 * (e.d * float(scaled) - e.dmin * float(mins));
     }
 };
+#endif  // REDLITE_Q8_DECODE_ONCE

@@ -33,7 +33,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// instead of 8 (`source::down_warps`), `REDLITE_TIMELINE=1` every launch's clocks recorded
 /// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
-/// sums, `attention.cu`). `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
+/// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
+/// weight item again for every token (`q8decode.cuh`; the same bits). `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
 /// local memory ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
@@ -43,6 +44,7 @@ fn options(arch: &str) -> Vec<String> {
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
+    let decode_once = std::env::var("REDLITE_Q8_DECODE_ONCE").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -55,6 +57,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_PDL={}", u8::from(raw::pdl_requested())),
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
+        format!("-DREDLITE_Q8_DECODE_ONCE={}", u8::from(decode_once)),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(
