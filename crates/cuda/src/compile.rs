@@ -34,8 +34,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// (`timeline.rs`), `REDLITE_ATTN_WIDE_LOADS=0` the attention split kernels reading each lane's
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
 /// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
-/// weight item again for every token (`q8decode.cuh`; the same bits). `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and
-/// local memory ([`ModuleCompiled::kernels`]). The options are part of the cache key.
+/// weight item again for every token (`q8decode.cuh`; the same bits).
+/// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
+/// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
     let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
