@@ -37,8 +37,8 @@
 # decode stage's benches, e.g. `--kv f16`); PROFILE_ARGS (the profiled bench's
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); STALL_KERNELS (regexes of
-# kernel names); TIMELINE_DEPTHS; STAGES (bits tests decode mtp small; also probes profile
-# timeline stalls); OUT.
+# kernel names), STALL_CHUNK, STALL_TOKENS; TIMELINE_DEPTHS; STAGES (bits tests decode mtp
+# small; also probes profile timeline stalls); OUT.
 # This build against an earlier one: scripts/device/vs_base.sh.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -209,7 +209,10 @@ if stage profile && command -v ncu > /dev/null; then
   done
 fi
 if stage stalls && command -v ncu > /dev/null; then
-  tokens="$(python3 -c 'print(",".join(str((i * 7919 + 13) % 150000) for i in range(8)))')"
+  # STALL_CHUNK=4: the launches of 4-row batches (an MTP verification of three drafts) instead of
+  # one-token steps; STALL_TOKENS tokens in all (default 8: 384 one-token gate/up launches; a
+  # batch of 4 launches each kernel once a layer, so give 24 or more and skip fewer).
+  tokens="$(python3 -c 'import sys; print(",".join(str((i * 7919 + 13) % 150000) for i in range(int(sys.argv[1]))))' "${STALL_TOKENS:-8}")"
   for entry in ${STALL_KERNELS:-matmul_q8_kernel moe_gate_up_q8_kernel moe_down_q8_preload_kernel deltanet_step_kernel}; do
     # An entry is a regex on the demangled name (template arguments included), optionally
     # @N: skip N launches of it (default 200; a kernel launched once a token needs fewer).
@@ -226,7 +229,7 @@ if stage stalls && command -v ncu > /dev/null; then
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
       --section SourceCounters --export "$W/ncu-$n" \
-      "$R" logits -m "$M" --device cuda --chunk 1 --tokens "$tokens" \
+      "$R" logits -m "$M" --device cuda --chunk "${STALL_CHUNK:-1}" --tokens "$tokens" \
       > "$OUT/ncu-$n.txt" 2> "$OUT/ncu-$n.err" || tail -3 "$OUT/ncu-$n.err"
     ncu --import "$W/ncu-$n.ncu-rep" --print-details all > "$OUT/ncu-$n-details.txt" 2>&1
     ncu --import "$W/ncu-$n.ncu-rep" --page source --csv --print-source sass \

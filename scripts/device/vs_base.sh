@@ -7,6 +7,8 @@
 # space: none), with SMALL=1 batches of 1 to 4 tokens (two alternating rounds), then the GPU
 # tests of TESTS. Carry both builds and the test binaries named in TESTS
 # (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
+# BASE_ENV (VAR=value, several joined by +): the base is this build run under those settings
+# (a compile option's A/B, e.g. REDLITE_Q8_DECODE_ONCE=0) and redlite-base.xz is not needed.
 #
 #   TESTS="cuda_parity cuda_expert_cache" [RECIPE=IQ1_M] bash scripts/device/vs_base.sh
 set -u
@@ -16,7 +18,12 @@ source "$ROOT/scripts/device/common.sh"
 R="$ROOT/target/release/redlite"; B="$W/redlite-base"; RECIPE="${RECIPE:-IQ2_XXS}"
 M="$W/full-$RECIPE-mtp.gguf"
 unpack "$D/redlite.xz" "$R"
-unpack "$D/redlite-base.xz" "$B"
+if [ -n "${BASE_ENV:-}" ]; then
+  printf '#!/bin/sh\nexec env %s %s "$@"\n' "${BASE_ENV//+/ }" "$R" > "$B" && chmod +x "$B"
+  note "base: this build under $BASE_ENV"
+else
+  unpack "$D/redlite-base.xz" "$B"
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 [ -f "$M" ] || "$R" synth "$M" --preset full --recipe "$RECIPE" --mtp 2>&1 | tail -1 | tee -a "$SUMMARY"
 
