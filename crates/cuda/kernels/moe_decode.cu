@@ -108,13 +108,19 @@ moe_down_q8_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // a selected expert or the shared one (k = used); each lane holds at most IPL items of a
 // term's row, and TERMS terms' items are loaded at a time (all 10 + 1 at once for the
 // IQ2_XXS experts of the 80B model).
+// FOLD (1 or 2): each thread does the work of FOLD lanes of the group, lanes m and
+// m + LANES / FOLD, and adds their two partials itself before the shuffles, as the first step
+// of group_reduce_sum<LANES> (offset LANES / 2) adds them: the same terms, sums and bits with
+// half the threads, TERMS halved to keep the registers. A batch of 3 or 4 tokens (an MTP
+// verification) asks 384 or 512 CTAs of 8 warps at 128 registers, where an H100 holds 264:
+// two waves; folded, one.
 // EARLY (resident experts, under PDL): the ids and the first terms' weights are loaded
 // before `pdl_begin`, while the gate/up launch before this one still runs. The ids were
 // written by the routing two launches back, and nothing of the step writes resident experts'
 // bytes; with a cache the gate/up launch copies the missing experts' down rows, so a cached
 // layer's launch is not EARLY. The ids are read through L2 (`__ldcg`): this SM's L1 may hold
 // the previous layer's.
-template <class B, int WARPS, int LANES, int IPL, bool EARLY>
+template <class B, int WARPS, int LANES, int IPL, bool EARLY, int FOLD = 1>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE)
 moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
                            const float* __restrict__ weights, const float* __restrict__ act,
@@ -124,7 +130,10 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
                            const float* __restrict__ act_shared, int shared_ff) {
     PROBE_RETURN(PROBE_DOWN);
     typedef Q8Dot<B> D;
-    constexpr int TERMS = D::PRELOAD / IPL > 0 ? D::PRELOAD / IPL : 1;
+    static_assert(FOLD == 1 || FOLD == 2, "a thread does one lane's work or two");
+    constexpr int TERMS = D::PRELOAD / (IPL * FOLD) > 0 ? D::PRELOAD / (IPL * FOLD) : 1;
+    // Threads a row; thread `member` does lanes member + PHYS * v, v < FOLD.
+    constexpr int PHYS = LANES / FOLD;
     const bool fixed = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0;
     if constexpr (!EARLY) {
         pdl_begin();
@@ -134,8 +143,8 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     extern __shared__ float4 q8_shared[];
     const int t = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int member = lane % LANES;
-    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / LANES) + lane / LANES;
+    const int member = lane % PHYS;
+    const int row = (blockIdx.x * WARPS + warp) * (WARP_SIZE / PHYS) + lane / PHYS;
     const i64 row_bytes = i64(ff / B::VALUES) * B::BYTES;
     const i64 shared_row_bytes = i64(shared_ff / B::VALUES) * B::BYTES;
     const int* id = ids + t * used;
@@ -149,7 +158,7 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     // keeps bit g for a valid term k0 + g (the dot loop's check under EARLY).
     unsigned live = 0;
     int first_id = -1;
-    typename D::Raw raw[TERMS][IPL];
+    typename D::Raw raw[TERMS][FOLD][IPL];
     const auto load_terms = [&](int k0, bool items) {
         int expert[TERMS];
 #pragma unroll
@@ -171,9 +180,14 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
             if (w == nullptr) continue;
             const int n = k == used ? per_shared : per_expert;
 #pragma unroll
-            for (int j = 0; j < IPL; ++j) {
-                const int i = member + LANES * j;
-                if (i < n) raw[g][j] = D::load(w + i64(i / B::ITEMS) * B::BYTES, i % B::ITEMS);
+            for (int v = 0; v < FOLD; ++v) {
+#pragma unroll
+                for (int j = 0; j < IPL; ++j) {
+                    const int i = member + PHYS * v + LANES * j;
+                    if (i < n) {
+                        raw[g][v][j] = D::load(w + i64(i / B::ITEMS) * B::BYTES, i % B::ITEMS);
+                    }
+                }
             }
         }
     };
@@ -202,7 +216,9 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
     }
     if (row >= rows) return;
     const int blocks = ff / B::VALUES;
-    float partial = 0.0f;
+    float partial[FOLD];
+#pragma unroll
+    for (int v = 0; v < FOLD; ++v) partial[v] = 0.0f;
     for (int k0 = 0; k0 < terms; k0 += TERMS) {
         if (k0 > 0) load_terms(k0, true);
 #pragma unroll
@@ -219,18 +235,25 @@ moe_down_q8_preload_kernel(const u8* __restrict__ down, const int* __restrict__ 
             const int n = shared ? per_shared : per_expert;
             const i8* q = shared ? aq + routed : aq + k * ff;
             const float* d = shared ? ad + used * blocks : ad + k * blocks;
-            float acc = 0.0f;
+            const float scale = shared ? shared_weight[t] : weights[t * used + k];
 #pragma unroll
-            for (int j = 0; j < IPL; ++j) {
-                const int i = member + LANES * j;
-                if (i >= n) break;
-                const int block = i / B::ITEMS;
-                acc += D::dot(raw[g][j], i % B::ITEMS, q + block * B::VALUES, d[block]);
+            for (int v = 0; v < FOLD; ++v) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < IPL; ++j) {
+                    const int i = member + PHYS * v + LANES * j;
+                    if (i >= n) break;
+                    const int block = i / B::ITEMS;
+                    acc += D::dot(raw[g][v][j], i % B::ITEMS, q + block * B::VALUES, d[block]);
+                }
+                partial[v] += scale * acc;
             }
-            partial += (shared ? shared_weight[t] : weights[t * used + k]) * acc;
         }
     }
-    const float total = group_reduce_sum<LANES>(partial);
+    // Folded: lanes member and member + PHYS added here, as the shuffle at offset LANES / 2
+    // would add them; then the rest of the tree.
+    const float total =
+        group_reduce_sum<PHYS>(FOLD == 2 ? partial[0] + partial[FOLD - 1] : partial[0]);
     if (member == 0) {
         float* o = out + i64(t) * rows + row;
         *o = (accumulate ? *o : 0.0f) + total;

@@ -103,6 +103,21 @@ fn gate_up_rows() -> usize {
     forced.unwrap_or(2)
 }
 
+/// Whether a preloading expert down of `tokens` tokens and `ctas` CTAs a token runs folded
+/// (each thread two lanes' work, half the CTAs: `moe_decode.cu`): for a few tokens whose
+/// CTAs (8 warps at 128 registers, two a multiprocessor) would need a second wave, as an MTP
+/// verification of three or four rows does on the 80B model. The same bits either way;
+/// `REDLITE_DOWN_FOLD=0` never folds.
+fn down_folded(device: &Device, tokens: usize, ctas: usize) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("REDLITE_DOWN_FOLD").as_deref() != Ok("0"));
+    on && tokens <= DOWN_FOLD_MAX_TOKENS && tokens * ctas > 2 * device.multiprocessors() as usize
+}
+
+/// The most tokens a folded expert down is used for (more: prompts, whose many waves folding
+/// does not shorten).
+const DOWN_FOLD_MAX_TOKENS: usize = 8;
+
 /// Whether the one-row q8 expert down matvec loads its weights ahead of the input's
 /// quantization (`moe_decode.cu`): the same bits, a shorter latency chain;
 /// `REDLITE_MOE_DOWN_PRELOAD=0` keeps the kernel that loads as it goes.
@@ -360,24 +375,25 @@ pub(crate) fn moe_down(
             staged,
         ),
         MoeVersion::Q8 { lanes } => {
-            let (kernel, warps) = match preload_items(lanes) {
-                Some(items) => (
-                    source::moe_down_q8_preload_kernel(
-                        kind,
-                        lanes,
-                        items,
-                        weights_fixed && raw::pdl_enabled(),
-                    ),
-                    source::down_warps(kind),
-                ),
+            let (kernel, warps, fold) = match preload_items(lanes) {
+                Some(items) => {
+                    let warps = source::down_warps(kind);
+                    let ctas = rows.div_ceil(warps as usize * 32 / lanes);
+                    let fold = if down_folded(device, tokens, ctas) { 2 } else { 1 };
+                    let early = weights_fixed && raw::pdl_enabled();
+                    let kernel =
+                        source::moe_down_q8_preload_kernel(kind, lanes, items, early, fold);
+                    (kernel, warps, fold)
+                }
                 None => (
                     source::moe_down_q8_kernel(kind, lanes, moe_q8_rows()),
                     LAYER_WARPS,
+                    1,
                 ),
             };
             (
                 device.kernel(&kernel)?,
-                warps as usize * 32 / lanes * moe_q8_rows(),
+                warps as usize * 32 / (lanes / fold) * moe_q8_rows(),
                 warps * 32,
                 q8_shared_bytes(used * ff + shared_ff),
             )

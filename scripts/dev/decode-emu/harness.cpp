@@ -22,7 +22,8 @@
 //      included; the expert down on CTAs of 8 warps (the default since 0821e26;
 //      REDLITE_DOWN_WARPS=4 keeps 4) against 4; the expert down with its ids loaded as a
 //      group, EARLY or not, against moe_down_q8_kernel's one id at a time (a skipped token,
-//      an id out of range).
+//      an id out of range); the expert down folded (two lanes' work a thread, batches of 3
+//      or 4 tokens) against unfolded.
 //   7. Q8Dot<IQ1M>'s item dot from its loaded bits (three loads an item, so the products can
 //      load ahead) against a scalar reference of the same integer sums, on every item of
 //      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
@@ -607,12 +608,13 @@ struct DownCase {
         for (auto& id : ids) id = (int)(rng() % n_expert);
         ids[3] = n_expert;
     }
-    // `kernel` (an instance of a q8 down kernel with `warps` warps a CTA) run over every token;
-    // rows it does not write stay -1.
+    // `kernel` (an instance of a q8 down kernel with `warps` warps a CTA, each lane group's
+    // work folded into LANES / fold threads) run over every token; rows it does not write stay
+    // -1.
     template <class K>
-    std::vector<float> run(int warps, K kernel) const {
+    std::vector<float> run(int warps, K kernel, int fold = 1) const {
         std::vector<float> out((size_t)tokens * ROWS, -1.0f);
-        launch({(unsigned)(ROWS / (warps * 32 / LANES)), (unsigned)tokens, 0}, warps * 32, [&] {
+        launch({(unsigned)(ROWS / (warps * 32 / (LANES / fold))), (unsigned)tokens, 0}, warps * 32, [&] {
             kernel(down.data(), ids.data(), weights.data(), act.data(), out.data(), ROWS, FF, used,
                    n_expert, 0, shared_down.data(), shared_weight.data(), act_shared.data(), FF);
         });
@@ -649,6 +651,22 @@ void down_id_group(const char* type) {
     snprintf(name, sizeof name, "%s: expert down, ids as a group (%s) = one id at a time (3 tokens, one skipped)",
              type, EARLY ? "EARLY" : "after the wait");
     verdict(name, same("down", group, one));
+}
+
+// The expert down folded (each thread two lanes' work, half the CTAs: a verification of 3 or 4
+// rows in one wave) against the unfolded kernel: each lane's terms and sums alike, the first
+// shuffle's sum done in the thread; out bit for bit, with a skipped token and an id out of range.
+template <class B, bool EARLY>
+void down_fold(const char* type) {
+    using C = DownCase<B>;
+    C c(4);
+    c.ids[2 * c.used] = SKIP_PAIR;
+    const auto one = c.run(8, mo::moe_down_q8_preload_kernel<B, 8, C::LANES, C::IPL, EARLY, 1>);
+    const auto two = c.run(8, mo::moe_down_q8_preload_kernel<B, 8, C::LANES, C::IPL, EARLY, 2>, 2);
+    char name[140];
+    snprintf(name, sizeof name, "%s: expert down folded = unfolded (%s; 4 tokens, one skipped)", type,
+             EARLY ? "EARLY" : "after the wait");
+    verdict(name, same("down", one, two));
 }
 
 // The IQ1_M item dot from the block's bytes, each read where it is used and every product
@@ -758,6 +776,7 @@ int main(int argc, char** argv) {
         down_warps<mo::IQ1M>("IQ1_M");
         down_id_group<mo::IQ1M, true>("IQ1_M");
         down_id_group<mo::IQ1M, false>("IQ1_M");
+        down_fold<mo::IQ1M, true>("IQ1_M");
     }
     if (group("rows")) {
         rows_a_warp<mm::IQ2XXS>("IQ2_XXS");
@@ -777,6 +796,10 @@ int main(int argc, char** argv) {
         down_id_group<mo::IQ2XXS, true>("IQ2_XXS");
         down_id_group<mo::IQ2XXS, false>("IQ2_XXS");
         down_id_group<mo::Q2K, true>("Q2_K");
+        down_fold<mo::IQ2XXS, true>("IQ2_XXS");
+        down_fold<mo::IQ2XXS, false>("IQ2_XXS");
+        down_fold<mo::Q2K, true>("Q2_K");
+        down_fold<mo::Q4K, false>("Q4_K");
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }

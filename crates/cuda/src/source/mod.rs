@@ -231,8 +231,10 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
                         MOE_PRELOAD_ITEMS.iter().flat_map(move |&items| {
-                            preload_early_variants().iter().map(move |&early| {
-                                moe_down_q8_preload_kernel(k, lanes, items, early)
+                            preload_early_variants().iter().flat_map(move |&early| {
+                                MOE_DOWN_FOLDS.iter().map(move |&fold| {
+                                    moe_down_q8_preload_kernel(k, lanes, items, early, fold)
+                                })
                             })
                         })
                     })

@@ -216,15 +216,20 @@ pub(crate) fn moe_down_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) ->
 /// Items per lane and term the preloading down kernel is built for (`moe_decode.cu`).
 pub(crate) const MOE_PRELOAD_ITEMS: [usize; 2] = [1, 2];
 
-/// `early`: the ids and weights loaded before the PDL wait (resident experts; `moe_decode.cu`).
+/// Threads a lane group's work is folded into by the preloading down (`moe_decode.cu`).
+pub(crate) const MOE_DOWN_FOLDS: [usize; 2] = [1, 2];
+
+/// `early`: the ids and weights loaded before the PDL wait (resident experts); `fold`: 1, or 2
+/// for each thread doing two lanes' work (`moe_decode.cu`).
 pub(crate) fn moe_down_q8_preload_kernel(
     kind: WeightKind,
     lanes: usize,
     items: usize,
     early: bool,
+    fold: usize,
 ) -> String {
     format!(
-        "moe_down_q8_preload_kernel<{}, {}, {lanes}, {items}, {early}>",
+        "moe_down_q8_preload_kernel<{}, {}, {lanes}, {items}, {early}, {fold}>",
         kind.cuda_name,
         down_warps(kind)
     )
