@@ -242,8 +242,18 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
 // for NT products instead of once per token (`Q8Decode`: the codebook lookups, sign masks,
 // nibbles and scales before the tokens' dots). Sums per (row, token) run in matmul_q8_kernel's
 // lane order: the same terms, summed in the same order for each token.
+// CTAs a multiprocessor must hold (ptxas keeps the registers to that; 0: the compiler's
+// choice). A small batch takes two rows a warp only where one would need a second wave
+// (`small_batch_rows`), which holds only at four CTAs of 8 warps a multiprocessor: 64
+// registers (the compiler's choice went to 68-80 for 3 and 4 tokens). Registers only: the
+// same bits.
+template <int ROWS, int NT>
+struct TilesMinBlocks {
+    static constexpr int value = ROWS == 2 && NT <= 4 ? 4 : 0;
+};
+
 template <class B, int WARPS, int ROWS, int NT>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+__global__ void __launch_bounds__(WARPS * WARP_SIZE, (TilesMinBlocks<ROWS, NT>::value))
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
                        const float* __restrict__ gd, const i8* __restrict__ gq,
                        float* __restrict__ y, int rows, int cols, int tokens) {

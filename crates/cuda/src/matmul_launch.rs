@@ -119,8 +119,9 @@ fn plan_matmul(
         && small_matvec()
         && small_shared <= SHARED_MAX_BYTES
     {
-        let grid = (rows.div_ceil(MATMUL_V2_WARPS as usize), 1, 1);
-        let kernel = source::matmul_q8_small_kernel(kind, tokens);
+        let per_warp = small_batch_rows(device, rows);
+        let grid = (rows.div_ceil(MATMUL_V2_WARPS as usize * per_warp), 1, 1);
+        let kernel = source::matmul_q8_small_kernel(kind, tokens, per_warp);
         return MatmulPlan {
             tiled: true,
             q8_input: true,
@@ -228,6 +229,21 @@ const SPLITK_MAX_ROWS: usize = 1024;
 
 /// Batches of several tokens take the token-tiled q8 matmul (same sums per row as the
 /// one-token kernel; pp512 +16 % on the H200); `REDLITE_PREFILL_TILES=0` turns it off.
+/// Rows a warp of a small batch's product of `rows` rows: 2 where one row a warp asks more
+/// CTAs (of 8 warps, at most 64 registers: four a multiprocessor) than one wave holds, as an
+/// 8,192-row projection does (1,024 CTAs against 528 on an H100), else 1. Each row's lanes and
+/// sums are the same either way: the same bits. `REDLITE_SMALL_BATCH_ROWS=1` keeps one.
+fn small_batch_rows(device: &Device, rows: usize) -> usize {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("REDLITE_SMALL_BATCH_ROWS").as_deref() != Ok("1"));
+    let one_wave = 4 * device.multiprocessors() as usize;
+    if on && rows.div_ceil(MATMUL_V2_WARPS as usize) > one_wave {
+        2
+    } else {
+        1
+    }
+}
+
 fn prefill_tiles() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_TILES").as_deref() != Ok("0"))

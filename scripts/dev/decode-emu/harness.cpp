@@ -7,8 +7,8 @@
 //      moe_route_v2_kernel; route_token_tree against route_token_v2.
 //   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
-//   3. The small-batch q8 products (2 to 4 tokens, MTP verifications) against the one-token
-//      product per token.
+//   3. The small-batch q8 products (2 to 4 tokens, MTP verifications; one and two rows a
+//      warp) against the one-token product per token.
 //   4. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS) against
 //      one row a warp.
 //   5. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
@@ -214,9 +214,9 @@ void argmax_and_ids() {
 constexpr int MATMUL_WARPS = 8;
 
 // The one-token q8 product of every token (a CTA row per token) against the small-batch
-// product of all of them (the tiles kernel with one row a warp and T tokens); x quantized in
+// product of all of them (the tiles kernel with ROWS rows a warp and T tokens); x quantized in
 // the kernels, or read quantized from gd / gq (`quantized`).
-template <class BM, int T>
+template <class BM, int T, int ROWS = 1>
 bool small_batch_case(int rows, int cols, bool quantized) {
     auto w = random_blocks<BM>(rng, rows, cols);
     auto x = uniform((size_t)T * cols, -1, 1);
@@ -230,9 +230,10 @@ bool small_batch_case(int rows, int cols, bool quantized) {
     launch({ctas, (unsigned)T, 0}, MATMUL_WARPS * 32, [&] {
         mm::matmul_q8_kernel<BM, MATMUL_WARPS, 1>(w.data(), x.data(), d, q, one.data(), rows, cols);
     });
-    launch({ctas, 1, 0}, MATMUL_WARPS * 32, [&] {
-        mm::matmul_q8_tiles_kernel<BM, MATMUL_WARPS, 1, T>(w.data(), x.data(), d, q, small.data(),
-                                                           rows, cols, T);
+    const unsigned tile_ctas = (rows + ROWS * MATMUL_WARPS - 1) / (ROWS * MATMUL_WARPS);
+    launch({tile_ctas, 1, 0}, MATMUL_WARPS * 32, [&] {
+        mm::matmul_q8_tiles_kernel<BM, MATMUL_WARPS, ROWS, T>(w.data(), x.data(), d, q,
+                                                              small.data(), rows, cols, T);
     });
     return same("small batch", one, small);
 }
@@ -246,11 +247,14 @@ void small_batches(const char* type) {
         ok &= small_batch_case<BM, 2>(rows, cols, quantized);
         ok &= small_batch_case<BM, 3>(rows, cols, quantized);
         ok &= small_batch_case<BM, 4>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 2, 2>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 3, 2>(rows, cols, quantized);
+        ok &= small_batch_case<BM, 4, 2>(rows, cols, quantized);
     }
     char name[160];
     snprintf(name, sizeof name,
-             "%s: 2-4 token products (x quantized in the kernel or read quantized) = one-token "
-             "products",
+             "%s: 2-4 token products, one and two rows a warp (x quantized in the kernel or read "
+             "quantized) = one-token products",
              type);
     verdict(name, ok);
 }

@@ -181,7 +181,9 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
                 .chain(q8_kinds().flat_map(|kind| {
-                    (2..=SMALL_BATCH_MAX_TOKENS).map(move |t| matmul_q8_small_kernel(kind, t))
+                    (2..=SMALL_BATCH_MAX_TOKENS).flat_map(move |t| {
+                        SMALL_BATCH_ROWS.map(|rows| matmul_q8_small_kernel(kind, t, rows))
+                    })
                 }))
                 .collect(),
         },

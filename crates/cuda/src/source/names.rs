@@ -134,14 +134,18 @@ pub(crate) fn matmul_q8_kernel(kind: WeightKind, rows: usize) -> String {
 pub(crate) const MATMUL_TILE_ROWS: usize = 2;
 pub(crate) const MATMUL_TILE_TOKENS: usize = 8;
 
-/// The token tiles for a small batch: exactly `tokens` tokens per CTA and one row per warp
+/// The token tiles for a small batch: exactly `tokens` tokens per CTA and `rows` rows per warp
 /// (each warp then does `tokens` dots per weight item, the work of a few rows of one token).
-pub(crate) fn matmul_q8_small_kernel(kind: WeightKind, tokens: usize) -> String {
+pub(crate) fn matmul_q8_small_kernel(kind: WeightKind, tokens: usize, rows: usize) -> String {
     format!(
-        "matmul_q8_tiles_kernel<{}, {MATMUL_V2_WARPS}, 1, {tokens}>",
+        "matmul_q8_tiles_kernel<{}, {MATMUL_V2_WARPS}, {rows}, {tokens}>",
         kind.cuda_name
     )
 }
+
+/// Rows a warp of the small-batch products (`matmul_q8_small_kernel`): 1, or 2 where one
+/// row a warp would need a second wave (`matmul_launch.rs`).
+pub(crate) const SMALL_BATCH_ROWS: [usize; 2] = [1, 2];
 
 pub(crate) fn matmul_q8_tiles_kernel(kind: WeightKind) -> String {
     format!(
