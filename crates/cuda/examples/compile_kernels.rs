@@ -15,13 +15,18 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// q8 kernels known to keep a few bytes in local memory, (prefix, suffix) of their names:
-/// variants that are not defaults (one row per lane group for the expert gate/up, four for
-/// the plain expert down, and on sm_80 four for the cached gate/up of IQ1_M, whose items
-/// loaded ahead take four registers each since 74a2525: 8 bytes spilled).
-const KNOWN_LOCAL: [(&str, &str); 3] = [
+/// variants that are not defaults (one row per lane group for the expert gate/up, in the
+/// one-token and the batch modules, four for the plain expert down, and on sm_80 four for
+/// the cached gate/up of IQ1_M, whose items loaded ahead take four registers each since
+/// 74a2525: 8 bytes spilled), and IQ2_XS's gate/up with two rows a lane group, 8 bytes since
+/// its codebook is read from shared memory (fortieth session): with 16 lanes a row (rows of
+/// at most 512 values; the 80B model's take 32) on sm_80 and sm_90, with 32 on sm_80 only.
+const KNOWN_LOCAL: [(&str, &str); 5] = [
     ("moe_gate_up_q8_kernel<", ", 1>"),
+    ("moe_gate_up_q8_batch_kernel<", ", 1>"),
     ("moe_down_q8_kernel<", ", 4>"),
     ("moe_gate_up_q8_cached_kernel<IQ1M, ", ", 4>"),
+    ("moe_gate_up_q8_kernel<IQ2XS, 4, ", ", 2>"),
 ];
 
 fn local_memory_refused(kernel: &KernelResources) -> bool {

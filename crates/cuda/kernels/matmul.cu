@@ -235,13 +235,58 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
 
-// Token tiles for prompt ingestion (the default for several tokens; `REDLITE_PREFILL_TILES=0`
-// turns them off): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
-// consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
-// each warp takes ROWS rows for all NT tokens, so a weight item is loaded and decoded once
-// for NT products instead of once per token (`Q8Decode`: the codebook lookups, sign masks,
-// nibbles and scales before the tokens' dots). Sums per (row, token) run in matmul_q8_kernel's
-// lane order: the same terms, summed in the same order for each token.
+// The split-K q8 product of a small batch (an MTP verification's few-row projections: the
+// attention's k and v, the DeltaNet's beta and alpha): all NT tokens in each CTA (grid (rows,
+// 1)), so each weight item is loaded and decoded once (`Q8Decode`) for the NT dots instead of
+// once a token in a CTA a token. Per token the terms, the threads that hold them, their order
+// and the block reduction are matmul_splitk_q8_kernel's: the same bits.
+template <class B, int WARPS, int NT>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_splitk_q8_small_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                              const float* __restrict__ gd, const i8* __restrict__ gq,
+                              float* __restrict__ y, int rows, int cols, int tokens) {
+#if !REDLITE_Q8_DECODE_ONCE
+    q8_prepare<B>();
+#endif
+    extern __shared__ float4 q8_shared[];
+    __shared__ float scratch[32];
+    const float* xd;
+    const i8* xq;
+    const int row = blockIdx.x;
+    const int nb = cols / Q8K_VALUES;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + row * row_bytes;
+    if (REDLITE_PDL || prefetch_before_input(gq)) {
+        prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+    }
+    pdl_begin();
+    const int nt = min(NT, tokens);
+    q8_input(x, gd, gq, 0, nt, cols, q8_shared, xd, xq);
+    const int items = cols / B::VALUES * B::ITEMS;
+    float acc[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
+    for (int i = threadIdx.x; i < items; i += WARPS * WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        const auto weights_of_item =
+            Q8Decode<B>::decode(Q8Dot<B>::load(w + i64(block) * B::BYTES, item), item);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (j < nt) {
+                acc[j] += Q8Decode<B>::dot(weights_of_item, item, xq + j * cols + block * B::VALUES,
+                                           xd[j * nb + block]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (j < nt) {
+            const float sum = block_reduce_sum(acc[j], scratch);
+            if (threadIdx.x == 0) y[i64(j) * rows + row] = sum;
+        }
+    }
+}
+
 // CTAs a multiprocessor must hold (ptxas keeps the registers to that; 0: the compiler's
 // choice). A small batch takes two rows a warp only where one would need a second wave
 // (`small_batch_rows`), which holds only at four CTAs of 8 warps a multiprocessor: 64
@@ -252,6 +297,13 @@ struct TilesMinBlocks {
     static constexpr int value = ROWS == 2 && NT <= 4 ? 4 : 0;
 };
 
+// Token tiles for prompt ingestion (the default for several tokens; `REDLITE_PREFILL_TILES=0`
+// turns them off): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
+// consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
+// each warp takes ROWS rows for all NT tokens, so a weight item is loaded and decoded once
+// for NT products instead of once per token (`Q8Decode`: the codebook lookups, sign masks,
+// nibbles and scales before the tokens' dots). Sums per (row, token) run in matmul_q8_kernel's
+// lane order: the same terms, summed in the same order for each token.
 template <class B, int WARPS, int ROWS, int NT>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE, (TilesMinBlocks<ROWS, NT>::value))
 matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
@@ -271,7 +323,10 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
     if (row0 < rows) prefetch_l2(w, valid * row_bytes, lane, WARP_SIZE);
     const int items = cols / B::VALUES * B::ITEMS;
     pdl_begin();
+#if !REDLITE_Q8_DECODE_ONCE
+    // Decoding once, no type reads a table from shared memory (q8decode.cuh).
     q8_prepare<B>();
+#endif
     extern __shared__ float4 q8_shared[];
     q8_input(x, gd, gq, t0, nt, cols, q8_shared, xd, xq);
     if (row0 >= rows) return;

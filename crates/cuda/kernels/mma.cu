@@ -93,7 +93,7 @@ mma_matmul_kernel(const u8* __restrict__ w0, const u8* __restrict__ w1, i64 expe
     pdl_begin();
     typedef MmaDecode<B> D;
     constexpr int MT = WM * FM * 16, NT = WN * FN * 8, THREADS = WM * WN * WARP_SIZE;
-    // The IQ2 codebooks in shared memory under REDLITE_Q8_SHARED_TABLES=1, as the q8 kernels.
+    // The IQ2 codebooks in shared memory unless REDLITE_Q8_SHARED_TABLES=0, as the q8 kernels.
     q8_prepare<B>();
     extern __shared__ float4 mma_shared[];
     i8* ws = reinterpret_cast<i8*>(mma_shared);

@@ -31,6 +31,11 @@ struct Q8Decode {
 };
 
 #if REDLITE_Q8_DECODE_ONCE
+// The codebooks read here are the global ones (through L1) whatever REDLITE_Q8_SHARED_TABLES
+// says, and the tile products copy none to shared memory: a batch's CTAs are short and many
+// (1,024 a projection), each copy is a load and a barrier in front of its work, and with the
+// tables copied batches of 2-4 tokens were 4-6 % slower while one token was faster (H100,
+// fortieth session).
 // Group l: its grid bytes as two words and the same words masked to the negative values
 // (iq2_group_dot's operands), then the item's f16 scale and odd multiplier.
 template <>
@@ -45,8 +50,8 @@ struct Q8Decode<IQ2XXS> {
         const u32 a = r.a.value(), s = r.s.value();
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u64 grid = Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff];
-            const u32 signs = Q8_KSIGNS[(s >> (7 * l)) & 127];
+            const u64 grid = iq2xxs_grid[(a >> (8 * l)) & 0xff];
+            const u32 signs = ksigns_iq2xs[(s >> (7 * l)) & 127];
             e.grid[l][0] = u32(grid);
             e.grid[l][1] = u32(grid >> 32);
             e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);
@@ -90,8 +95,8 @@ struct Q8Decode<IQ2XS> {
         const u32 sign[4] = {(w01 >> 9) & 127, w01 >> 25, (w23 >> 9) & 127, w23 >> 25};
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u64 grid = Q8_IQ2XS_GRID[index[l]];
-            const u32 signs = Q8_KSIGNS[sign[l]];
+            const u64 grid = iq2xs_grid[index[l]];
+            const u32 signs = ksigns_iq2xs[sign[l]];
             e.grid[l][0] = u32(grid);
             e.grid[l][1] = u32(grid >> 32);
             e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);

@@ -11,10 +11,15 @@
 
 #define Q8K_VALUES 256
 
-// The q8 kernels read the IQ2 codebooks from global memory (L1-resident after the first
-// lookups) unless REDLITE_Q8_SHARED_TABLES=1 (a compile option from the environment):
-// copying them to shared memory is one more dependent load and barrier in front of every
-// CTA's work. `q8_prepare<B>()` stands for B::prepare() in the q8 kernels.
+// The q8 kernels copy the IQ2 codebooks to shared memory (B::prepare) and read them there,
+// unless REDLITE_Q8_SHARED_TABLES=0 (a compile option from the environment) leaves them in
+// global memory (L1-resident after the first lookups). The copy is one more load and
+// barrier in front of every CTA's work, but a warp's 32 data-dependent lookups of a
+// 2-4 KB table touch up to 32 L1 lines: on the H100 (fortieth session) decode measured
+// 5.6 % faster with the copies (the twelfth and thirteenth sessions, on the H200 and
+// before the launches overlapped, had measured no gain). The token tiles (q8decode.cuh)
+// read them from global memory either way. `q8_prepare<B>()` stands for B::prepare() in
+// the q8 kernels.
 #if REDLITE_Q8_SHARED_TABLES
 #define Q8_IQ2XXS_GRID IQ2XXS_GRID
 #define Q8_IQ2XS_GRID IQ2XS_GRID

@@ -21,8 +21,9 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 }
 
 /// `REDLITE_SHARED_TABLES=0` builds the float kernels with the IQ codebooks read from
-/// global memory (see `blocks.cuh`), `REDLITE_Q8_SHARED_TABLES=1` the q8 kernels with them
-/// copied to shared memory (see `q8dot.cuh`), `REDLITE_BENCH_ROUTE_SPREAD=1` the routing
+/// global memory (see `blocks.cuh`), `REDLITE_Q8_SHARED_TABLES=0` the q8 kernels with them
+/// read from global memory instead of copied to shared memory (see `q8dot.cuh`; the token
+/// tiles read them from global memory either way), `REDLITE_BENCH_ROUTE_SPREAD=1` the routing
 /// kernels spreading each token's experts uniformly (a benchmark of the expert cache's worst
 /// case, see `moe_route.cu`), `REDLITE_PROBE_Q8_NO_QUANTIZE=1` the q8 kernels staging zero
 /// codes instead of quantizing their input (a measurement probe, wrong results on purpose:
@@ -39,7 +40,7 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
     let shared_tables = std::env::var("REDLITE_SHARED_TABLES").as_deref() != Ok("0");
-    let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() == Ok("1");
+    let q8_shared_tables = std::env::var("REDLITE_Q8_SHARED_TABLES").as_deref() != Ok("0");
     let route_spread = std::env::var("REDLITE_BENCH_ROUTE_SPREAD").as_deref() == Ok("1");
     let no_quantize = std::env::var("REDLITE_PROBE_Q8_NO_QUANTIZE").as_deref() == Ok("1");
     let verbose = std::env::var("REDLITE_NVRTC_VERBOSE").as_deref() == Ok("1");

@@ -142,6 +142,25 @@ fn plan_matmul(
             ..plan(kernel, grid, MATMUL_V2_WARPS, tile_shared, "q8 tiles ")
         };
     }
+    if small_splitk
+        && q8
+        && (2..=SMALL_BATCH_MAX_TOKENS).contains(&tokens)
+        && small_shared <= SHARED_MAX_BYTES
+        && small_splitk_together()
+    {
+        let kernel = source::matmul_splitk_q8_small_kernel(kind, tokens);
+        return MatmulPlan {
+            tiled: true,
+            q8_input: true,
+            ..plan(
+                kernel,
+                (rows, 1, 1),
+                MATMUL_SPLITK_WARPS,
+                small_shared,
+                "splitk q8 small ",
+            )
+        };
+    }
     if splitk {
         let kernel = source::matmul_splitk_kernel(block, q8);
         let (shared, version) = if q8 {
@@ -242,6 +261,14 @@ fn small_batch_rows(device: &Device, rows: usize) -> usize {
     } else {
         1
     }
+}
+
+/// Whether a small batch's split-K q8 products take all its tokens in each CTA
+/// (`matmul_splitk_q8_small_kernel`: each weight item decoded once for them; the same bits as
+/// a CTA a token). `REDLITE_SMALL_SPLITK=0` keeps a CTA a token.
+fn small_splitk_together() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_SMALL_SPLITK").as_deref() != Ok("0"))
 }
 
 fn prefill_tiles() -> bool {

@@ -234,7 +234,12 @@ pub(crate) fn moe_gate_up(
             cols * size_of::<f32>(),
         ),
         MoeVersion::Q8 { lanes } => (
-            device.kernel(&source::moe_gate_up_q8_kernel(kind, lanes, gate_up_rows()))?,
+            device.kernel(&source::moe_gate_up_q8_kernel(
+                kind,
+                lanes,
+                gate_up_rows(),
+                tokens > 1,
+            ))?,
             LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
@@ -379,10 +384,18 @@ pub(crate) fn moe_down(
                 Some(items) => {
                     let warps = source::down_warps(kind);
                     let ctas = rows.div_ceil(warps as usize * 32 / lanes);
-                    let fold = if down_folded(device, tokens, ctas) { 2 } else { 1 };
+                    let fold = if down_folded(device, tokens, ctas) {
+                        2
+                    } else {
+                        1
+                    };
                     let early = weights_fixed && raw::pdl_enabled();
-                    let kernel =
-                        source::moe_down_q8_preload_kernel(kind, lanes, items, early, fold);
+                    let kernel = source::moe_down_q8_preload_kernel(
+                        kind,
+                        lanes,
+                        items,
+                        (early, fold, tokens > 1),
+                    );
                     (kernel, warps, fold)
                 }
                 None => (

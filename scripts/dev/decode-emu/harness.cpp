@@ -8,7 +8,8 @@
 //   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
 //   3. The small-batch q8 products (2 to 4 tokens, MTP verifications; one and two rows a
-//      warp) against the one-token product per token.
+//      warp, and split-K with every token in each CTA) against the one-token product per
+//      token.
 //   4. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS) against
 //      one row a warp.
 //   5. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
@@ -238,6 +239,29 @@ bool small_batch_case(int rows, int cols, bool quantized) {
     return same("small batch", one, small);
 }
 
+// The split-K q8 product of every token (a CTA row per token) against the small batch's
+// (all T tokens in each CTA, each item decoded once): the few-row products of a verification.
+template <class BM, int T>
+bool small_splitk_case(int rows, int cols, bool quantized) {
+    constexpr int WARPS = 4;
+    auto w = random_blocks<BM>(rng, rows, cols);
+    auto x = uniform((size_t)T * cols, -1, 1);
+    std::vector<float> gd;
+    std::vector<i8> gq;
+    if (quantized) quantize_rows(x, T, cols, gd, gq);
+    const float* d = quantized ? gd.data() : nullptr;
+    const i8* q = quantized ? gq.data() : nullptr;
+    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f);
+    launch({(unsigned)rows, (unsigned)T, 0}, WARPS * 32, [&] {
+        mm::matmul_splitk_q8_kernel<BM, WARPS>(w.data(), x.data(), d, q, one.data(), rows, cols);
+    });
+    launch({(unsigned)rows, 1, 0}, WARPS * 32, [&] {
+        mm::matmul_splitk_q8_small_kernel<BM, WARPS, T>(w.data(), x.data(), d, q, small.data(),
+                                                        rows, cols, T);
+    });
+    return same("small split-K", one, small);
+}
+
 template <class BM>
 void small_batches(const char* type) {
     // 61 rows: the last CTA's warps partly past the rows.
@@ -250,11 +274,14 @@ void small_batches(const char* type) {
         ok &= small_batch_case<BM, 2, 2>(rows, cols, quantized);
         ok &= small_batch_case<BM, 3, 2>(rows, cols, quantized);
         ok &= small_batch_case<BM, 4, 2>(rows, cols, quantized);
+        ok &= small_splitk_case<BM, 2>(9, cols, quantized);
+        ok &= small_splitk_case<BM, 3>(9, cols, quantized);
+        ok &= small_splitk_case<BM, 4>(9, cols, quantized);
     }
     char name[160];
     snprintf(name, sizeof name,
-             "%s: 2-4 token products, one and two rows a warp (x quantized in the kernel or read "
-             "quantized) = one-token products",
+             "%s: 2-4 token products, one and two rows a warp, and split-K (x quantized in the "
+             "kernel or read quantized) = one-token products",
              type);
     verdict(name, ok);
 }

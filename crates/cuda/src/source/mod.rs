@@ -54,6 +54,44 @@ fn with_q8_dots(body: &str) -> String {
     with_prelude(&[REDUCE, Q8DOT, Q8DECODE, body].join("\n"))
 }
 
+/// The head of the `moe_batch` module: the expert kernels for batches of two tokens or more
+/// (an MTP verification, serving slots), built from the `moe` sources with the IQ2 codebooks
+/// read from global memory whatever `REDLITE_Q8_SHARED_TABLES` says, and named apart
+/// (`moe_gate_up_q8_batch_kernel`, `moe_down_q8_preload_batch_kernel`). On the H100
+/// (fortieth session) the copies to shared memory made one token 3.5 % faster and batches of
+/// 2-4 tokens 5-7 % slower: a batch's expert launches are several waves of CTAs, each paying
+/// the copy and its barrier.
+fn batch_tables_prefix() -> &'static str {
+    "#undef REDLITE_Q8_SHARED_TABLES\n#define REDLITE_Q8_SHARED_TABLES 0\n\
+     #define moe_gate_up_q8_kernel moe_gate_up_q8_batch_kernel\n\
+     #define moe_down_q8_preload_kernel moe_down_q8_preload_batch_kernel\n"
+}
+
+/// The q8 expert gate/up and preloading down instances of the `moe` module (`batch`: false)
+/// or of `moe_batch` (the down also folded: `moe_decode.cu`).
+fn moe_q8_kernels(batch: bool) -> impl Iterator<Item = String> {
+    let folds: &'static [usize] = if batch {
+        &MOE_DOWN_FOLDS
+    } else {
+        &MOE_DOWN_FOLDS[..1]
+    };
+    q8_kinds().flat_map(move |k| {
+        MOE_LANES.iter().flat_map(move |&lanes| {
+            let gate_up = MOE_Q8_ROWS
+                .iter()
+                .map(move |&rows| moe_gate_up_q8_kernel(k, lanes, rows, batch));
+            let down = MOE_PRELOAD_ITEMS.iter().flat_map(move |&items| {
+                preload_early_variants().iter().flat_map(move |&early| {
+                    folds.iter().map(move |&fold| {
+                        moe_down_q8_preload_kernel(k, lanes, items, (early, fold, batch))
+                    })
+                })
+            });
+            gate_up.chain(down)
+        })
+    })
+}
+
 /// Kernels per compiled module at most: NVRTC's time grows with the template instances it
 /// emits, so a large family (the q8 MoE kernels: over a minute alone) is split into modules
 /// of the same source, each instantiating a share of it, compiled side by side.
@@ -181,6 +219,10 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(q8_kinds().map(|k| matmul_splitk_kernel(k.cuda_name, true)))
                 .chain(q8_kinds().map(matmul_q8_tiles_kernel))
                 .chain(q8_kinds().flat_map(|kind| {
+                    (2..=SMALL_BATCH_MAX_TOKENS)
+                        .map(move |t| matmul_splitk_q8_small_kernel(kind, t))
+                }))
+                .chain(q8_kinds().flat_map(|kind| {
                     (2..=SMALL_BATCH_MAX_TOKENS).flat_map(move |t| {
                         SMALL_BATCH_ROWS.map(|rows| matmul_q8_small_kernel(kind, t, rows))
                     })
@@ -195,6 +237,15 @@ fn module_families() -> Vec<ModuleSource> {
                 .flat_map(|ty| GEMM_TILES.map(|tile| gemm_float_kernel(ty, tile)))
                 .flatten()
                 .collect(),
+        },
+        ModuleSource {
+            name: "moe_batch".to_string(),
+            source: format!(
+                "{}{}",
+                batch_tables_prefix(),
+                with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n"))
+            ),
+            kernels: moe_q8_kernels(true).collect(),
         },
         ModuleSource {
             name: "moe".to_string(),
@@ -217,29 +268,16 @@ fn module_families() -> Vec<ModuleSource> {
                 )
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES.iter().flat_map(move |&lanes| {
-                        MOE_Q8_ROWS.iter().flat_map(move |&rows| {
-                            [
-                                moe_gate_up_q8_kernel(k, lanes, rows),
-                                moe_down_q8_kernel(k, lanes, rows),
-                            ]
-                        })
+                        MOE_Q8_ROWS
+                            .iter()
+                            .map(move |&rows| moe_down_q8_kernel(k, lanes, rows))
                     })
                 }))
+                .chain(moe_q8_kernels(false))
                 .chain(q8_kinds().flat_map(|k| {
                     MOE_LANES
                         .iter()
                         .map(move |&lanes| moe_gate_up_q8_grouped_kernel(k, lanes))
-                }))
-                .chain(q8_kinds().flat_map(|k| {
-                    MOE_LANES.iter().flat_map(move |&lanes| {
-                        MOE_PRELOAD_ITEMS.iter().flat_map(move |&items| {
-                            preload_early_variants().iter().flat_map(move |&early| {
-                                MOE_DOWN_FOLDS.iter().map(move |&fold| {
-                                    moe_down_q8_preload_kernel(k, lanes, items, early, fold)
-                                })
-                            })
-                        })
-                    })
                 }))
                 .chain([
                     "moe_route_kernel".to_string(),

@@ -183,14 +183,39 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
     format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
 }
 
+/// The split-K q8 product of a small batch of `tokens` tokens, all in each CTA (`matmul.cu`).
+pub(crate) fn matmul_splitk_q8_small_kernel(kind: WeightKind, tokens: usize) -> String {
+    format!(
+        "matmul_splitk_q8_small_kernel<{}, {MATMUL_SPLITK_WARPS}, {tokens}>",
+        kind.cuda_name
+    )
+}
+
 /// Rows per lane group the q8 expert matvecs are built for.
 pub(crate) const MOE_Q8_ROWS: [usize; 3] = [1, 2, 4];
 
-pub(crate) fn moe_gate_up_q8_kernel(kind: WeightKind, lanes: usize, rows: usize) -> String {
+/// `batch`: the instance of the module built for batches (`moe_batch`, the IQ2 codebooks read
+/// from global memory: `batch_tables_prefix`).
+pub(crate) fn moe_gate_up_q8_kernel(
+    kind: WeightKind,
+    lanes: usize,
+    rows: usize,
+    batch: bool,
+) -> String {
     format!(
-        "moe_gate_up_q8_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        "moe_gate_up_q8{}_kernel<{}, {LAYER_WARPS}, {lanes}, {rows}>",
+        batch_infix(batch),
         kind.cuda_name
     )
+}
+
+/// The infix of a q8 expert kernel's name in the `moe_batch` module.
+fn batch_infix(batch: bool) -> &'static str {
+    if batch {
+        "_batch"
+    } else {
+        ""
+    }
 }
 
 /// The q8 gate/up of one token with an expert cache's copies in the launch (`moe_cached.cu`).
@@ -224,16 +249,16 @@ pub(crate) const MOE_PRELOAD_ITEMS: [usize; 2] = [1, 2];
 pub(crate) const MOE_DOWN_FOLDS: [usize; 2] = [1, 2];
 
 /// `early`: the ids and weights loaded before the PDL wait (resident experts); `fold`: 1, or 2
-/// for each thread doing two lanes' work (`moe_decode.cu`).
+/// for each thread doing two lanes' work (`moe_decode.cu`); `batch`: the `moe_batch` module's.
 pub(crate) fn moe_down_q8_preload_kernel(
     kind: WeightKind,
     lanes: usize,
     items: usize,
-    early: bool,
-    fold: usize,
+    (early, fold, batch): (bool, usize, bool),
 ) -> String {
     format!(
-        "moe_down_q8_preload_kernel<{}, {}, {lanes}, {items}, {early}, {fold}>",
+        "moe_down_q8_preload{}_kernel<{}, {}, {lanes}, {items}, {early}, {fold}>",
+        batch_infix(batch),
         kind.cuda_name,
         down_warps(kind)
     )
