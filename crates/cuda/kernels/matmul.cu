@@ -235,6 +235,49 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
 
+// The split-K float product of a small batch (an MTP verification's router logits, F32 or
+// F16 rows): all NT tokens in each CTA (grid (rows, 1)), each weight item loaded once for the
+// NT sums instead of once a token in a CTA a token. Per token the values, the threads that
+// hold them, their order (fmaf in row_dot_lane's) and the block reduction are
+// matmul_splitk_kernel's: the same bits.
+template <class B, int WARPS, int NT>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE)
+matmul_splitk_small_kernel(const u8* __restrict__ weights, const float* __restrict__ x,
+                           float* __restrict__ y, int rows, int cols, int tokens) {
+    B::prepare();
+    __shared__ float scratch[32];
+    const int row = blockIdx.x;
+    const i64 row_bytes = i64(cols / B::VALUES) * B::BYTES;
+    const u8* w = weights + row * row_bytes;
+#if REDLITE_PDL
+    prefetch_l2(w, row_bytes, threadIdx.x, WARPS * WARP_SIZE);
+#endif
+    pdl_begin();
+    const int nt = min(NT, tokens);
+    const int items = cols / B::VALUES * B::ITEMS;
+    float acc[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
+    for (int i = threadIdx.x; i < items; i += WARPS * WARP_SIZE) {
+        const int block = i / B::ITEMS, item = i % B::ITEMS;
+        B::decode(w + i64(block) * B::BYTES, item, [&](int index, float value) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                if (j < nt) {
+                    acc[j] = fmaf(value, x[i64(j) * cols + block * B::VALUES + index], acc[j]);
+                }
+            }
+        });
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (j < nt) {
+            const float sum = block_reduce_sum(acc[j], scratch);
+            if (threadIdx.x == 0) y[i64(j) * rows + row] = sum;
+        }
+    }
+}
+
 // The split-K q8 product of a small batch (an MTP verification's few-row projections: the
 // attention's k and v, the DeltaNet's beta and alpha): all NT tokens in each CTA (grid (rows,
 // 1)), so each weight item is loaded and decoded once (`Q8Decode`) for the NT dots instead of

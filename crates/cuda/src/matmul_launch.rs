@@ -161,6 +161,24 @@ fn plan_matmul(
             )
         };
     }
+    if small_splitk
+        && !q8
+        && (2..=SMALL_BATCH_MAX_TOKENS).contains(&tokens)
+        && [WIDE_F32.0, WIDE_F16.0].contains(&block)
+        && small_splitk_together()
+    {
+        let kernel = source::matmul_splitk_small_kernel(block, tokens);
+        return MatmulPlan {
+            tiled: true,
+            ..plan(
+                kernel,
+                (rows, 1, 1),
+                MATMUL_SPLITK_WARPS,
+                0,
+                "splitk small ",
+            )
+        };
+    }
     if splitk {
         let kernel = source::matmul_splitk_kernel(block, q8);
         let (shared, version) = if q8 {
@@ -246,8 +264,6 @@ const GEMM_MIN_ROWS: usize = 64;
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
 const SPLITK_MAX_ROWS: usize = 1024;
 
-/// Batches of several tokens take the token-tiled q8 matmul (same sums per row as the
-/// one-token kernel; pp512 +16 % on the H200); `REDLITE_PREFILL_TILES=0` turns it off.
 /// Rows a warp of a small batch's product of `rows` rows: 2 where one row a warp asks more
 /// CTAs (of 8 warps, at most 64 registers: four a multiprocessor) than one wave holds, as an
 /// 8,192-row projection does (1,024 CTAs against 528 on an H100), else 1. Each row's lanes and
@@ -263,14 +279,17 @@ fn small_batch_rows(device: &Device, rows: usize) -> usize {
     }
 }
 
-/// Whether a small batch's split-K q8 products take all its tokens in each CTA
-/// (`matmul_splitk_q8_small_kernel`: each weight item decoded once for them; the same bits as
-/// a CTA a token). `REDLITE_SMALL_SPLITK=0` keeps a CTA a token.
+/// Whether a small batch's split-K products take all its tokens in each CTA
+/// (`matmul_splitk_q8_small_kernel`, and `matmul_splitk_small_kernel` for wide F32 / F16
+/// rows: each weight item loaded, and decoded, once for them; the same bits as a CTA a
+/// token). `REDLITE_SMALL_SPLITK=0` keeps a CTA a token.
 fn small_splitk_together() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_SMALL_SPLITK").as_deref() != Ok("0"))
 }
 
+/// Batches of several tokens take the token-tiled q8 matmul (same sums per row as the
+/// one-token kernel; pp512 +16 % on the H200); `REDLITE_PREFILL_TILES=0` turns it off.
 fn prefill_tiles() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_PREFILL_TILES").as_deref() != Ok("0"))

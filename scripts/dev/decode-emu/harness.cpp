@@ -8,8 +8,8 @@
 //   2. argmax_kernel and ids_of_keys_kernel (REDLITE_DEVICE_GREEDY=1) against the host's
 //      greedy argmax: ties, -0, NaN, infinities, a row without a finite value.
 //   3. The small-batch q8 products (2 to 4 tokens, MTP verifications; one and two rows a
-//      warp, and split-K with every token in each CTA) against the one-token product per
-//      token.
+//      warp, and split-K with every token in each CTA, q8 and the router's F32) against the
+//      one-token product per token.
 //   4. The one-token q8 products with two or four rows a warp (REDLITE_MATMUL_ROWS) against
 //      one row a warp.
 //   5. Attention decode split over the KV length with 8 warps a CTA (REDLITE_ATTN_SPLIT_WARPS=8,
@@ -260,6 +260,31 @@ bool small_splitk_case(int rows, int cols, bool quantized) {
                                                         rows, cols, T);
     });
     return same("small split-K", one, small);
+}
+
+// The split-K float product (the router's wide F32 rows) of every token against the small
+// batch's (all T tokens in each CTA, each row value loaded once).
+template <int T>
+bool small_splitk_float_case(int rows, int cols) {
+    constexpr int WARPS = 4;
+    const auto w = uniform((size_t)rows * cols, -1, 1);
+    const auto x = uniform((size_t)T * cols, -1, 1);
+    const u8* wb = reinterpret_cast<const u8*>(w.data());
+    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f);
+    launch({(unsigned)rows, (unsigned)T, 0}, WARPS * 32, [&] {
+        mm::matmul_splitk_kernel<mm::F32x4, WARPS>(wb, x.data(), one.data(), rows, cols);
+    });
+    launch({(unsigned)rows, 1, 0}, WARPS * 32, [&] {
+        mm::matmul_splitk_small_kernel<mm::F32x4, WARPS, T>(wb, x.data(), small.data(), rows, cols,
+                                                            T);
+    });
+    return same("small split-K float", one, small);
+}
+
+void small_splitk_float() {
+    const bool ok = small_splitk_float_case<2>(9, 2048) & small_splitk_float_case<3>(9, 2048) &
+                    small_splitk_float_case<4>(9, 2048);
+    verdict("F32x4: 2-4 token split-K products (the router's) = one-token products", ok);
 }
 
 template <class BM>
@@ -800,6 +825,7 @@ int main(int argc, char** argv) {
         small_batches<mm::Q5K>("Q5_K");
         small_batches<mm::Q6K>("Q6_K");
         small_batches<mm::IQ1M>("IQ1_M");
+        small_splitk_float();
     }
     if (group("iq1m")) {
         iq1m_item_dot();

@@ -222,6 +222,9 @@ fn module_families() -> Vec<ModuleSource> {
                     (2..=SMALL_BATCH_MAX_TOKENS)
                         .map(move |t| matmul_splitk_q8_small_kernel(kind, t))
                 }))
+                .chain([WIDE_F32.0, WIDE_F16.0].into_iter().flat_map(|block| {
+                    (2..=SMALL_BATCH_MAX_TOKENS).map(move |t| matmul_splitk_small_kernel(block, t))
+                }))
                 .chain(q8_kinds().flat_map(|kind| {
                     (2..=SMALL_BATCH_MAX_TOKENS).flat_map(move |t| {
                         SMALL_BATCH_ROWS.map(|rows| matmul_q8_small_kernel(kind, t, rows))

@@ -183,6 +183,12 @@ pub(crate) fn matmul_splitk_kernel(block: &str, q8: bool) -> String {
     format!("{name}<{block}, {MATMUL_SPLITK_WARPS}>")
 }
 
+/// The split-K float product of a small batch of `tokens` tokens, all in each CTA
+/// (`matmul.cu`), for the wide F32 / F16 rows (`WIDE_F32`, `WIDE_F16`): the router's.
+pub(crate) fn matmul_splitk_small_kernel(block: &str, tokens: usize) -> String {
+    format!("matmul_splitk_small_kernel<{block}, {MATMUL_SPLITK_WARPS}, {tokens}>")
+}
+
 /// The split-K q8 product of a small batch of `tokens` tokens, all in each CTA (`matmul.cu`).
 pub(crate) fn matmul_splitk_q8_small_kernel(kind: WeightKind, tokens: usize) -> String {
     format!(
