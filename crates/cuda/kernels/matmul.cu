@@ -235,6 +235,21 @@ matmul_splitk_q8_kernel(const u8* __restrict__ weights, const float* __restrict_
     if (threadIdx.x == 0) y[i64(blockIdx.y) * rows + row] = sum;
 }
 
+// The small split-K products' ends: token j's CTA partials summed (block_reduce_sum, as the
+// one-token split-K kernels) and stored at y[j][row], for the batch's nt tokens.
+template <int NT>
+static __device__ __forceinline__ void store_token_sums(const float (&acc)[NT], int nt,
+                                                        float* scratch, float* __restrict__ y,
+                                                        int rows, int row) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (j < nt) {
+            const float sum = block_reduce_sum(acc[j], scratch);
+            if (threadIdx.x == 0) y[i64(j) * rows + row] = sum;
+        }
+    }
+}
+
 // The split-K float product of a small batch (an MTP verification's router logits, F32 or
 // F16 rows): all NT tokens in each CTA (grid (rows, 1)), each weight item loaded once for the
 // NT sums instead of once a token in a CTA a token. Per token the values, the threads that
@@ -269,13 +284,7 @@ matmul_splitk_small_kernel(const u8* __restrict__ weights, const float* __restri
             }
         });
     }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (j < nt) {
-            const float sum = block_reduce_sum(acc[j], scratch);
-            if (threadIdx.x == 0) y[i64(j) * rows + row] = sum;
-        }
-    }
+    store_token_sums<NT>(acc, nt, scratch, y, rows, row);
 }
 
 // The split-K q8 product of a small batch (an MTP verification's few-row projections: the
@@ -321,13 +330,7 @@ matmul_splitk_q8_small_kernel(const u8* __restrict__ weights, const float* __res
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (j < nt) {
-            const float sum = block_reduce_sum(acc[j], scratch);
-            if (threadIdx.x == 0) y[i64(j) * rows + row] = sum;
-        }
-    }
+    store_token_sums<NT>(acc, nt, scratch, y, rows, row);
 }
 
 // CTAs a multiprocessor must hold (ptxas keeps the registers to that; 0: the compiler's

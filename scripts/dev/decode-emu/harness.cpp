@@ -217,16 +217,32 @@ constexpr int MATMUL_WARPS = 8;
 // The one-token q8 product of every token (a CTA row per token) against the small-batch
 // product of all of them (the tiles kernel with ROWS rows a warp and T tokens); x quantized in
 // the kernels, or read quantized from gd / gq (`quantized`).
+// A small batch's product inputs: `rows` random rows of BM blocks, T tokens' x, and those
+// quantized when asked (`d`, `q`: null otherwise, the kernels then quantize); `one` and `small`
+// for the two launches' outputs, each value not written keeping its mark.
+template <class BM, int T>
+struct SmallBatchInputs {
+    decltype(random_blocks<BM>(rng, 1, 256)) w;
+    std::vector<float> x, gd;
+    std::vector<i8> gq;
+    const float* d = nullptr;
+    const i8* q = nullptr;
+    std::vector<float> one, small;
+    SmallBatchInputs(int rows, int cols, bool quantized)
+        : w(random_blocks<BM>(rng, rows, cols)), x(uniform((size_t)T * cols, -1, 1)),
+          one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f) {
+        if (quantized) {
+            quantize_rows(x, T, cols, gd, gq);
+            d = gd.data();
+            q = gq.data();
+        }
+    }
+};
+
 template <class BM, int T, int ROWS = 1>
 bool small_batch_case(int rows, int cols, bool quantized) {
-    auto w = random_blocks<BM>(rng, rows, cols);
-    auto x = uniform((size_t)T * cols, -1, 1);
-    std::vector<float> gd;
-    std::vector<i8> gq;
-    if (quantized) quantize_rows(x, T, cols, gd, gq);
-    const float* d = quantized ? gd.data() : nullptr;
-    const i8* q = quantized ? gq.data() : nullptr;
-    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f);
+    SmallBatchInputs<BM, T> in(rows, cols, quantized);
+    auto& [w, x, gd, gq, d, q, one, small] = in;
     const unsigned ctas = (rows + MATMUL_WARPS - 1) / MATMUL_WARPS;
     launch({ctas, (unsigned)T, 0}, MATMUL_WARPS * 32, [&] {
         mm::matmul_q8_kernel<BM, MATMUL_WARPS, 1>(w.data(), x.data(), d, q, one.data(), rows, cols);
@@ -244,14 +260,8 @@ bool small_batch_case(int rows, int cols, bool quantized) {
 template <class BM, int T>
 bool small_splitk_case(int rows, int cols, bool quantized) {
     constexpr int WARPS = 4;
-    auto w = random_blocks<BM>(rng, rows, cols);
-    auto x = uniform((size_t)T * cols, -1, 1);
-    std::vector<float> gd;
-    std::vector<i8> gq;
-    if (quantized) quantize_rows(x, T, cols, gd, gq);
-    const float* d = quantized ? gd.data() : nullptr;
-    const i8* q = quantized ? gq.data() : nullptr;
-    std::vector<float> one((size_t)T * rows, NAN), small((size_t)T * rows, -1.0f);
+    SmallBatchInputs<BM, T> in(rows, cols, quantized);
+    auto& [w, x, gd, gq, d, q, one, small] = in;
     launch({(unsigned)rows, (unsigned)T, 0}, WARPS * 32, [&] {
         mm::matmul_splitk_q8_kernel<BM, WARPS>(w.data(), x.data(), d, q, one.data(), rows, cols);
     });
