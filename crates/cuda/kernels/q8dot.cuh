@@ -16,10 +16,11 @@
 // global memory (L1-resident after the first lookups). The copy is one more load and
 // barrier in front of every CTA's work, but a warp's 32 data-dependent lookups of a
 // 2-4 KB table touch up to 32 L1 lines: on the H100 (fortieth session) decode measured
-// 5.6 % faster with the copies (the twelfth and thirteenth sessions, on the H200 and
-// before the launches overlapped, had measured no gain). The token tiles (q8decode.cuh)
-// read them from global memory either way. `q8_prepare<B>()` stands for B::prepare() in
-// the q8 kernels.
+// 3.5-5.6 % faster with the copies (the twelfth and thirteenth sessions, on the H200 and
+// before the launches overlapped, had measured no gain). Batches of 2-4 tokens were 5-7 %
+// slower with them, so the token tiles (q8decode.cuh) and the expert kernels of batches
+// (the `moe_batch` module, built with this define forced off) read them from global memory.
+// `q8_prepare<B>()` stands for B::prepare() in the q8 kernels.
 #if REDLITE_Q8_SHARED_TABLES
 #define Q8_IQ2XXS_GRID IQ2XXS_GRID
 #define Q8_IQ2XS_GRID IQ2XS_GRID
