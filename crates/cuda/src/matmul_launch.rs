@@ -142,41 +142,32 @@ fn plan_matmul(
             ..plan(kernel, grid, MATMUL_V2_WARPS, tile_shared, "q8 tiles ")
         };
     }
+    // A small batch's split-K products: all its tokens in each CTA (q8 types, or the wide
+    // F32 / F16 rows of the router).
+    let small_splitk_fits = if q8 {
+        small_shared <= SHARED_MAX_BYTES
+    } else {
+        [WIDE_F32.0, WIDE_F16.0].contains(&block)
+    };
     if small_splitk
-        && q8
+        && small_splitk_fits
         && (2..=SMALL_BATCH_MAX_TOKENS).contains(&tokens)
-        && small_shared <= SHARED_MAX_BYTES
         && small_splitk_together()
     {
-        let kernel = source::matmul_splitk_q8_small_kernel(kind, tokens);
-        return MatmulPlan {
-            tiled: true,
-            q8_input: true,
-            ..plan(
-                kernel,
-                (rows, 1, 1),
-                MATMUL_SPLITK_WARPS,
-                small_shared,
-                "splitk q8 small ",
-            )
-        };
-    }
-    if small_splitk
-        && !q8
-        && (2..=SMALL_BATCH_MAX_TOKENS).contains(&tokens)
-        && [WIDE_F32.0, WIDE_F16.0].contains(&block)
-        && small_splitk_together()
-    {
-        let kernel = source::matmul_splitk_small_kernel(block, tokens);
-        return MatmulPlan {
-            tiled: true,
-            ..plan(
-                kernel,
-                (rows, 1, 1),
-                MATMUL_SPLITK_WARPS,
+        let (kernel, shared, version) = if q8 {
+            let kernel = source::matmul_splitk_q8_small_kernel(kind, tokens);
+            (kernel, small_shared, "splitk q8 small ")
+        } else {
+            (
+                source::matmul_splitk_small_kernel(block, tokens),
                 0,
                 "splitk small ",
             )
+        };
+        return MatmulPlan {
+            tiled: true,
+            q8_input: q8,
+            ..plan(kernel, (rows, 1, 1), MATMUL_SPLITK_WARPS, shared, version)
         };
     }
     if splitk {
@@ -264,14 +255,18 @@ const GEMM_MIN_ROWS: usize = 64;
 /// most 128 CTAs of 8 warps (fewer than the H200's 132 multiprocessors).
 const SPLITK_MAX_ROWS: usize = 1024;
 
+/// CTAs of a small batch's products (8 warps, held to 64 registers by `TilesMinBlocks` in
+/// `matmul.cu`) a multiprocessor holds at once.
+const SMALL_TILES_CTAS_PER_SM: usize = 4;
+
 /// Rows a warp of a small batch's product of `rows` rows: 2 where one row a warp asks more
-/// CTAs (of 8 warps, at most 64 registers: four a multiprocessor) than one wave holds, as an
-/// 8,192-row projection does (1,024 CTAs against 528 on an H100), else 1. Each row's lanes and
-/// sums are the same either way: the same bits. `REDLITE_SMALL_BATCH_ROWS=1` keeps one.
+/// CTAs than one wave holds (`SMALL_TILES_CTAS_PER_SM` a multiprocessor), as an 8,192-row
+/// projection does (1,024 CTAs against 528 on an H100), else 1. Each row's lanes and sums are
+/// the same either way: the same bits. `REDLITE_SMALL_BATCH_ROWS=1` keeps one.
 fn small_batch_rows(device: &Device, rows: usize) -> usize {
     static ON: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("REDLITE_SMALL_BATCH_ROWS").as_deref() != Ok("1"));
-    let one_wave = 4 * device.multiprocessors() as usize;
+    let one_wave = SMALL_TILES_CTAS_PER_SM * device.multiprocessors() as usize;
     if on && rows.div_ceil(MATMUL_V2_WARPS as usize) > one_wave {
         2
     } else {

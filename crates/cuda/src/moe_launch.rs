@@ -103,15 +103,19 @@ fn gate_up_rows() -> usize {
     forced.unwrap_or(2)
 }
 
+/// CTAs of the preloading expert down (8 warps at 128 registers) a multiprocessor holds.
+const DOWN_CTAS_PER_SM: usize = 2;
+
 /// Whether a preloading expert down of `tokens` tokens and `ctas` CTAs a token runs folded
 /// (each thread two lanes' work, half the CTAs: `moe_decode.cu`): for a few tokens whose
-/// CTAs (8 warps at 128 registers, two a multiprocessor) would need a second wave, as an MTP
+/// CTAs would need a second wave (`DOWN_CTAS_PER_SM` a multiprocessor), as an MTP
 /// verification of three or four rows does on the 80B model. The same bits either way;
 /// `REDLITE_DOWN_FOLD=0` never folds.
 fn down_folded(device: &Device, tokens: usize, ctas: usize) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("REDLITE_DOWN_FOLD").as_deref() != Ok("0"));
-    on && tokens <= DOWN_FOLD_MAX_TOKENS && tokens * ctas > 2 * device.multiprocessors() as usize
+    let one_wave = DOWN_CTAS_PER_SM * device.multiprocessors() as usize;
+    on && tokens <= DOWN_FOLD_MAX_TOKENS && tokens * ctas > one_wave
 }
 
 /// The most tokens a folded expert down is used for (more: prompts, whose many waves folding
