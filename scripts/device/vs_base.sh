@@ -3,9 +3,9 @@
 # one (.cache/device/redlite-base.xz) on the full RECIPE+MTP file (IQ2_XXS unless set), the
 # cheapest order for a change meant to keep the bits: the logits of 24 tokens fed one and four
 # at a time (`cmp`; also of BASE_LONG tokens one at a time when set), tg128 at depths 0 and 4096
-# alternating (ROUNDS, f16 KV), MTP at acceptance 0.7 with each of MTP_DRAFTS drafts (1; a
-# space: none), with SMALL=1 batches of 1 to 4 tokens (two alternating rounds), then the GPU
-# tests of TESTS. Carry both builds and the test binaries named in TESTS
+# alternating (ROUNDS, f16 KV), MTP at acceptance MTP_ACCEPT (0.7; a comma list such as 0.7,1
+# runs each) with each of MTP_DRAFTS drafts (1; a space: none), with SMALL=1 batches of 1 to 4
+# tokens (two alternating rounds), then the GPU tests of TESTS. Carry both builds and the test binaries named in TESTS
 # (scripts/device/prepare.sh; copy the earlier redlite.xz to redlite-base.xz before building).
 # BASE_ENV (VAR=value, several joined by +): the base is this build run under those settings
 # (a compile option's A/B, e.g. REDLITE_Q8_DECODE_ONCE=0) and redlite-base.xz is not needed.
@@ -57,12 +57,12 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       -d 0,4096 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
   done
 done
-stamp "MTP at 0.7"
+stamp "MTP at ${MTP_ACCEPT:-0.7}"
 for k in ${MTP_DRAFTS:-1}; do
   for bin in "$R" "$B"; do
     note "$(basename "$bin"), $k draft(s): $("$bin" bench -m "$M" --device cuda --kv f16 -p 0 -n 128 \
-      -r 2 --mtp --draft "$k" --mtp-accept 0.7 2>&1 | grep -E '^\| tg' | cut -c1-120 | tr -s ' ' \
-      | tr '\n' ' ')"
+      -r 2 --mtp --draft "$k" --mtp-accept "${MTP_ACCEPT:-0.7}" 2>&1 | grep -E '^\| tg' | cut -c1-120 \
+      | tr -s ' ' | tr '\n' ' ')"
   done
 done
 if [ "${SMALL:-0}" = 1 ]; then

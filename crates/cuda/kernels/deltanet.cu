@@ -218,6 +218,18 @@ static __device__ __forceinline__ float4 shared_load4(const float* p) {
     return v;
 }
 
+// shared_load4 as a volatile load, which ptxas does not merge with an earlier load of the
+// same address either: the replay's second loop would otherwise keep the first loop's 2 DK
+// key values in registers beside the state column, and spill it.
+static __device__ __forceinline__ float4 shared_load4_again(const float* p) {
+    float4 v;
+    const u32 address = u32(__cvta_generic_to_shared(p));
+    asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(address));
+    return v;
+}
+
 // A conv channel of the fused step below: its taps and the window of its last KERNEL - 1
 // raw inputs, carried in registers from row to row.
 template <int KERNEL>
@@ -241,6 +253,32 @@ static __device__ __forceinline__ ConvChannel<KERNEL> conv_channel(
     return c;
 }
 
+// threadIdx.x and blockIdx.x as read now: asm volatile, so that the compiler neither reuses
+// an earlier read nor moves this one.
+static __device__ __forceinline__ int fresh_thread_index() {
+    int v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+}
+
+static __device__ __forceinline__ int fresh_block_index() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return v;
+}
+
+static __device__ __forceinline__ int fresh_block_y() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    return v;
+}
+
+// Floats of one row of the step's replay inputs (deltanet_step_kernel's replay_rows).
+static __device__ __forceinline__ i64 deltanet_replay_row_floats(int dk, int k_heads,
+                                                                 int v_heads) {
+    return i64(k_heads + v_heads) * dk + 2 * v_heads;
+}
+
 // The whole DeltaNet step of `tokens` tokens (decode: one; an MTP verification: a few) in
 // one launch: conv + SiLU, q/k L2 norms, β and g, the delta rule and the gated RMSNorm, each
 // as the kernels above compute it. Thread (v, j) owns value column j of v-head
@@ -262,9 +300,15 @@ static __device__ __forceinline__ ConvChannel<KERNEL> conv_channel(
 // per value head, a key head's value heads one thread-block cluster so that their states
 // load and store through r multiprocessors, measured no faster: H100, twenty-ninth session.)
 // Per row: qkv, the projections before the conv [channels]; z [v_heads][DK]; ba
-// [k_heads][2 r]; out [v_heads][DK]. With conv_rec and state_rec (both or neither), the
-// state after each row but the last is kept: conv_rec [tokens - 1][KERNEL - 1][channels],
-// state_rec [tokens - 1][v_heads][DK][DK]. With od and oq (r x DK = 256 only), each row's
+// [k_heads][2 r]; out [v_heads][DK]. With conv_rec, the conv window after each row but the
+// last is kept: conv_rec [tokens - 1][KERNEL - 1][channels]; beside it either state_rec, the
+// state after each row but the last ([tokens - 1][v_heads][DK][DK]), or snapshot and
+// replay_rows: the state before the step ([v_heads][DK][DK]) and each row's delta-rule inputs
+// but the last's ([tokens - 1] rows of `deltanet_replay_row_floats`: normalized k [k_heads][DK],
+// the value after the conv [v_heads][DK], α [v_heads], β [v_heads]), from which
+// deltanet_replay_kernel rebuilds the state after any row. The snapshot is stored before the
+// PDL wait, where its stores drain while the previous kernel runs, instead of a record's
+// stores between the rows. With od and oq (r x DK = 256 only), each row's
 // output also in Q8_K: od [tokens][k_heads] scales, oq [tokens][v_heads][DK] codes.
 // Dynamic shared memory: none. At most 256 threads,
 // so that the DK-float state column stays in registers (a 1024-thread bound caps them at 64
@@ -283,6 +327,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
                      float* __restrict__ state, float* __restrict__ out,
                      float* __restrict__ conv_rec, float* __restrict__ state_rec,
+                     float* __restrict__ snapshot, float* __restrict__ replay_rows,
                      float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
                      int v_heads, float eps, float q_scale) {
     PROBE_RETURN(PROBE_STEP);
@@ -293,6 +338,11 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
     // Each row's z, conv output of the thread's value channel and delta-rule output, by
     // thread: in registers beside the state column they spill it.
     __shared__ float row_z[G][256], row_value[G][256], row_o[G][256];
+    // A replay's inputs of the first REPLAY_ROWS rows, kept here while the state column is
+    // live and stored after the last row (stores of them among the rows spilled the column:
+    // ptxas, sm_90, DK = 128).
+    constexpr int REPLAY_ROWS = 3;
+    __shared__ float replay_k[REPLAY_ROWS][DK], replay_v[REPLAY_ROWS][256];
     const int kh = blockIdx.x, tid = threadIdx.x;
     const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     const int r = v_heads / k_heads;
@@ -316,6 +366,13 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         conv_channel<KERNEL>(qk_channel(tid + int(blockDim.x)), conv_w, conv_state, channels)};
     ConvChannel<KERNEL> conv_v =
         conv_channel<KERNEL>(2 * key_dim + h * DK + j, conv_w, conv_state, channels);
+    // The state before the step, for a rollback: nothing reads the snapshot until the
+    // replay launched after this step's graph, so it is stored before the wait too.
+    if (snapshot != nullptr) {
+        float* kept = snapshot + i64(h) * DK * DK + j;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) kept[i * DK] = col[i];
+    }
     // Under PDL all of the above is loaded while the previous kernel still runs: the states are
     // this layer's, written by this kernel alone (and by copies launches before it).
     pdl_begin();
@@ -363,11 +420,13 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                     }
                 }
             }
-            row_value[g][tid] = conv(conv_v, x, t);
+            const float value = conv(conv_v, x, t);
+            row_value[g][tid] = value;
             const float a_in = a_raw + dt_h;
             const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
             beta[g] = sigmoidf(b_in);
             alpha[g] = expf(a_h * softplus);
+            if (t < REPLAY_ROWS) replay_v[t][tid] = value;
         }
         __syncthreads();
         // The L2 norms of the group's q and k rows, a warp each.
@@ -385,7 +444,9 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             if (c < DK) {
                 qs[g][c] = qs[g][c] * scale_qk[g][0] * q_scale;
             } else {
-                ks[g][c - DK] = ks[g][c - DK] * scale_qk[g][1];
+                const float k = ks[g][c - DK] * scale_qk[g][1];
+                ks[g][c - DK] = k;
+                if (t0 + g < REPLAY_ROWS) replay_k[t0 + g][c - DK] = k;
             }
         }
         __syncthreads();
@@ -463,4 +524,87 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         // The group's shared rows are rewritten by the next group.
         __syncthreads();
     }
+    if (replay_rows != nullptr) {
+        // The thread's indices read again, not kept from the top: values used here and before
+        // the rows stay live across them, beside the state column, and spilled it.
+        const int me = fresh_thread_index(), head = fresh_block_index();
+        const int vh = head * (v_heads / k_heads) + me / DK, col_j = me % DK;
+        const int keys = k_heads * DK;
+        for (int t = 0; t + 1 < tokens && t < REPLAY_ROWS; ++t) {
+            float* kept = replay_rows + i64(t) * deltanet_replay_row_floats(DK, k_heads, v_heads);
+            if (me < DK) kept[head * DK + me] = replay_k[t][me];
+            kept[keys + vh * DK + col_j] = replay_v[t][me];
+            if (col_j == 0) {
+                // The gates again, from the row's inputs by the same expressions as above.
+                const float* bar = ba + i64(t) * 2 * v_heads;
+                const int r = v_heads / k_heads, v = me / DK;
+                const float b_in = bar[2 * r * head + v], a_raw = bar[2 * r * head + r + v];
+                const float a_in = a_raw + dt_bias[vh];
+                const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+                kept[keys + v_heads * DK + vh] = expf(a[vh] * softplus);
+                kept[keys + v_heads * DK + v_heads + vh] = sigmoidf(b_in);
+            }
+        }
+    }
+}
+
+// An MTP rollback of every DeltaNet layer at once to the state after row `kept` - 1 of the
+// verification: each layer's snapshot (the state before the step) with rows 0 .. kept - 1 of
+// the delta rule applied again from the inputs deltanet_step_kernel kept (normalized k, the
+// value after the conv, α, β), the same operations in the same order as the step, so the bits
+// of its state after that row; and the conv window after that row copied from its record.
+// Grid (v_heads, layers), DK threads: thread j owns column j of value head blockIdx.x.
+// layers[5 l ..]: layer l's snapshot, replay rows, state, conv record and conv state
+// addresses; conv_len = (KERNEL - 1) x channels.
+template <int DK>
+__global__ void __launch_bounds__(DK)
+deltanet_replay_kernel(const u64* __restrict__ layers, int kept, int k_heads, int v_heads,
+                       int conv_len) {
+    pdl_begin();
+    __shared__ __align__(16) float ks[DK];
+    const int h = blockIdx.x, j = threadIdx.x, kh = h / (v_heads / k_heads);
+    const u64* at = layers + 5 * i64(blockIdx.y);
+    const float* snapshot = reinterpret_cast<const float*>(at[0]) + i64(h) * DK * DK + j;
+    const float* rows = reinterpret_cast<const float*>(at[1]);
+    const int key_dim = k_heads * DK, inner = v_heads * DK;
+    float col[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[i] = snapshot[i * DK];
+#pragma unroll 1
+    for (int t = 0; t < kept; ++t) {
+        const float* row = rows + i64(t) * deltanet_replay_row_floats(DK, k_heads, v_heads);
+        ks[j] = row[kh * DK + j];
+        __syncthreads();
+        const float alpha = row[key_dim + inner + h], beta = row[key_dim + inner + v_heads + h];
+        float delta = row[key_dim + h * DK + j];
+#pragma unroll
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4_again(ks + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                col[i + u] *= alpha;
+                delta -= col[i + u] * kv[u];
+            }
+        }
+        delta *= beta;
+#pragma unroll
+        for (int i = 0; i < DK; i += 4) {
+            const float4 k4 = shared_load4_again(ks + i);
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u) col[i + u] += kv[u] * delta;
+        }
+        // ks is rewritten by the next row.
+        __syncthreads();
+    }
+    // The table read again here: its addresses kept from the top stay live beside the column.
+    const u64* again = layers + 5 * i64(fresh_block_y());
+    float* state = reinterpret_cast<float*>(again[2]) + i64(h) * DK * DK + j;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) state[i * DK] = col[i];
+    const float* conv_rec = reinterpret_cast<const float*>(again[3]);
+    float* conv_state = reinterpret_cast<float*>(again[4]);
+    const float* window = conv_rec + i64(kept - 1) * conv_len;
+    for (int c = h * DK + j; c < conv_len; c += v_heads * DK) conv_state[c] = window[c];
 }

@@ -197,10 +197,22 @@ static __device__ __forceinline__ int q8_sum16(int4 x) {
     return __dp4a(0x01010101, x.w, s);
 }
 
-// Byte masks from 4 sign bits: byte j is 0xff where bit j is set. The multiply spreads bit j
-// to bit 8j (the shifted copies do not overlap, so no carries).
+// Byte masks from 4 sign bits: byte j is 0xff where bit j is set. The multiply moves bit j to
+// bit 8j + 7, the top of byte j (the shifted copies do not overlap, so no carries), and
+// PRMT's sign mode (selector nibbles 8 + j) spreads each byte's top bit over the byte: two
+// instructions where spreading bit j to bit 8j, masking and multiplying by 0xff took three.
+// REDLITE_SIGN_PRMT=0 (a compile option, for A/B) keeps those three; the same masks.
+#ifndef REDLITE_SIGN_PRMT
+#define REDLITE_SIGN_PRMT 1
+#endif
 static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
+#if REDLITE_SIGN_PRMT
+    u32 masks;
+    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(masks) : "r"(bits4 * 0x10204080u));
+    return masks;
+#else
     return ((bits4 * 0x00204081u) & 0x01010101u) * 0xffu;
+#endif
 }
 
 // Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (signs: bit j negative), as two

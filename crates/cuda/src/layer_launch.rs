@@ -28,7 +28,7 @@ pub(crate) fn to_i32(v: usize) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
-fn to_u32(v: usize) -> u32 {
+pub(crate) fn to_u32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
@@ -304,7 +304,7 @@ pub(crate) fn deltanet_step(
         &mut CudaViewMut<'_, f32>,
         &mut CudaViewMut<'_, f32>,
     ),
-    record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
+    record: Option<raw::StepKeeps<'_, '_>>,
     out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
 ) -> Result<(), CudaError> {
     let kernel = device.kernel(&source::deltanet_step_kernel(

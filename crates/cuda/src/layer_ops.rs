@@ -9,11 +9,30 @@ use crate::layer_launch::{self as launch, DeltaDims};
 use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES};
+use crate::raw::StepKeeps;
 use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
 pub(crate) const MAX_GRID_YZ: u64 = 65_535;
+
+/// A buffer that must hold at least `expected` values.
+fn at_least(
+    op: CudaOp,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), CudaError> {
+    match found < expected {
+        true => Err(CudaError::Shape {
+            op,
+            what,
+            expected,
+            found,
+        }),
+        false => Ok(()),
+    }
+}
 
 pub(crate) fn supported(
     op: CudaOp,
@@ -259,7 +278,7 @@ impl DeltaNetShape {
         self.v_heads * self.head_dim
     }
 
-    fn check(&self, op: CudaOp) -> Result<DeltaDims, CudaError> {
+    pub(crate) fn check(&self, op: CudaOp) -> Result<DeltaDims, CudaError> {
         tokens_fit(op, self.tokens)?;
         if self.k_heads == 0 || !self.v_heads.is_multiple_of(self.k_heads) {
             return Err(CudaError::Shape {
@@ -343,12 +362,33 @@ pub struct DeltaNetParams<'a, 'b> {
     pub norm_w: &'a CudaView<'b, f32>,
 }
 
-/// Where a several-row DeltaNet step keeps the state after each of its rows but the last
-/// (an MTP verification's rollback points): `conv` `[rows - 1][width - 1][channels]`,
-/// `recurrent` `[rows - 1][v_heads][dk][dv]`; longer views keep their tail untouched.
+/// What a several-row DeltaNet step keeps for an MTP verification's rollback: the conv
+/// window after each row but the last, `conv` `[rows - 1][width - 1][channels]`, and the
+/// recurrent state either as it is after each of those rows or as the inputs to rebuild it
+/// (`deltanet_replay`). Longer views keep their tail untouched.
 pub struct StepRecord<'a> {
     pub conv: CudaViewMut<'a, f32>,
-    pub recurrent: CudaViewMut<'a, f32>,
+    pub recurrent: StepStates<'a>,
+}
+
+/// The recurrent half of a `StepRecord`.
+pub enum StepStates<'a> {
+    /// The state after each row but the last, `[rows - 1][v_heads][dk][dv]`.
+    Rows(CudaViewMut<'a, f32>),
+    /// The state before the step (`[v_heads][dk][dv]`, stored first, under PDL while the
+    /// previous kernel runs) and each row's delta-rule inputs but the last's
+    /// (`[rows - 1][replay_row_floats]`): a verification then writes one state instead of one
+    /// a row, and a rollback recomputes the rows it keeps.
+    Replay {
+        snapshot: CudaViewMut<'a, f32>,
+        inputs: CudaViewMut<'a, f32>,
+    },
+}
+
+/// Floats of one row of a `StepStates::Replay`'s inputs: the normalized k of every key head,
+/// the value after the conv of every value head, α and β of every value head.
+pub fn replay_row_floats(s: &DeltaNetShape) -> usize {
+    (s.k_heads + s.v_heads) * s.head_dim + 2 * s.v_heads
 }
 
 /// The whole DeltaNet step of `s.tokens` tokens between their projections, one row after the
@@ -406,23 +446,23 @@ pub fn deltanet_step(
     // The records need room for tokens - 1 rows; longer ones keep their tail.
     let rows = t - 1;
     let record = match &mut record {
-        Some(r) if r.conv.len() < rows * conv_len => {
-            return Err(CudaError::Shape {
-                op,
-                what: "conv record length (at least)",
-                expected: rows * conv_len,
-                found: r.conv.len(),
+        Some(StepRecord { conv, recurrent }) => {
+            let what = "conv record length (at least)";
+            at_least(op, what, rows * conv_len, conv.len())?;
+            Some(match recurrent {
+                StepStates::Rows(states) => {
+                    let what = "state record length (at least)";
+                    at_least(op, what, rows * state_len, states.len())?;
+                    StepKeeps::Rows(conv, states)
+                }
+                StepStates::Replay { snapshot, inputs } => {
+                    shape(op, "state snapshot length", state_len, snapshot.len())?;
+                    let what = "replay inputs length (at least)";
+                    at_least(op, what, rows * replay_row_floats(s), inputs.len())?;
+                    StepKeeps::Replay(conv, snapshot, inputs)
+                }
             })
         }
-        Some(r) if r.recurrent.len() < rows * state_len => {
-            return Err(CudaError::Shape {
-                op,
-                what: "state record length (at least)",
-                expected: rows * state_len,
-                found: r.recurrent.len(),
-            })
-        }
-        Some(r) => Some((&mut r.conv, &mut r.recurrent)),
         None => None,
     };
     let out_q8 = match out_q8 {

@@ -29,6 +29,7 @@ mod cache;
 mod compile;
 mod copies;
 mod cublas;
+mod deltanet_replay;
 mod device;
 mod error;
 mod expert_cache;
@@ -68,6 +69,7 @@ pub use compile::{check_arch, compile_all, nvrtc_version, KernelResources, Modul
 pub use copies::copy_spans;
 pub use cublas::{cublas_min_tokens, cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+pub use deltanet_replay::{deltanet_replay, ReplayLayer};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use expert_cache::{
@@ -82,8 +84,8 @@ pub use host_stage::{row_pieces, HostStage};
 pub use layer_launch::{COMBINE_AHEAD, DELTANET_ROW_GROUPS};
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, matmul_quantized, matmul_with, rms_norm, DeltaNetParams,
-    DeltaNetShape, StepRecord, TokenWalk,
+    embed, gated_norm, matmul, matmul_quantized, matmul_with, replay_row_floats, rms_norm,
+    DeltaNetParams, DeltaNetShape, StepRecord, StepStates, TokenWalk,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,

@@ -1,11 +1,14 @@
 //! The DeltaNet prompt kernels against the token-by-token ones on the same inputs: the
 //! token-parallel conv writes the same bits (outputs and state), the chunked delta rule
 //! agrees within 1e-4 (L2 of the difference over L2 of the values, per v-head, outputs and
-//! final state). GPU tests print a message and pass when no driver, NVRTC or GPU is present.
+//! final state). The fused step's rows against one-row launches, and an MTP rollback
+//! replayed from the step's snapshot against the states it kept per row, bit for bit. GPU
+//! tests print a message and pass when no driver, NVRTC or GPU is present.
 
 use redlite_cuda::{
-    delta_rule, deltanet_conv, deltanet_step, matmul, matmul_quantized, DeltaNetParams,
-    DeltaNetShape, Device, Q8Rows, Q8RowsMut, StepRecord, TokenWalk, Q8_BLOCK_VALUES,
+    delta_rule, deltanet_conv, deltanet_replay, deltanet_step, matmul, matmul_quantized,
+    replay_row_floats, CudaSlice, DeltaNetParams, DeltaNetShape, Device, Q8Rows, Q8RowsMut,
+    ReplayLayer, StepRecord, StepStates, TokenWalk, Q8_BLOCK_VALUES,
 };
 use redlite_gguf::GgmlType;
 
@@ -248,7 +251,7 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             (&mut out.as_view_mut(), quantized.then_some(&mut out_q8)),
             Some(StepRecord {
                 conv: conv_rec.as_view_mut(),
-                recurrent: state_rec.as_view_mut(),
+                recurrent: StepStates::Rows(state_rec.as_view_mut()),
             }),
         )
         .unwrap();
@@ -334,6 +337,167 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 assert!(
                     bits(&c) == bits(&all_conv),
                     "{what}: final conv states differ"
+                );
+            }
+        }
+    }
+}
+
+/// One layer's verification of `s.tokens` rows on random inputs, run twice from the same
+/// state: keeping the state after each row (`Rows`) and keeping the snapshot and the rows'
+/// inputs (`Replay`).
+struct TwoWays {
+    /// Rows kept as states: conv `[rows - 1][..]` and recurrent `[rows - 1][..]`.
+    conv_rows: Vec<f32>,
+    state_rows: Vec<f32>,
+    /// The replay run's buffers, for `deltanet_replay`.
+    snapshot: CudaSlice<f32>,
+    inputs: CudaSlice<f32>,
+    conv_rec: CudaSlice<f32>,
+}
+
+fn verify_two_ways(device: &Device, s: &DeltaNetShape, rng: &mut Rng) -> TwoWays {
+    let (channels, inner, v_heads, dk, t) =
+        (s.channels(), s.inner(), s.v_heads, s.head_dim, s.tokens);
+    let mut values =
+        |n: usize, scale: f32| (0..n).map(|_| rng.signed() * scale).collect::<Vec<f32>>();
+    let (qkv, z, ba) = (
+        values(t * channels, 1.0),
+        values(t * inner, 1.0),
+        values(t * 2 * v_heads, 1.0),
+    );
+    let conv_w = device.upload(&values(4 * channels, 0.5)).unwrap();
+    let a = device.upload(&values(v_heads, 1.0)).unwrap();
+    let dt_bias = device.upload(&values(v_heads, 1.0)).unwrap();
+    let norm_w = device.upload(&values(dk, 1.0)).unwrap();
+    let (conv0, state0) = (values(3 * channels, 1.0), values(v_heads * dk * dk, 0.1));
+    let params = DeltaNetParams {
+        conv_w: &conv_w.as_view(),
+        a: &a.as_view(),
+        dt_bias: &dt_bias.as_view(),
+        norm_w: &norm_w.as_view(),
+    };
+    let inputs = [&qkv, &z, &ba].map(|v| device.upload(v).unwrap());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let run = |recurrent: StepStates<'_>, conv_rec: &mut CudaSlice<f32>| {
+        let mut conv = device.upload(&conv0).unwrap();
+        let mut state = device.upload(&state0).unwrap();
+        let mut out = device.alloc_zeros::<f32>(t * inner).unwrap();
+        deltanet_step(
+            device,
+            s,
+            1e-6,
+            &params,
+            (
+                &inputs[0].as_view(),
+                &inputs[1].as_view(),
+                &inputs[2].as_view(),
+            ),
+            &mut conv.as_view_mut(),
+            &mut state.as_view_mut(),
+            (&mut out.as_view_mut(), None),
+            Some(StepRecord {
+                conv: conv_rec.as_view_mut(),
+                recurrent,
+            }),
+        )
+        .unwrap();
+        [out, state, conv].map(|b| device.download(&b).unwrap())
+    };
+    let mut state_rec = device.alloc_zeros::<f32>((t - 1) * state0.len()).unwrap();
+    let mut conv_rows = device.alloc_zeros::<f32>((t - 1) * conv0.len()).unwrap();
+    let by_rows = run(StepStates::Rows(state_rec.as_view_mut()), &mut conv_rows);
+    let mut snapshot = device.alloc_zeros::<f32>(state0.len()).unwrap();
+    let mut kept_inputs = device
+        .alloc_zeros::<f32>((t - 1) * replay_row_floats(s))
+        .unwrap();
+    let mut conv_rec = device.alloc_zeros::<f32>((t - 1) * conv0.len()).unwrap();
+    let replaying = StepStates::Replay {
+        snapshot: snapshot.as_view_mut(),
+        inputs: kept_inputs.as_view_mut(),
+    };
+    let by_replay = run(replaying, &mut conv_rec);
+    let what = format!("{v_heads} v-heads of {dk}, {t} rows");
+    for (part, (a, b)) in ["outputs", "final state", "final conv"]
+        .iter()
+        .zip(by_rows.iter().zip(&by_replay))
+    {
+        assert!(
+            bits(a) == bits(b),
+            "{what}: {part} differ between the two ways of keeping"
+        );
+    }
+    assert!(
+        bits(&device.download(&snapshot).unwrap()) == bits(&state0),
+        "{what}: snapshot is not the state before"
+    );
+    TwoWays {
+        conv_rows: device.download(&conv_rows).unwrap(),
+        state_rows: device.download(&state_rec).unwrap(),
+        snapshot,
+        inputs: kept_inputs,
+        conv_rec,
+    }
+}
+
+/// The replayed rollback: one launch over two layers puts each back to the state after any
+/// row of its verification with the bits the verification had there (its per-row states,
+/// checked against one-row launches by the test above), conv window included.
+#[test]
+fn replayed_rollback_equals_the_kept_rows() {
+    let Some(device) = device("replayed_rollback_equals_the_kept_rows") else {
+        return;
+    };
+    let mut rng = Rng(71);
+    for s in [2, 3, 4].into_iter().flat_map(shapes) {
+        let layers: Vec<TwoWays> = (0..2)
+            .map(|_| verify_two_ways(&device, &s, &mut rng))
+            .collect();
+        let (state_len, conv_len) = (s.v_heads * s.head_dim * s.head_dim, 3 * s.channels());
+        let mut table = device.alloc_zeros::<u64>(10).unwrap();
+        for kept in 1..s.tokens {
+            let mut states: Vec<CudaSlice<f32>> = (0..2)
+                .map(|_| device.alloc_zeros(state_len).unwrap())
+                .collect();
+            let mut convs: Vec<CudaSlice<f32>> = (0..2)
+                .map(|_| device.alloc_zeros(conv_len).unwrap())
+                .collect();
+            let mut replay: Vec<ReplayLayer<'_>> = layers
+                .iter()
+                .zip(states.iter_mut().zip(convs.iter_mut()))
+                .map(|(l, (state, conv))| ReplayLayer {
+                    snapshot: l.snapshot.as_view(),
+                    inputs: l.inputs.as_view(),
+                    conv_record: l.conv_rec.as_view(),
+                    state: state.as_view_mut(),
+                    conv: conv.as_view_mut(),
+                })
+                .collect();
+            deltanet_replay(&device, &s, kept, &mut replay, &mut table).unwrap();
+            drop(replay);
+            let row = kept - 1;
+            for (i, l) in layers.iter().enumerate() {
+                let what = format!(
+                    "{} v-heads of {}, layer {i}, {kept} of {} rows kept",
+                    s.v_heads, s.head_dim, s.tokens
+                );
+                let state = device.download(&states[i]).unwrap();
+                let conv = device.download(&convs[i]).unwrap();
+                let expected = &l.state_rows[row * state_len..(row + 1) * state_len];
+                let differ = state
+                    .iter()
+                    .zip(expected)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert!(
+                    differ == 0,
+                    "{what}: {differ} of {state_len} state values differ"
+                );
+                assert!(
+                    conv.iter()
+                        .zip(&l.conv_rows[row * conv_len..(row + 1) * conv_len])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: conv window differs"
                 );
             }
         }

@@ -2,7 +2,8 @@
 // token-loop conv (every bit of the outputs and the new state), and the chunked delta rule
 // against the token-loop kernel on random normalized q / k, β in (0, 1) and g < 0, from a
 // random state (L2 of the difference over L2 of the values, at most 1e-4, outputs and final
-// state). Exits nonzero when a case fails.
+// state). The fused step's MTP rollback replayed from its snapshot against the states it
+// keeps a row (bit for bit). Exits nonzero when a case fails.
 #include "../emu-common/shim.h"
 #include "extra.h"
 #include "deltanet_host.cu"
@@ -77,7 +78,75 @@ void delta_case(int k_heads, int v_heads, int tokens, float g_min) {
     failures += !ok;
 }
 
+// An MTP verification of `tokens` rows through the fused step, keeping the state after each
+// row (state_rec) and, again from the same start, keeping the snapshot and the rows' inputs;
+// then the replay kernel over both copies of the layer (two table entries) for each number
+// of rows kept: its state and conv window must be the kept row's, bit for bit, and the two
+// runs' outputs and final states the same.
+template <int DK>
+void replay_case(int k_heads, int v_heads, int tokens) {
+    const int r = v_heads / k_heads, threads = r * DK, key_dim = k_heads * DK;
+    const int inner = v_heads * DK, channels = 2 * key_dim + inner, conv_len = 3 * channels;
+    const size_t state_len = (size_t)v_heads * DK * DK;
+    std::vector<float> qkv((size_t)tokens * channels), z((size_t)tokens * inner),
+        ba(tokens * 2 * v_heads), conv_w(4 * channels), a(v_heads), dt_bias(v_heads), norm_w(DK),
+        conv0(conv_len), state0(state_len);
+    for (auto* v : {&qkv, &z, &ba, &conv_w, &a, &dt_bias, &norm_w, &conv0})
+        for (auto& x : *v) x = uniform(-1, 1);
+    for (auto& x : state0) x = uniform(-0.1f, 0.1f);
+    const int rows = tokens - 1;
+    const size_t row_floats = (size_t)(k_heads + v_heads) * DK + 2 * v_heads;
+    struct Run {
+        std::vector<float> conv, state, out, conv_rec, state_rec, snapshot, inputs;
+    };
+    auto step = [&](bool replay) {
+        Run run{conv0, state0, std::vector<float>((size_t)tokens * inner),
+                std::vector<float>((size_t)rows * conv_len), std::vector<float>(rows * state_len),
+                std::vector<float>(state_len), std::vector<float>(rows * row_floats)};
+        launch({(unsigned)k_heads, 1, 0}, threads, [&] {
+            deltanet_step_kernel<DK, 4, 1>(
+                qkv.data(), z.data(), ba.data(), conv_w.data(), run.conv.data(), a.data(),
+                dt_bias.data(), norm_w.data(), run.state.data(), run.out.data(),
+                run.conv_rec.data(), replay ? nullptr : run.state_rec.data(),
+                replay ? run.snapshot.data() : nullptr, replay ? run.inputs.data() : nullptr,
+                nullptr, nullptr, tokens, k_heads, v_heads, 1e-6f, 1.0f / std::sqrt(float(DK)));
+        });
+        return run;
+    };
+    const Run rows_run = step(false), replay_run = step(true);
+    bool same = rows_run.out == replay_run.out && rows_run.state == replay_run.state &&
+                rows_run.conv == replay_run.conv && replay_run.snapshot == state0;
+    for (int kept = 1; kept < tokens; ++kept) {
+        std::vector<float> state[2], conv[2];
+        std::vector<unsigned long long> table;
+        for (int l = 0; l < 2; ++l) {
+            state[l].assign(state_len, NAN);
+            conv[l].assign(conv_len, NAN);
+            for (const void* p : {(const void*)replay_run.snapshot.data(),
+                                  (const void*)replay_run.inputs.data(), (const void*)state[l].data(),
+                                  (const void*)replay_run.conv_rec.data(), (const void*)conv[l].data()})
+                table.push_back((unsigned long long)p);
+        }
+        launch({(unsigned)v_heads, 2, 0}, DK, [&] {
+            deltanet_replay_kernel<DK>(table.data(), kept, k_heads, v_heads, conv_len);
+        });
+        const float* kept_state = rows_run.state_rec.data() + (kept - 1) * state_len;
+        const float* kept_conv = rows_run.conv_rec.data() + (size_t)(kept - 1) * conv_len;
+        for (int l = 0; l < 2; ++l)
+            same &= memcmp(state[l].data(), kept_state, state_len * 4) == 0 &&
+                    memcmp(conv[l].data(), kept_conv, conv_len * 4) == 0;
+    }
+    printf("%s replay DK %d, %d/%d heads, %d rows: %s\n", same ? "ok  " : "FAIL", DK, k_heads,
+           v_heads, tokens,
+           same ? "each kept row's state and conv window, bit for bit" : "differs");
+    failures += !same;
+}
+
 int main() {
+    for (int tokens : {2, 3, 4}) {
+        replay_case<32>(2, 4, tokens);
+        replay_case<128>(1, 2, tokens);
+    }
     for (int tokens : {1, 2, 3, 5, 31, 33, 64, 65, 200}) conv_case(80, tokens);
     for (int tokens : {1, 5, 64, 65, 200}) {
         delta_case<128>(1, 2, tokens, -2.0f);

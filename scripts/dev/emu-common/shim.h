@@ -78,6 +78,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     for (int i = 0; i < 4; ++i) r |= (unsigned)bytes[(s >> (4 * i)) & 7] << (8 * i);
     return r;
 }
+// PRMT with selector 0xBA98 and 0 as its second source: byte j of x's top bit over byte j.
+inline unsigned emu_prmt_signs(unsigned x) {
+    unsigned r = 0;
+    for (int j = 0; j < 4; ++j) r |= ((x >> (8 * j + 7)) & 1u) * (0xffu << (8 * j));
+    return r;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline void __trap() { abort(); }

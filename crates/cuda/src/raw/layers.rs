@@ -370,9 +370,21 @@ pub(crate) fn launch_delta_rule(
     })
 }
 
+/// What a several-row DeltaNet step keeps for a rollback, as the launch passes it: the conv
+/// records and either the state after each row (`Rows`) or the state before the step and the
+/// rows' delta-rule inputs (`Replay`).
+pub(crate) enum StepKeeps<'a, 'b> {
+    Rows(&'a mut CudaViewMut<'b, f32>, &'a mut CudaViewMut<'b, f32>),
+    Replay(
+        &'a mut CudaViewMut<'b, f32>,
+        &'a mut CudaViewMut<'b, f32>,
+        &'a mut CudaViewMut<'b, f32>,
+    ),
+}
+
 /// `deltanet_step_kernel<DK, KERNEL, G>(qkv, z, ba, conv_w, conv_state, a, dt_bias, norm_w,
-/// state, out, conv_rec, state_rec, od, oq, tokens, k_heads, v_heads, eps, q_scale)`; inputs
-/// are (qkv, z, ba, conv_w, a, dt_bias, norm_w).
+/// state, out, conv_rec, state_rec, snapshot, replay_rows, od, oq, tokens, k_heads, v_heads,
+/// eps, q_scale)`; inputs are (qkv, z, ba, conv_w, a, dt_bias, norm_w).
 #[allow(clippy::type_complexity)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_deltanet_step(
@@ -385,7 +397,7 @@ pub(crate) fn launch_deltanet_step(
         &mut CudaViewMut<'_, f32>,
         &mut CudaViewMut<'_, f32>,
     ),
-    record: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>)>,
+    record: Option<StepKeeps<'_, '_>>,
     out_q8: Option<(&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, i8>)>,
     dims: [i32; 3],
     (eps, q_scale): (f32, f32),
@@ -395,8 +407,15 @@ pub(crate) fn launch_deltanet_step(
     launch.arg(qkv).arg(z).arg(ba).arg(conv_w).arg(conv_state);
     launch.arg(a).arg(dt_bias).arg(norm_w).arg(state).arg(out);
     match record {
-        Some((conv_rec, state_rec)) => launch.arg(conv_rec).arg(state_rec),
-        None => launch.arg(&NO_POS).arg(&NO_POS),
+        Some(StepKeeps::Rows(conv_rec, state_rec)) => launch
+            .arg(conv_rec)
+            .arg(state_rec)
+            .arg(&NO_POS)
+            .arg(&NO_POS),
+        Some(StepKeeps::Replay(conv_rec, snapshot, rows)) => {
+            launch.arg(conv_rec).arg(&NO_POS).arg(snapshot).arg(rows)
+        }
+        None => launch.arg(&NO_POS).arg(&NO_POS).arg(&NO_POS).arg(&NO_POS),
     };
     match out_q8 {
         Some((od, oq)) => launch.arg(od).arg(oq),
@@ -410,12 +429,34 @@ pub(crate) fn launch_deltanet_step(
     // every length against the tokens of the shape (qkv tokens x channels, z and out tokens
     // x v_heads x DK, ba tokens x 2 v_heads, conv weights and state over all channels, state
     // v_heads x DK x DK, norm weight DK; the records, when given, tokens - 1 rows of the conv
-    // state and of the state), DK, KERNEL and G are the specialization (any G covers every
-    // row), and grid k_heads x block (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers
-    // exactly the heads. Null record pointers are the kernel's "no record". The Q8_K output,
+    // state and of the state, or of the replay inputs beside a snapshot of the state), DK,
+    // KERNEL and G are the specialization (any G covers every row), and grid k_heads x block
+    // (v_heads / k_heads) x DK threads (≤ 256, the kernel's bound, checked) covers exactly
+    // the heads. Null record pointers are the kernel's "no record". The Q8_K output,
     // when given, holds tokens x k_heads scales and tokens x v_heads x DK codes, and the
     // block holds 256 threads (op entry).
     launched(stream, "cuLaunchKernel(deltanet_step)", unsafe {
+        launch.launch(config)
+    })
+}
+
+/// `deltanet_replay_kernel<DK>(layers, kept, k_heads, v_heads, conv_len)`.
+pub(crate) fn launch_deltanet_replay(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    layers: &CudaView<'_, u64>,
+    dims: [i32; 4],
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch.arg(layers);
+    for d in &dims {
+        launch.arg(d);
+    }
+    // SAFETY: arguments match the signature; the table holds grid.y layers of five addresses
+    // (op entry), each naming a device buffer the caller owns of the length the op entry
+    // checked against (kept, k_heads, v_heads, DK = block) and conv_len; grid.x = v_heads.
+    launched(stream, "cuLaunchKernel(deltanet_replay)", unsafe {
         launch.launch(config)
     })
 }

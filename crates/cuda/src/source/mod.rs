@@ -318,6 +318,7 @@ fn module_families() -> Vec<ModuleSource> {
                         DELTA_ROW_GROUPS.map(|g| deltanet_step_kernel(dk, w, g))
                     })
                 }))
+                .chain(DELTA_DK.iter().map(|&dk| deltanet_replay_kernel(dk)))
                 .chain([
                     "deltanet_split_kernel".to_string(),
                     "deltanet_prep_kernel".to_string(),

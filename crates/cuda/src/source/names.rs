@@ -396,6 +396,10 @@ pub(crate) fn deltanet_step_kernel(dk: usize, width: usize, group: usize) -> Str
     format!("deltanet_step_kernel<{dk}, {width}, {group}>")
 }
 
+pub(crate) fn deltanet_replay_kernel(dk: usize) -> String {
+    format!("deltanet_replay_kernel<{dk}>")
+}
+
 pub(crate) fn gated_norm_kernel() -> String {
     format!("gated_norm_kernel<{LAYER_WARPS}>")
 }

@@ -14,12 +14,12 @@ use std::sync::OnceLock;
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step, gated_norm, matmul,
     matmul_quantized, CudaView, CudaViewMut, DeltaNetParams, DeltaNetShape, Device, Q8Rows,
-    StepRecord, TokenWalk, Q8_BLOCK_VALUES, SMALL_BATCH_MAX_TOKENS,
+    StepRecord, StepStates, TokenWalk, Q8_BLOCK_VALUES, SMALL_BATCH_MAX_TOKENS,
 };
 
 use crate::backend::cuda::beside;
 use crate::backend::cuda::scratch::Scratch;
-use crate::backend::cuda::state::{DeltaState, RecordedRows};
+use crate::backend::cuda::state::{DeltaState, RecordedRows, RecordedStates};
 use crate::backend::cuda::weights::DeltaNetWeights;
 use crate::error::{EngineError, Result};
 use crate::model::config::HybridConfig;
@@ -91,7 +91,13 @@ pub fn forward(
         };
         let kept = record.map(|rows| StepRecord {
             conv: rows.conv.as_view_mut(),
-            recurrent: rows.recurrent.as_view_mut(),
+            recurrent: match &mut rows.recurrent {
+                RecordedStates::Rows(states) => StepStates::Rows(states.as_view_mut()),
+                RecordedStates::Replay { snapshot, inputs } => StepStates::Replay {
+                    snapshot: snapshot.as_view_mut(),
+                    inputs: inputs.as_view_mut(),
+                },
+            },
         });
         // The step quantizes its output where a key head's value heads fill a Q8_K block.
         let block = c.ssm_v_heads / c.ssm_k_heads.max(1) * c.ssm_head_dim;
@@ -220,9 +226,14 @@ fn keep_row(
     row: usize,
     part: Part,
 ) -> Result<()> {
-    let (src, all) = match part {
-        Part::Conv => (&state.conv, &mut record.conv),
-        Part::Recurrent => (&state.recurrent, &mut record.recurrent),
+    let (src, all) = match (part, &mut record.recurrent) {
+        (Part::Conv, _) => (&state.conv, &mut record.conv),
+        (Part::Recurrent, RecordedStates::Rows(states)) => (&state.recurrent, states),
+        (Part::Recurrent, RecordedStates::Replay { .. }) => {
+            return Err(EngineError::BadConfig(
+                "a replay recording outside the fused DeltaNet step".to_string(),
+            ))
+        }
     };
     let len = src.len();
     if row >= record.rows {
@@ -244,6 +255,15 @@ fn keep_row(
 fn fused() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() != Ok("0"))
+}
+
+/// Whether a verification of `tokens` rows keeps its DeltaNet states for a replay (the state
+/// before the step and the rows' inputs; `deltanet_replay` recomputes the kept rows) rather
+/// than the state after each row: the fused step's batches, unless `REDLITE_MTP_REPLAY=0`.
+pub(super) fn replays(tokens: usize) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("REDLITE_MTP_REPLAY").as_deref() != Ok("0"));
+    on && tokens <= SMALL_BATCH_MAX_TOKENS && fused()
 }
 
 /// Prompts walk the conv and the delta rule in chunks unless `REDLITE_DELTA_CHUNKED=0`.

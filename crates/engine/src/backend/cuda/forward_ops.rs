@@ -139,7 +139,7 @@ impl Backend for CudaBackend {
                 .deltanet_recording(&self.device, layer, seg.tokens)?;
             // A recording step writes its rows' states too: it is another graph.
             let state = match &record {
-                Some(rows) => self.device.address(&rows.recurrent),
+                Some(rows) => self.device.address(rows.recurrent.first_buffer()),
                 None => self.device.address(&delta.recurrent),
             };
             let buffers = [h.address(&self.device)?, out.address(&self.device)?, state];

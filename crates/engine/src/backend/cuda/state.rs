@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use redlite_cuda::{CudaSlice, Device};
+use redlite_cuda::{CudaSlice, DeltaNetShape, Device, ReplayLayer};
 
+use crate::backend::cuda::deltanet;
 use crate::backend::cuda::graph::{self, SharedGraphs};
 use crate::backend::SeqState;
 use crate::error::{EngineError, Result};
@@ -69,6 +70,8 @@ pub struct CudaState {
     buffers: std::result::Result<StateBuffers, String>,
     /// Speculative decoding: the rows of a verification batch, recorded per DeltaNet layer.
     recording: Recording,
+    /// The DeltaNet layers' heads (`tokens` unused): the sizes of a replay's buffers.
+    delta_shape: DeltaNetShape,
 }
 
 /// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
@@ -84,19 +87,46 @@ struct Recording {
     rows: usize,
     /// Per DeltaNet layer (slot order).
     states: Vec<RecordedRows>,
-    /// The device table of a rollback's copies (`redlite_cuda::copy_spans`).
+    /// The device table of a rollback's launch (`redlite_cuda::copy_spans` or
+    /// `redlite_cuda::deltanet_replay`).
     copy_table: Option<CudaSlice<u64>>,
 }
 
-/// The states a recording call keeps for one DeltaNet layer, the state after row `i` at
-/// row `i` of each buffer.
+/// What a recording call keeps for one DeltaNet layer: the conv window after row `i` at row
+/// `i` of `conv`, and the recurrent state after each row as `recurrent` says.
 pub struct RecordedRows {
     /// Rows the buffers hold.
     pub rows: usize,
     /// `[rows][kernel - 1][channels]`.
     pub conv: CudaSlice<f32>,
-    /// `[rows][v_head][key_dim][value_dim]`.
-    pub recurrent: CudaSlice<f32>,
+    pub recurrent: RecordedStates,
+}
+
+/// The recurrent half of a `RecordedRows`.
+pub enum RecordedStates {
+    /// The state after row `i` at row `i`: `[rows][v_head][key_dim][value_dim]`.
+    Rows(CudaSlice<f32>),
+    /// The state before the call (`[v_head][key_dim][value_dim]`) and each row's delta-rule
+    /// inputs (`[rows][replay_row_floats]`), from which a rollback recomputes the rows it
+    /// keeps (the fused step's verification: one state written instead of one a row).
+    Replay {
+        snapshot: CudaSlice<f32>,
+        inputs: CudaSlice<f32>,
+    },
+}
+
+impl RecordedStates {
+    /// The buffer that tells this recording apart (a recorded graph's identity).
+    pub(super) fn first_buffer(&self) -> &CudaSlice<f32> {
+        match self {
+            RecordedStates::Rows(states) => states,
+            RecordedStates::Replay { snapshot, .. } => snapshot,
+        }
+    }
+
+    fn replays(&self) -> bool {
+        matches!(self, RecordedStates::Replay { .. })
+    }
 }
 
 /// Buffers for the layers `kinds` (`None`: a layer this state does not hold).
@@ -190,6 +220,12 @@ impl CudaState {
             slot,
             buffers,
             recording: Recording::default(),
+            delta_shape: DeltaNetShape {
+                tokens: 0,
+                k_heads: config.ssm_k_heads,
+                v_heads: config.ssm_v_heads,
+                head_dim: config.ssm_head_dim,
+            },
         }
     }
 
@@ -212,7 +248,7 @@ impl CudaState {
             self.recording
                 .states
                 .first()
-                .map_or(0, |r| device.address(&r.recurrent)),
+                .map_or(0, |r| device.address(r.recurrent.first_buffer())),
         );
         Ok(())
     }
@@ -252,18 +288,33 @@ impl CudaState {
             self.recording.rows = tokens;
             let rows = tokens - 1;
             let layers = buffers.deltanet.len();
+            let replay = deltanet::replays(tokens);
             let short = self.recording.states.len() < layers
-                || self.recording.states.iter().any(|r| r.rows < rows);
+                || self
+                    .recording
+                    .states
+                    .iter()
+                    .any(|r| r.rows < rows || r.recurrent.replays() != replay);
             if short {
                 // Graphs recorded with the old buffers may not replay (and a new buffer may
                 // reuse an old one's address, which the graphs' keys would not tell apart).
                 graph::lock(&self.graphs)?.forget_recorded()?;
                 self.recording.states.clear();
+                let row_floats = redlite_cuda::replay_row_floats(&self.delta_shape);
                 for d in &buffers.deltanet {
+                    let recurrent = match replay {
+                        true => RecordedStates::Replay {
+                            snapshot: device.alloc_zeros(d.recurrent.len())?,
+                            inputs: device.alloc_zeros(rows * row_floats)?,
+                        },
+                        false => {
+                            RecordedStates::Rows(device.alloc_zeros(rows * d.recurrent.len())?)
+                        }
+                    };
                     self.recording.states.push(RecordedRows {
                         rows,
                         conv: device.alloc_zeros(rows * d.conv.len())?,
-                        recurrent: device.alloc_zeros(rows * d.recurrent.len())?,
+                        recurrent,
                     });
                 }
             }
@@ -389,7 +440,9 @@ impl SeqState for CudaState {
         Ok(())
     }
 
-    /// Copies the recorded state after row `kept - 1` back, within device memory.
+    /// Puts the recorded state after row `kept - 1` back, within device memory: a copy of
+    /// each layer's recorded rows, or one launch that replays the kept rows from each
+    /// layer's snapshot.
     fn rollback_to(&mut self, kept: usize) -> Result<()> {
         graph::lock(&self.graphs)?.abandon();
         let pos0 = self.recording.pos0.ok_or_else(|| {
@@ -407,34 +460,75 @@ impl SeqState for CudaState {
             .as_mut()
             .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
         let row = kept - 1;
-        let mut copies = Vec::with_capacity(2 * buffers.deltanet.len());
-        for (d, saved) in buffers.deltanet.iter_mut().zip(&self.recording.states) {
-            if saved.rows < kept {
-                return Err(EngineError::BadConfig(format!(
-                    "no recorded state after row {row}"
-                )));
+        let Recording {
+            states, copy_table, ..
+        } = &mut self.recording;
+        if states.iter().any(|saved| saved.rows < kept) {
+            return Err(EngineError::BadConfig(format!(
+                "no recorded state after row {row}"
+            )));
+        }
+        if states
+            .first()
+            .is_some_and(|saved| saved.recurrent.replays())
+        {
+            let mut layers = Vec::with_capacity(buffers.deltanet.len());
+            for (d, saved) in buffers.deltanet.iter_mut().zip(states.iter()) {
+                let RecordedStates::Replay { snapshot, inputs } = &saved.recurrent else {
+                    return Err(EngineError::BadConfig(
+                        "a recording of both kinds".to_string(),
+                    ));
+                };
+                layers.push(ReplayLayer {
+                    snapshot: snapshot.as_view(),
+                    inputs: inputs.as_view(),
+                    conv_record: saved.conv.as_view(),
+                    state: d.recurrent.as_view_mut(),
+                    conv: d.conv.as_view_mut(),
+                });
             }
+            // One launch for every layer (five addresses a layer in the kept table).
+            let table = table_of(&device, copy_table, 5 * layers.len())?;
+            redlite_cuda::deltanet_replay(&device, &self.delta_shape, kept, &mut layers, table)?;
+            self.pos = pos0 + kept;
+            return Ok(());
+        }
+        let mut copies = Vec::with_capacity(2 * buffers.deltanet.len());
+        for (d, saved) in buffers.deltanet.iter_mut().zip(states.iter()) {
+            let RecordedStates::Rows(recurrent_rows) = &saved.recurrent else {
+                return Err(EngineError::BadConfig(
+                    "a recording of both kinds".to_string(),
+                ));
+            };
             let (conv, recurrent) = (d.conv.len(), d.recurrent.len());
             copies.push((
                 saved.conv.slice(row * conv..(row + 1) * conv),
                 d.conv.as_view_mut(),
             ));
             copies.push((
-                saved
-                    .recurrent
-                    .slice(row * recurrent..(row + 1) * recurrent),
+                recurrent_rows.slice(row * recurrent..(row + 1) * recurrent),
                 d.recurrent.as_view_mut(),
             ));
         }
-        // One launch for every layer's two copies (the table of addresses kept between calls).
-        let table = match &mut self.recording.copy_table {
-            Some(table) if table.len() >= 3 * copies.len() => table,
-            slot => slot.insert(device.alloc_zeros(3 * copies.len())?),
-        };
+        // One launch for every layer's two copies (three addresses a copy).
+        let table = table_of(&device, copy_table, 3 * copies.len())?;
         redlite_cuda::copy_spans(&device, &mut copies, table)?;
         self.pos = pos0 + kept;
         Ok(())
     }
+}
+
+/// The rollback's device table, kept between calls and grown to `len` values when shorter.
+fn table_of<'a>(
+    device: &Device,
+    kept: &'a mut Option<CudaSlice<u64>>,
+    len: usize,
+) -> Result<&'a mut CudaSlice<u64>> {
+    if kept.as_ref().is_none_or(|table| table.len() < len) {
+        *kept = Some(device.alloc_zeros(len)?);
+    }
+    kept.as_mut()
+        .ok_or_else(|| EngineError::Cuda("no rollback table".to_string()))
 }
 
 /// A sequence's DeltaNet state (conv window, recurrent matrices per layer) and position,
