@@ -33,16 +33,24 @@ pub struct ReplayLayer<'a> {
     pub conv: CudaViewMut<'a, f32>,
 }
 
+/// The launch's table of addresses, kept between rollbacks: a sequence's rollbacks name the
+/// same buffers each time (only the rows kept change, a kernel argument), so the table is
+/// copied to the device only when its addresses change.
+#[derive(Default)]
+pub struct ReplayTable {
+    on_device: Option<CudaSlice<u64>>,
+    /// What `on_device` holds.
+    written: Vec<u64>,
+}
+
 /// Puts every layer of `layers` back to its state after row `kept - 1` of the verification
-/// (`kept` ≥ 1 rows kept), queued, in one launch. `s.tokens` is not read. `table`: device
-/// scratch of at least five values a layer, rewritten from the borrowed buffers' addresses
-/// (a host copy queued before the launch).
+/// (`kept` ≥ 1 rows kept), queued, in one launch. `s.tokens` is not read.
 pub fn deltanet_replay(
     device: &Device,
     s: &DeltaNetShape,
     kept: usize,
     layers: &mut [ReplayLayer<'_>],
-    table: &mut CudaSlice<u64>,
+    table: &mut ReplayTable,
 ) -> Result<(), CudaError> {
     let op = CudaOp::DeltaNet;
     if layers.is_empty() {
@@ -62,14 +70,6 @@ pub fn deltanet_replay(
     let state_len = d.v_heads * d.head_dim * d.head_dim;
     let inputs_len = kept * replay_row_floats(s);
     let n = layers.len();
-    if table.len() < TABLE_PER_LAYER * n {
-        return Err(CudaError::Shape {
-            op,
-            what: "replay table values (five a layer)",
-            expected: TABLE_PER_LAYER * n,
-            found: table.len(),
-        });
-    }
     let conv_len = layers[0].conv.len();
     fits(op, "conv state length", conv_len as u64, i32::MAX as u64)?;
     let mut addresses = Vec::with_capacity(TABLE_PER_LAYER * n);
@@ -101,7 +101,22 @@ pub fn deltanet_replay(
             device.address(&layer.conv),
         ]);
     }
-    device.copy_to_device(&addresses, &mut table.slice_mut(..TABLE_PER_LAYER * n))?;
+    if table.written != addresses {
+        // Written again: a failed copy must not leave the old addresses looking current.
+        table.written.clear();
+        let on_device = match &mut table.on_device {
+            Some(t) if t.len() >= addresses.len() => t,
+            slot => slot.insert(device.alloc_zeros(addresses.len())?),
+        };
+        device.copy_to_device(&addresses, &mut on_device.slice_mut(..addresses.len()))?;
+        table.written = addresses;
+    }
+    let on_device = table.on_device.as_ref().ok_or(CudaError::Shape {
+        op,
+        what: "replay table values (five a layer)",
+        expected: TABLE_PER_LAYER * n,
+        found: 0,
+    })?;
     let kernel = device.kernel(&deltanet_replay_kernel(d.head_dim))?;
     let cfg = config((d.v_heads, n, 1), to_u32(d.head_dim), 0);
     let dims = [kept, d.k_heads, d.v_heads, conv_len].map(to_i32);
@@ -109,7 +124,7 @@ pub fn deltanet_replay(
         device.stream(),
         kernel,
         cfg,
-        &table.slice(..TABLE_PER_LAYER * n),
+        &on_device.slice(..TABLE_PER_LAYER * n),
         dims,
     )
 }

@@ -69,7 +69,7 @@ pub use compile::{check_arch, compile_all, nvrtc_version, KernelResources, Modul
 pub use copies::copy_spans;
 pub use cublas::{cublas_min_tokens, cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
-pub use deltanet_replay::{deltanet_replay, ReplayLayer};
+pub use deltanet_replay::{deltanet_replay, ReplayLayer, ReplayTable};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
 pub use expert_cache::{

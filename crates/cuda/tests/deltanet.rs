@@ -8,7 +8,7 @@
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_replay, deltanet_step, matmul, matmul_quantized,
     replay_row_floats, CudaSlice, DeltaNetParams, DeltaNetShape, Device, Q8Rows, Q8RowsMut,
-    ReplayLayer, StepRecord, StepStates, TokenWalk, Q8_BLOCK_VALUES,
+    ReplayLayer, ReplayTable, StepRecord, StepStates, TokenWalk, Q8_BLOCK_VALUES,
 };
 use redlite_gguf::GgmlType;
 
@@ -454,7 +454,7 @@ fn replayed_rollback_equals_the_kept_rows() {
             .map(|_| verify_two_ways(&device, &s, &mut rng))
             .collect();
         let (state_len, conv_len) = (s.v_heads * s.head_dim * s.head_dim, 3 * s.channels());
-        let mut table = device.alloc_zeros::<u64>(10).unwrap();
+        let mut table = ReplayTable::default();
         for kept in 1..s.tokens {
             let mut states: Vec<CudaSlice<f32>> = (0..2)
                 .map(|_| device.alloc_zeros(state_len).unwrap())

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use redlite_cuda::{CudaSlice, DeltaNetShape, Device, ReplayLayer};
+use redlite_cuda::{CudaSlice, DeltaNetShape, Device, ReplayLayer, ReplayTable};
 
 use crate::backend::cuda::deltanet;
 use crate::backend::cuda::graph::{self, SharedGraphs};
@@ -87,9 +87,10 @@ struct Recording {
     rows: usize,
     /// Per DeltaNet layer (slot order).
     states: Vec<RecordedRows>,
-    /// The device table of a rollback's launch (`redlite_cuda::copy_spans` or
-    /// `redlite_cuda::deltanet_replay`).
+    /// The device table of a rollback's copies (`redlite_cuda::copy_spans`).
     copy_table: Option<CudaSlice<u64>>,
+    /// The table of a replayed rollback (`redlite_cuda::deltanet_replay`).
+    replay_table: ReplayTable,
 }
 
 /// What a recording call keeps for one DeltaNet layer: the conv window after row `i` at row
@@ -459,63 +460,91 @@ impl SeqState for CudaState {
             .buffers
             .as_mut()
             .map_err(|msg| EngineError::Cuda(format!("sequence state: {msg}")))?;
-        let row = kept - 1;
         let Recording {
-            states, copy_table, ..
+            states,
+            copy_table,
+            replay_table,
+            ..
         } = &mut self.recording;
         if states.iter().any(|saved| saved.rows < kept) {
             return Err(EngineError::BadConfig(format!(
-                "no recorded state after row {row}"
+                "no recorded state after row {}",
+                kept - 1
             )));
         }
-        if states
+        let layers = buffers.deltanet.iter_mut().zip(states.iter());
+        match states
             .first()
             .is_some_and(|saved| saved.recurrent.replays())
         {
-            let mut layers = Vec::with_capacity(buffers.deltanet.len());
-            for (d, saved) in buffers.deltanet.iter_mut().zip(states.iter()) {
-                let RecordedStates::Replay { snapshot, inputs } = &saved.recurrent else {
-                    return Err(EngineError::BadConfig(
-                        "a recording of both kinds".to_string(),
-                    ));
-                };
-                layers.push(ReplayLayer {
-                    snapshot: snapshot.as_view(),
-                    inputs: inputs.as_view(),
-                    conv_record: saved.conv.as_view(),
-                    state: d.recurrent.as_view_mut(),
-                    conv: d.conv.as_view_mut(),
-                });
-            }
-            // One launch for every layer (five addresses a layer in the kept table).
-            let table = table_of(&device, copy_table, 5 * layers.len())?;
-            redlite_cuda::deltanet_replay(&device, &self.delta_shape, kept, &mut layers, table)?;
-            self.pos = pos0 + kept;
-            return Ok(());
+            true => replay_rows(&device, &self.delta_shape, kept, layers, replay_table)?,
+            false => copy_row(&device, kept - 1, layers, copy_table)?,
         }
-        let mut copies = Vec::with_capacity(2 * buffers.deltanet.len());
-        for (d, saved) in buffers.deltanet.iter_mut().zip(states.iter()) {
-            let RecordedStates::Rows(recurrent_rows) = &saved.recurrent else {
-                return Err(EngineError::BadConfig(
-                    "a recording of both kinds".to_string(),
-                ));
-            };
-            let (conv, recurrent) = (d.conv.len(), d.recurrent.len());
-            copies.push((
-                saved.conv.slice(row * conv..(row + 1) * conv),
-                d.conv.as_view_mut(),
-            ));
-            copies.push((
-                recurrent_rows.slice(row * recurrent..(row + 1) * recurrent),
-                d.recurrent.as_view_mut(),
-            ));
-        }
-        // One launch for every layer's two copies (three addresses a copy).
-        let table = table_of(&device, copy_table, 3 * copies.len())?;
-        redlite_cuda::copy_spans(&device, &mut copies, table)?;
         self.pos = pos0 + kept;
         Ok(())
     }
+}
+
+/// A replayed rollback: every layer's state rebuilt from its snapshot through the `kept`
+/// rows, in one launch.
+fn replay_rows<'a>(
+    device: &Device,
+    shape: &DeltaNetShape,
+    kept: usize,
+    layers: impl Iterator<Item = (&'a mut DeltaState, &'a RecordedRows)>,
+    table: &mut ReplayTable,
+) -> Result<()> {
+    let mut replays = Vec::new();
+    for (d, saved) in layers {
+        let RecordedStates::Replay { snapshot, inputs } = &saved.recurrent else {
+            return Err(EngineError::BadConfig(
+                "a recording of both kinds".to_string(),
+            ));
+        };
+        replays.push(ReplayLayer {
+            snapshot: snapshot.as_view(),
+            inputs: inputs.as_view(),
+            conv_record: saved.conv.as_view(),
+            state: d.recurrent.as_view_mut(),
+            conv: d.conv.as_view_mut(),
+        });
+    }
+    Ok(redlite_cuda::deltanet_replay(
+        device,
+        shape,
+        kept,
+        &mut replays,
+        table,
+    )?)
+}
+
+/// A copied rollback: every layer's recorded state after `row` copied back, in one launch.
+fn copy_row<'a>(
+    device: &Device,
+    row: usize,
+    layers: impl Iterator<Item = (&'a mut DeltaState, &'a RecordedRows)>,
+    table: &mut Option<CudaSlice<u64>>,
+) -> Result<()> {
+    let mut copies = Vec::new();
+    for (d, saved) in layers {
+        let RecordedStates::Rows(recurrent_rows) = &saved.recurrent else {
+            return Err(EngineError::BadConfig(
+                "a recording of both kinds".to_string(),
+            ));
+        };
+        let (conv, recurrent) = (d.conv.len(), d.recurrent.len());
+        copies.push((
+            saved.conv.slice(row * conv..(row + 1) * conv),
+            d.conv.as_view_mut(),
+        ));
+        copies.push((
+            recurrent_rows.slice(row * recurrent..(row + 1) * recurrent),
+            d.recurrent.as_view_mut(),
+        ));
+    }
+    // Three addresses a copy.
+    let table = table_of(device, table, 3 * copies.len())?;
+    Ok(redlite_cuda::copy_spans(device, &mut copies, table)?)
 }
 
 /// The rollback's device table, kept between calls and grown to `len` values when shorter.
