@@ -12,8 +12,8 @@
 #      setting of DECODE_AB, one process each, then every setting 0.5 % or more above the
 #      defaults at depth 0 together (depths 0 and 4096); then the host clocks of a replayed
 #      step (REDLITE_STEP_TIMES), with the early graph launch (the default) and without;
-#   4. MTP: `bench --mtp --draft 1|3 --mtp-accept 0.7,1`, with the defaults and each setting of
-#      MTP_AB;
+#   4. MTP: `bench --mtp --draft K --mtp-accept 0.7,1` for each K of MTP_DRAFTS (1 3), with the
+#      defaults and each setting of MTP_AB;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
@@ -149,7 +149,7 @@ fi
 if stage mtp; then
   stamp "MTP bench"
   for v in REDLITE_UNUSED=0 ${MTP_AB:-}; do
-    for k in 1 3; do
+    for k in ${MTP_DRAFTS:-1 3}; do
       name="${v//[=+]/_}-draft$k"
       # shellcheck disable=SC2086
       env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 --mtp --draft "$k" \

@@ -343,12 +343,6 @@ struct TilesMinBlocks {
     static constexpr int value = ROWS == 2 && NT <= 4 ? 4 : 0;
 };
 
-// The token tiles load their lanes' first items ahead unless REDLITE_TILES_AHEAD=0 (a compile
-// option, for A/B; the same sums either way).
-#ifndef REDLITE_TILES_AHEAD
-#define REDLITE_TILES_AHEAD 1
-#endif
-
 // Token tiles for prompt ingestion (the default for several tokens; `REDLITE_PREFILL_TILES=0`
 // turns them off): grid (ceil(rows / (WARPS x ROWS)), ceil(tokens / NT)); each CTA quantizes NT
 // consecutive tokens' x into shared memory (NT x cols codes, they are contiguous rows) and
@@ -388,51 +382,7 @@ matmul_q8_tiles_kernel(const u8* __restrict__ weights, const float* __restrict__
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[r][j] = 0.0f;
     }
-    int first = lane;
-#if REDLITE_TILES_AHEAD
-    // As the one-token products: the lane's first items of each row loaded before any is
-    // decoded, so their waits overlap instead of following one another; summed in the loop's
-    // order (the same bits).
-    {
-        // One row a warp only: two rows held to 64 registers (TilesMinBlocks) spilled Q4_K and
-        // Q5_K items loaded ahead, even one a row (ptxas, sm_80 and sm_90).
-        constexpr int AHEAD =
-            ROWS == 1 ? Q8Ahead<typename Q8Dot<B>::Raw>::of(Q8Dot<B>::PRELOAD, ROWS) : 0;
-        if constexpr (AHEAD > 0) {
-            typename Q8Dot<B>::Raw raw[AHEAD][ROWS];
-#pragma unroll
-            for (int p = 0; p < AHEAD; ++p) {
-                const int i = lane + p * WARP_SIZE;
-                const u8* wb = w + i64(i / B::ITEMS) * B::BYTES;
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (i < items && r < valid) {
-                        raw[p][r] = Q8Dot<B>::load(wb + r * row_bytes, i % B::ITEMS);
-                    }
-                }
-            }
-#pragma unroll
-            for (int p = 0; p < AHEAD; ++p) {
-                const int i = lane + p * WARP_SIZE, block = i / B::ITEMS, item = i % B::ITEMS;
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (i >= items || r >= valid) continue;
-                    const auto weights_of_item = Q8Decode<B>::decode(raw[p][r], item);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        if (j < nt) {
-                            acc[r][j] += Q8Decode<B>::dot(weights_of_item, item,
-                                                          xq + j * cols + block * B::VALUES,
-                                                          xd[j * nb + block]);
-                        }
-                    }
-                }
-            }
-            first = lane + AHEAD * WARP_SIZE;
-        }
-    }
-#endif
-    for (int i = first; i < items; i += WARP_SIZE) {
+    for (int i = lane; i < items; i += WARP_SIZE) {
         const int block = i / B::ITEMS, item = i % B::ITEMS;
         const u8* wb = w + i64(block) * B::BYTES;
 #pragma unroll

@@ -36,9 +36,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// values of a K or V row strided by 32 instead of as one run of 16-byte loads (other score
 /// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
 /// weight item again for every token (`q8decode.cuh`; the same bits),
-/// `REDLITE_TILES_AHEAD=0` the token tiles loading each item where they decode it
-/// (`matmul.cu`; the same bits), `REDLITE_SIGN_PRMT=0` the IQ2 sign masks without the byte
-/// permute (`q8dot.cuh`; the same masks).
+/// `REDLITE_SIGN_PRMT=0` the IQ2 sign masks without the byte permute (`q8dot.cuh`; the
+/// same masks).
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
 /// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
@@ -50,7 +49,6 @@ fn options(arch: &str) -> Vec<String> {
     let loads_ahead = std::env::var("REDLITE_Q8_LOADS_AHEAD").as_deref() != Ok("0");
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let decode_once = std::env::var("REDLITE_Q8_DECODE_ONCE").as_deref() != Ok("0");
-    let tiles_ahead = std::env::var("REDLITE_TILES_AHEAD").as_deref() != Ok("0");
     let sign_prmt = std::env::var("REDLITE_SIGN_PRMT").as_deref() != Ok("0");
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
@@ -65,7 +63,6 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DREDLITE_TIMELINE={}", u8::from(crate::timeline::on())),
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
         format!("-DREDLITE_Q8_DECODE_ONCE={}", u8::from(decode_once)),
-        format!("-DREDLITE_TILES_AHEAD={}", u8::from(tiles_ahead)),
         format!("-DREDLITE_SIGN_PRMT={}", u8::from(sign_prmt)),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.

@@ -257,7 +257,13 @@ fn fused() -> bool {
     *ON.get_or_init(|| std::env::var("REDLITE_FUSED_DELTANET").as_deref() != Ok("0"))
 }
 
-/// Whether a verification of `tokens` rows keeps its DeltaNet states for a replay (the state
+/// Rows from which a verification keeps its DeltaNet states for a replay. With two rows the
+/// snapshot costs what the one state after row 0 does: one draft at acceptance 0.7 measured
+/// 469.45 t/s with the replay against 472.35 without, three drafts 440.19 against 433.35
+/// (H100, forty-first session).
+pub(super) const REPLAY_MIN_ROWS: usize = 3;
+
+/// Whether a verification of `tokens` rows may keep its DeltaNet states for a replay (the state
 /// before the step and the rows' inputs; `deltanet_replay` recomputes the kept rows) rather
 /// than the state after each row: the fused step's batches, unless `REDLITE_MTP_REPLAY=0`.
 pub(super) fn replays(tokens: usize) -> bool {

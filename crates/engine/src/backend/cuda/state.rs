@@ -289,13 +289,20 @@ impl CudaState {
             self.recording.rows = tokens;
             let rows = tokens - 1;
             let layers = buffers.deltanet.len();
-            let replay = deltanet::replays(tokens);
-            let short = self.recording.states.len() < layers
+            // A replay from REPLAY_MIN_ROWS rows on; a shorter call keeps replaying into
+            // buffers made for a longer one rather than making others (and forgetting the
+            // graphs recorded with them).
+            let fit = self.recording.states.len() >= layers
+                && self.recording.states.iter().all(|r| r.rows >= rows);
+            let replaying = self.recording.states.first().map(|r| r.recurrent.replays());
+            let replay = deltanet::replays(tokens)
+                && (tokens >= deltanet::REPLAY_MIN_ROWS || fit && replaying == Some(true));
+            let short = !fit
                 || self
                     .recording
                     .states
                     .iter()
-                    .any(|r| r.rows < rows || r.recurrent.replays() != replay);
+                    .any(|r| r.recurrent.replays() != replay);
             if short {
                 // Graphs recorded with the old buffers may not replay (and a new buffer may
                 // reuse an old one's address, which the graphs' keys would not tell apart).
