@@ -208,25 +208,22 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
 // asm volatile load the compiler neither hoists nor merges with another read of the same
 // address. Plain reads of the step's 2 x 128 key and query values were kept in registers
 // from the first loop to the second beside the 128-float state column, and spilled it to
-// local memory (ptxas: 404 bytes spilled a thread).
+// local memory (ptxas: 404 bytes spilled a thread). AGAIN: a volatile load, which ptxas does
+// not merge with an earlier load of the same address either (the replay's second loop would
+// otherwise keep the first loop's key values beside the state column, and spill it).
+template <bool AGAIN = false>
 static __device__ __forceinline__ float4 shared_load4(const float* p) {
     float4 v;
     const u32 address = u32(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(address));
-    return v;
-}
-
-// shared_load4 as a volatile load, which ptxas does not merge with an earlier load of the
-// same address either: the replay's second loop would otherwise keep the first loop's 2 DK
-// key values in registers beside the state column, and spill it.
-static __device__ __forceinline__ float4 shared_load4_again(const float* p) {
-    float4 v;
-    const u32 address = u32(__cvta_generic_to_shared(p));
-    asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(address));
+    if constexpr (AGAIN) {
+        asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(address));
+    } else {
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(address));
+    }
     return v;
 }
 
@@ -579,7 +576,7 @@ deltanet_replay_kernel(const u64* __restrict__ layers, int kept, int k_heads, in
         float delta = row[key_dim + h * DK + j];
 #pragma unroll
         for (int i = 0; i < DK; i += 4) {
-            const float4 k4 = shared_load4_again(ks + i);
+            const float4 k4 = shared_load4<true>(ks + i);
             const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -590,7 +587,7 @@ deltanet_replay_kernel(const u64* __restrict__ layers, int kept, int k_heads, in
         delta *= beta;
 #pragma unroll
         for (int i = 0; i < DK; i += 4) {
-            const float4 k4 = shared_load4_again(ks + i);
+            const float4 k4 = shared_load4<true>(ks + i);
             const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
             for (int u = 0; u < 4; ++u) col[i + u] += kv[u] * delta;
