@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use crate::device::Device;
 use crate::error::{CudaError, CudaOp};
 use crate::layer_launch::{config, to_i32, to_u32};
-use crate::layer_ops::{replay_row_floats, DeltaNetShape, MAX_GRID_YZ};
+use crate::layer_ops::{at_least, replay_row_floats, DeltaNetShape, MAX_GRID_YZ};
 use crate::ops::{fits, shape};
 use crate::raw;
 use crate::source::{deltanet_replay_kernel, DELTA_DK};
@@ -77,22 +77,10 @@ pub fn deltanet_replay(
         shape(op, "state snapshot length", state_len, layer.snapshot.len())?;
         shape(op, "state length", state_len, layer.state.len())?;
         shape(op, "conv state length", conv_len, layer.conv.len())?;
-        if layer.inputs.len() < inputs_len {
-            return Err(CudaError::Shape {
-                op,
-                what: "replay inputs length (at least)",
-                expected: inputs_len,
-                found: layer.inputs.len(),
-            });
-        }
-        if layer.conv_record.len() < kept * conv_len {
-            return Err(CudaError::Shape {
-                op,
-                what: "conv record length (at least)",
-                expected: kept * conv_len,
-                found: layer.conv_record.len(),
-            });
-        }
+        let what = "replay inputs length (at least)";
+        at_least(op, what, inputs_len, layer.inputs.len())?;
+        let what = "conv record length (at least)";
+        at_least(op, what, kept * conv_len, layer.conv_record.len())?;
         addresses.extend([
             device.address(&layer.snapshot),
             device.address(&layer.inputs),

@@ -10,14 +10,14 @@ use crate::mma::{matmul_mma, mma_takes, PrefillKernels};
 use crate::ops::{check_matrix, fits, shape, WeightMatrix};
 use crate::q8_input::{q8_rows_fit, Q8Rows, Q8RowsMut, Q8_BLOCK_VALUES};
 use crate::raw::StepKeeps;
-use crate::source::{CONV_KERNELS, DELTA_DK, ONE_TOKEN_KERNELS_MAX_TOKENS};
+use crate::source::{CONV_KERNELS, DELTA_DK, DELTA_REPLAY_MAX_ROWS, ONE_TOKEN_KERNELS_MAX_TOKENS};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Grid y and z dimensions (tokens, experts per token) are at most this.
 pub(crate) const MAX_GRID_YZ: u64 = 65_535;
 
 /// A buffer that must hold at least `expected` values.
-fn at_least(
+pub(crate) fn at_least(
     op: CudaOp,
     what: &'static str,
     expected: usize,
@@ -456,6 +456,8 @@ pub fn deltanet_step(
                     StepKeeps::Rows(conv, states)
                 }
                 StepStates::Replay { snapshot, inputs } => {
+                    let what = "rows kept for a replay (tokens - 1)";
+                    fits(op, what, rows as u64, DELTA_REPLAY_MAX_ROWS as u64)?;
                     shape(op, "state snapshot length", state_len, snapshot.len())?;
                     let what = "replay inputs length (at least)";
                     at_least(op, what, rows * replay_row_floats(s), inputs.len())?;

@@ -67,6 +67,9 @@ pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
 /// Rows of a group in the fused DeltaNet step (`deltanet_step_kernel`'s G): an even number of
 /// rows runs in pairs, an odd one row by row (groups of 3 or 4 spill the state column).
 pub(crate) const DELTA_ROW_GROUPS: [usize; 2] = [1, 2];
+/// Rows whose delta-rule inputs the fused step keeps for a replay (`deltanet_step_kernel`'s
+/// REPLAY_ROWS: a verification of up to 4 rows keeps its first 3).
+pub(crate) const DELTA_REPLAY_MAX_ROWS: usize = 3;
 /// Tokens per chunk of the chunked delta rule (`deltanet_chunked.cu`).
 pub(crate) const DELTA_CHUNK: usize = 64;
 /// Threads per CTA of the chunked delta rule, and the value columns each CTA owns

@@ -75,9 +75,10 @@ pub struct CudaState {
 }
 
 /// What `checkpoint` arms: the next forward call keeps, per DeltaNet layer, the state after
-/// each of its rows but the last (device buffers, allocated for every layer by the first
-/// layer's call, before anything is recorded, and reused), so `rollback_to` can keep any
-/// prefix of the batch without running it again.
+/// each of its rows but the last, or what rebuilds it (`RecordedStates`; device buffers,
+/// allocated for every layer by the first layer's call, before anything is recorded, and
+/// reused), so `rollback_to` can keep any prefix of the batch without running the model
+/// again.
 #[derive(Default)]
 struct Recording {
     armed: bool,
