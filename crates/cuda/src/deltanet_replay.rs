@@ -1,10 +1,10 @@
 //! An MTP rollback of every DeltaNet layer in one launch (`deltanet_replay_kernel`,
-//! `deltanet.cu`): a verification that kept its layers' states as `StepStates::Replay` (the
-//! state before the step and the rows' delta-rule inputs) gets the state after any of its
-//! rows back by running those rows' delta rule again from the snapshot, with the step's
-//! operations in the step's order, so the bits of the state the step had after that row; the
-//! conv window comes from its record. It replaces a copy of a recorded state per row, which
-//! the verification had to write between its rows.
+//! `deltanet_replay.cu`): a verification that kept its layers' states as
+//! `StepStates::Replay` (the state before the step and the rows' delta-rule inputs) gets the
+//! state after any of its rows back by running those rows' delta rule again from the
+//! snapshot, with the step's operations in the step's order, so the bits of the state the
+//! step had after that row; the conv window comes from its record. It replaces a copy of a
+//! recorded state per row, which the verification had to write between its rows.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
@@ -89,22 +89,19 @@ pub fn deltanet_replay(
             device.address(&layer.conv),
         ]);
     }
+    let on_device = match &mut table.on_device {
+        Some(t) if t.len() >= addresses.len() => t,
+        slot => {
+            table.written.clear();
+            slot.insert(device.alloc_zeros(addresses.len())?)
+        }
+    };
     if table.written != addresses {
-        // Written again: a failed copy must not leave the old addresses looking current.
+        // Cleared first: a failed copy must not leave the old addresses looking current.
         table.written.clear();
-        let on_device = match &mut table.on_device {
-            Some(t) if t.len() >= addresses.len() => t,
-            slot => slot.insert(device.alloc_zeros(addresses.len())?),
-        };
         device.copy_to_device(&addresses, &mut on_device.slice_mut(..addresses.len()))?;
         table.written = addresses;
     }
-    let on_device = table.on_device.as_ref().ok_or(CudaError::Shape {
-        op,
-        what: "replay table values (five a layer)",
-        expected: TABLE_PER_LAYER * n,
-        found: 0,
-    })?;
     let kernel = device.kernel(&deltanet_replay_kernel(d.head_dim))?;
     let cfg = config((d.v_heads, n, 1), to_u32(d.head_dim), 0);
     let dims = [kept, d.k_heads, d.v_heads, conv_len].map(to_i32);

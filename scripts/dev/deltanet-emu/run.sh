@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs the DeltaNet prompt kernels (kernels/deltanet.cu, kernels/deltanet_chunked.cu) on the
+# Runs the DeltaNet kernels (kernels/deltanet.cu, deltanet_chunked.cu, deltanet_replay.cu) on the
 # host, without a GPU, through the emulators' stand-ins for the CUDA built-ins
 # (../emu-common/shim.h; the few more these kernels use are in extra.h): every CUDA thread a
 # host thread, barriers real barriers. harness.cpp checks that the token-parallel conv writes the
 # same bits as the token-loop conv, and that the chunked delta rule matches the token-loop
-# kernel within 1e-4 (L2 of the difference over L2 of the values) on outputs and final state.
+# kernel within 1e-4 (L2 of the difference over L2 of the values) on outputs and final state,
+# and that the replayed MTP rollback rebuilds each kept row's state bit for bit.
 # It checks indexing and arithmetic, not speed. Needs g++ with C++20 and python3.
 #
 # Usage: scripts/dev/deltanet-emu/run.sh

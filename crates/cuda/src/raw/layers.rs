@@ -440,27 +440,6 @@ pub(crate) fn launch_deltanet_step(
     })
 }
 
-/// `deltanet_replay_kernel<DK>(layers, kept, k_heads, v_heads, conv_len)`.
-pub(crate) fn launch_deltanet_replay(
-    stream: &CudaStream,
-    kernel: &CudaFunction,
-    config: LaunchConfig,
-    layers: &CudaView<'_, u64>,
-    dims: [i32; 4],
-) -> Result<(), CudaError> {
-    let mut launch = builder(stream, kernel);
-    launch.arg(layers);
-    for d in &dims {
-        launch.arg(d);
-    }
-    // SAFETY: arguments match the signature; the table holds grid.y layers of five addresses
-    // (op entry), each naming a device buffer the caller owns of the length the op entry
-    // checked against (kept, k_heads, v_heads, DK = block) and conv_len; grid.x = v_heads.
-    launched(stream, "cuLaunchKernel(deltanet_replay)", unsafe {
-        launch.launch(config)
-    })
-}
-
 /// `gated_norm_kernel<WARPS>(o, z, w, rows, dv, eps)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_gated_norm(

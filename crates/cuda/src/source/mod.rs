@@ -20,6 +20,7 @@ const MATMUL: &str = include_str!("../../kernels/matmul.cu");
 const GEMM: &str = include_str!("../../kernels/gemm.cu");
 const DELTANET: &str = include_str!("../../kernels/deltanet.cu");
 const DELTANET_CHUNKED: &str = include_str!("../../kernels/deltanet_chunked.cu");
+const DELTANET_REPLAY: &str = include_str!("../../kernels/deltanet_replay.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
 const ATTENTION_COMBINE: &str = include_str!("../../kernels/attention_combine.cu");
 const ATTENTION_PREFILL: &str = include_str!("../../kernels/attention_prefill.cu");
@@ -307,7 +308,7 @@ fn module_families() -> Vec<ModuleSource> {
         },
         ModuleSource {
             name: "deltanet".to_string(),
-            source: with_q8_dots(&[DELTANET, DELTANET_CHUNKED].join("\n")),
+            source: with_q8_dots(&[DELTANET, DELTANET_CHUNKED, DELTANET_REPLAY].join("\n")),
             kernels: CONV_KERNELS
                 .iter()
                 .flat_map(|&w| [conv_kernel(w), conv_tokens_kernel(w)])
@@ -425,6 +426,7 @@ mod tests {
             GEMM,
             DELTANET,
             DELTANET_CHUNKED,
+            DELTANET_REPLAY,
             ATTENTION,
             ATTENTION_PREFILL,
             MOE,
