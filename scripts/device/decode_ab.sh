@@ -38,7 +38,8 @@
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); STALL_KERNELS (regexes of
 # kernel names), STALL_CHUNK, STALL_TOKENS; TIMELINE_DEPTHS; STAGES (bits tests decode mtp
-# small; also probes profile timeline stalls); OUT.
+# small; also probes profile timeline stalls rows replay); ROWS_CHUNKS, ROWS_BATCHES, ROWS_SKIP
+# (stage rows); OUT.
 # This build against an earlier one: scripts/device/vs_base.sh.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -207,6 +208,35 @@ if stage profile && command -v ncu > /dev/null; then
       --by-grid > "$OUT/ncu-decode-by-grid-$name.txt" 2>&1
     head -16 "$OUT/ncu-decode-by-grid-$name.txt" | tee -a "$SUMMARY"
   done
+fi
+if stage rows && command -v ncu > /dev/null; then
+  # Nsight Compute's duration of every kernel of batches of ROWS_CHUNKS rows (default 1 and 4:
+  # a decode step against a three-draft verification's batch), `logits --chunk C` over
+  # ROWS_TOKENS tokens, the first ROWS_SKIP batches' launches left out (recording, cold
+  # caches); per batch by kernel and grid. Serialized launches: no PDL overlap.
+  for c in ${ROWS_CHUNKS:-1 4}; do
+    stamp "ncu: every kernel of batches of $c rows"
+    n_tokens=$(( c * ${ROWS_BATCHES:-8} ))
+    tokens="$(python3 -c 'import sys; print(",".join(str((i * 7919 + 13) % 150000) for i in range(int(sys.argv[1]))))' "$n_tokens")"
+    timeout 300 ncu --clock-control none --cache-control none \
+      --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
+      "$R" logits -m "$M" --device cuda --chunk "$c" --tokens "$tokens" --out "$W/rows-$c.f32" \
+      > "$OUT/ncu-rows-$c.csv" 2> "$OUT/ncu-rows-$c.err" || tail -3 "$OUT/ncu-rows-$c.err"
+    python3 "$ROOT/scripts/device/ncu_kernels.py" "$OUT/ncu-rows-$c.csv" embed_kernel \
+      --by-grid --skip-batches "${ROWS_SKIP:-3}" > "$OUT/ncu-rows-by-grid-$c.txt" 2>&1
+    head -40 "$OUT/ncu-rows-by-grid-$c.txt" | tee -a "$SUMMARY"
+  done
+fi
+if stage replay && command -v ncu > /dev/null; then
+  # The MTP rollback's own duration (deltanet_replay_kernel) in three-draft steps at 0.7.
+  stamp "ncu: the replay kernel"
+  timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
+    --metrics gpu__time_duration.sum,dram__bytes.sum --csv --print-units base \
+    --kernel-name regex:deltanet_replay --launch-skip 10 --launch-count 10 \
+    "$R" bench -m "$M" --device cuda -p 0 -n 64 -r 1 --mtp --draft 3 --mtp-accept 0.7 \
+    > "$OUT/ncu-replay.csv" 2> "$OUT/ncu-replay.err" || tail -3 "$OUT/ncu-replay.err"
+  grep -E '^"' "$OUT/ncu-replay.csv" | grep -E 'gpu__time|dram__bytes' | awk -F'","' '{print $(NF-2), $NF}' \
+    | tr -d '"' | head -20 | tee -a "$SUMMARY"
 fi
 if stage stalls && command -v ncu > /dev/null; then
   # STALL_CHUNK=4: the launches of 4-row batches (an MTP verification of three drafts) instead of

@@ -3,12 +3,13 @@ token's wall time the kernels themselves take, and how much is the gaps between 
 
     ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
         --launch-skip N --launch-count M redlite bench ... > ncu.csv
-    python3 scripts/device/ncu_kernels.py ncu.csv PER_TOKEN_KERNEL [--by-grid]
+    python3 scripts/device/ncu_kernels.py ncu.csv PER_TOKEN_KERNEL [--by-grid] [--skip-batches N]
 
 PER_TOKEN_KERNEL: a kernel name that runs once per decode token (the count of its launches
 is the number of tokens the window covers). Prints the kernels by total time and the sum
 per token; with --by-grid each kernel's launches are told apart by grid size (which matrix
-shape a product was, for instance).
+shape a product was, for instance); with --skip-batches N the launches before the (N+1)-th
+PER_TOKEN_KERNEL launch are left out (a graph's recording, cold caches).
 """
 
 import csv
@@ -16,8 +17,9 @@ import sys
 from collections import defaultdict
 
 
-def main(path, per_token, by_grid=False):
+def main(path, per_token, by_grid=False, skip=0):
     rows = []
+    seen = 0
     with open(path, newline="") as f:
         lines = [line for line in f if line.startswith('"')]
     for row in csv.DictReader(lines):
@@ -26,6 +28,10 @@ def main(path, per_token, by_grid=False):
         name = row["Kernel Name"].split("(")[0].split("<")[0].removeprefix("void ")
         ns = float(row["Metric Value"].replace(",", ""))
         tokens_name = name
+        if name == per_token:
+            seen += 1
+        if seen <= skip:
+            continue
         if by_grid:
             name = f"{name} {row.get('Grid Size', '?').replace(' ', '')}"
         rows.append((name, tokens_name, ns))
@@ -50,4 +56,6 @@ def main(path, per_token, by_grid=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--by-grid" in sys.argv[3:])
+    args = sys.argv[3:]
+    skip = int(args[args.index("--skip-batches") + 1]) if "--skip-batches" in args else 0
+    main(sys.argv[1], sys.argv[2], "--by-grid" in args, skip)

@@ -136,6 +136,23 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, flo
              out + i64(blockIdx.x) * cols, cols, eps);
 }
 
+// The MTP block's input halves side by side (spec §4.2), one launch for both norms: CTA
+// r < rows norms embedding row r by enorm into concat[r][0, cols), CTA rows + r hidden row r
+// by hnorm into concat[r][cols, 2 cols). Each row rms_norm_kernel's bits (`norm_row`), without
+// the two norms' own buffers and a copy of each half a row.
+__global__ void mtp_concat_norms_kernel(const float* __restrict__ embedded,
+                                        const float* __restrict__ hidden,
+                                        const float* __restrict__ enorm,
+                                        const float* __restrict__ hnorm,
+                                        float* __restrict__ concat, int rows, int cols,
+                                        float eps) {
+    const bool second = int(blockIdx.x) >= rows;
+    const int r = second ? int(blockIdx.x) - rows : int(blockIdx.x);
+    const float* x = (second ? hidden : embedded) + i64(r) * cols;
+    norm_row(const_cast<float*>(x), nullptr, second ? hnorm : enorm,
+             concat + i64(r) * 2 * cols + (second ? cols : 0), cols, eps);
+}
+
 // x += y over n values.
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int n) {
     pdl_begin();

@@ -418,9 +418,18 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
 // rows a lane group, took 88 (5 a multiprocessor: 660 resident, a second wave of 44). The
 // others keep the compiler's choice (IQ2_XXS: 72, 7 a multiprocessor); IQ1_M's four-row
 // variant would spill at 80. Registers only: the same instructions' results, the same bits.
+// REDLITE_GATE_UP_BATCH_BLOCKS (a compile option, default 0) asks the `moe_batch` module's
+// gate/up (batches of 2-16 tokens) for that many CTAs a multiprocessor: an A/B of the
+// 4-row verification's occupancy (IQ2_XXS: 7 at the compiler's 72 registers, 8 at 64).
+#ifndef REDLITE_MOE_BATCH
+#define REDLITE_MOE_BATCH 0
+#endif
+#ifndef REDLITE_GATE_UP_BATCH_BLOCKS
+#define REDLITE_GATE_UP_BATCH_BLOCKS 0
+#endif
 template <class B, int ROWS>
 struct GateUpMinBlocks {
-    static constexpr int value = 0;
+    static constexpr int value = REDLITE_MOE_BATCH ? REDLITE_GATE_UP_BATCH_BLOCKS : 0;
 };
 template <>
 struct GateUpMinBlocks<IQ1M, 2> {

@@ -37,7 +37,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
 /// weight item again for every token (`q8decode.cuh`; the same bits),
 /// `REDLITE_SIGN_PRMT=0` the IQ2 sign masks without the byte permute (`q8dot.cuh`; the
-/// same masks).
+/// same masks), `REDLITE_GATE_UP_BATCH_BLOCKS=N` the batches' expert gate/up held to N CTAs a
+/// multiprocessor (`moe.cu`; registers only, the same bits).
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
 /// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {
@@ -50,6 +51,11 @@ fn options(arch: &str) -> Vec<String> {
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let decode_once = std::env::var("REDLITE_Q8_DECODE_ONCE").as_deref() != Ok("0");
     let sign_prmt = std::env::var("REDLITE_SIGN_PRMT").as_deref() != Ok("0");
+    let batch_blocks: u32 = std::env::var("REDLITE_GATE_UP_BATCH_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &u32| n <= 16)
+        .unwrap_or(0);
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -64,6 +70,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
         format!("-DREDLITE_Q8_DECODE_ONCE={}", u8::from(decode_once)),
         format!("-DREDLITE_SIGN_PRMT={}", u8::from(sign_prmt)),
+        format!("-DREDLITE_GATE_UP_BATCH_BLOCKS={batch_blocks}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.
         format!(

@@ -114,6 +114,30 @@ pub(crate) fn rms_norm(
     )
 }
 
+pub(crate) fn mtp_concat_norms(
+    device: &Device,
+    rows: (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    norms: (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    concat: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let kernel = device.kernel("mtp_concat_norms_kernel")?;
+    let cols = norms.0.len();
+    let n = rows.0.len() / cols;
+    let cfg = config((2 * n, 1, 1), ROW_THREADS, 0);
+    let shape = (to_i32(n), to_i32(cols));
+    raw::launch_mtp_concat_norms(
+        device.stream(),
+        kernel,
+        cfg,
+        rows,
+        norms,
+        concat,
+        shape,
+        eps,
+    )
+}
+
 pub(crate) fn add_rms_norm(
     device: &Device,
     x: &mut CudaViewMut<'_, f32>,

@@ -125,6 +125,26 @@ pub fn rms_norm(
     launch::rms_norm(device, x, w, out, eps)
 }
 
+/// The MTP block's input halves side by side: row r of `concat` ([rows][2 cols]) is
+/// `[rms_norm(embedded[r], enorm) ; rms_norm(hidden[r], hnorm)]`, each half the bits of
+/// [`rms_norm`], in one launch.
+pub fn mtp_concat_norms(
+    device: &Device,
+    (embedded, hidden): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    (enorm, hnorm): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    concat: &mut CudaViewMut<'_, f32>,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let op = CudaOp::RmsNorm;
+    shape(op, "hnorm length", enorm.len(), hnorm.len())?;
+    shape(op, "hidden length", embedded.len(), hidden.len())?;
+    shape(op, "concat length", 2 * embedded.len(), concat.len())?;
+    if !rms_norm_shapes(embedded.len(), enorm.len(), embedded.len())? {
+        return Ok(());
+    }
+    launch::mtp_concat_norms(device, (embedded, hidden), (enorm, hnorm), concat, eps)
+}
+
 /// Checks the norms' shapes (x and out whole rows of `w_len`); false when there is nothing
 /// to do.
 pub(crate) fn rms_norm_shapes(

@@ -84,8 +84,8 @@ pub use host_stage::{row_pieces, HostStage};
 pub use layer_launch::{COMBINE_AHEAD, DELTANET_ROW_GROUPS};
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
-    embed, gated_norm, matmul, matmul_quantized, matmul_with, replay_row_floats, rms_norm,
-    DeltaNetParams, DeltaNetShape, StepRecord, StepStates, TokenWalk,
+    embed, gated_norm, matmul, matmul_quantized, matmul_with, mtp_concat_norms, replay_row_floats,
+    rms_norm, DeltaNetParams, DeltaNetShape, StepRecord, StepStates, TokenWalk,
 };
 pub use mma::{
     matmul_mma, mma_min_tokens, mma_takes, moe_down_mma, moe_down_mma_combine, moe_down_mma_pairs,

@@ -103,6 +103,24 @@ fn gate_up_rows() -> usize {
     forced.unwrap_or(2)
 }
 
+/// [`gate_up_rows`] for a launch of `tokens` tokens: a batch (an MTP verification, serving
+/// slots) takes `REDLITE_MOE_BATCH_GATE_UP_ROWS` (1, 2 or 4) where it is set, an A/B of the
+/// batches' CTA count (four rows: a quarter of the one-row CTAs, so a 4-row verification's
+/// 44 expert slots take 1,408 CTAs instead of 2,816). The same bits either way.
+fn gate_up_rows_for(tokens: usize) -> usize {
+    static BATCH: OnceLock<Option<usize>> = OnceLock::new();
+    let batch = *BATCH.get_or_init(|| {
+        std::env::var("REDLITE_MOE_BATCH_GATE_UP_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| source::MOE_Q8_ROWS.contains(r))
+    });
+    match batch {
+        Some(rows) if tokens > 1 => rows,
+        _ => gate_up_rows(),
+    }
+}
+
 /// CTAs of the preloading expert down (8 warps at 128 registers) a multiprocessor holds.
 const DOWN_CTAS_PER_SM: usize = 2;
 
@@ -241,10 +259,10 @@ pub(crate) fn moe_gate_up(
             device.kernel(&source::moe_gate_up_q8_kernel(
                 kind,
                 lanes,
-                gate_up_rows(),
+                gate_up_rows_for(tokens),
                 tokens > 1,
             ))?,
-            LAYER_WARPS as usize * 32 / lanes * gate_up_rows(),
+            LAYER_WARPS as usize * 32 / lanes * gate_up_rows_for(tokens),
             LAYER_WARPS * 32,
             q8_shared_bytes(cols),
         ),

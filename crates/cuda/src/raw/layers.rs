@@ -134,6 +134,36 @@ pub(crate) fn launch_rms_norm(
     })
 }
 
+/// `mtp_concat_norms_kernel(embedded, hidden, enorm, hnorm, concat, rows, cols, eps)`, two
+/// CTAs a row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mtp_concat_norms(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    config: LaunchConfig,
+    (embedded, hidden): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    (enorm, hnorm): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    concat: &mut CudaViewMut<'_, f32>,
+    (rows, cols): (i32, i32),
+    eps: f32,
+) -> Result<(), CudaError> {
+    let mut launch = builder(stream, kernel);
+    launch
+        .arg(embedded)
+        .arg(hidden)
+        .arg(enorm)
+        .arg(hnorm)
+        .arg(concat)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&eps);
+    // SAFETY: arguments match the signature; the op entry checked embedded and hidden =
+    // rows x cols, both norms' weights cols and concat rows x 2 cols; grid.x = 2 rows.
+    launched(stream, "cuLaunchKernel(mtp_concat_norms)", unsafe {
+        launch.launch(config)
+    })
+}
+
 /// `add_rms_norm_kernel(x, y, w, out, cols, eps)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_add_rms_norm(

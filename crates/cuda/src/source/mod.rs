@@ -62,10 +62,29 @@ fn with_q8_dots(body: &str) -> String {
 /// (fortieth session) the copies to shared memory made one token 3.5 % faster and batches of
 /// 2-4 tokens 5-7 % slower: a batch's expert launches are several waves of CTAs, each paying
 /// the copy and its barrier.
-fn batch_tables_prefix() -> &'static str {
-    "#undef REDLITE_Q8_SHARED_TABLES\n#define REDLITE_Q8_SHARED_TABLES 0\n\
-     #define moe_gate_up_q8_kernel moe_gate_up_q8_batch_kernel\n\
-     #define moe_down_q8_preload_kernel moe_down_q8_preload_batch_kernel\n"
+/// `shared`: the codebooks left where `REDLITE_Q8_SHARED_TABLES` puts them (the gate/up's
+/// share of the module under `REDLITE_BATCH_GATE_UP_SHARED=1`).
+fn batch_tables_prefix(shared: bool) -> String {
+    let tables = if shared {
+        ""
+    } else {
+        "#undef REDLITE_Q8_SHARED_TABLES\n#define REDLITE_Q8_SHARED_TABLES 0\n"
+    };
+    format!(
+        "{tables}#define REDLITE_MOE_BATCH 1\n\
+         #define moe_gate_up_q8_kernel moe_gate_up_q8_batch_kernel\n\
+         #define moe_down_q8_preload_kernel moe_down_q8_preload_batch_kernel\n"
+    )
+}
+
+/// `REDLITE_BATCH_GATE_UP_SHARED=1` (an A/B): the batches' expert gate/up kernels built in a
+/// module of their own (`moe_batch_gate_up`) with the IQ2 codebooks copied to shared memory
+/// as one token's are, the batches' down kernels still reading them from global memory. A
+/// 4-row gate/up is three waves of CTAs busy on codebook lookups (its L1 data pipe 66 % busy,
+/// fortieth session), and a warp's lookups of a 2 KB global table touch up to 16 L1 lines
+/// where shared memory serves them in a few wavefronts. The same bits either way.
+fn batch_gate_up_shared() -> bool {
+    std::env::var("REDLITE_BATCH_GATE_UP_SHARED").as_deref() == Ok("1")
 }
 
 /// The q8 expert gate/up and preloading down instances of the `moe` module (`batch`: false)
@@ -103,6 +122,10 @@ pub fn modules() -> Vec<ModuleSource> {
     let mut split = Vec::new();
     let probe = probe_exit();
     for mut module in module_families() {
+        if module.kernels.is_empty() {
+            // An optional family that this build's options leave out.
+            continue;
+        }
         if probe & probed_families(&module.name) != 0 {
             module.source = format!("#define REDLITE_PROBE_EXIT {probe}\n{}", module.source);
         }
@@ -184,6 +207,7 @@ fn module_families() -> Vec<ModuleSource> {
                 .chain(
                     [
                         "rms_norm_kernel",
+                        "mtp_concat_norms_kernel",
                         "add_kernel",
                         "add_rms_norm_kernel",
                         "rms_norm_q8_kernel",
@@ -246,10 +270,23 @@ fn module_families() -> Vec<ModuleSource> {
             name: "moe_batch".to_string(),
             source: format!(
                 "{}{}",
-                batch_tables_prefix(),
+                batch_tables_prefix(false),
                 with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n"))
             ),
-            kernels: moe_q8_kernels(true).collect(),
+            kernels: moe_q8_kernels(true)
+                .filter(|k| !batch_gate_up_shared() || !k.starts_with("moe_gate_up"))
+                .collect(),
+        },
+        ModuleSource {
+            name: "moe_batch_gate_up".to_string(),
+            source: format!(
+                "{}{}",
+                batch_tables_prefix(true),
+                with_q8_dots(&[MOE, MOE_DECODE, MOE_ROUTE].join("\n"))
+            ),
+            kernels: moe_q8_kernels(true)
+                .filter(|k| batch_gate_up_shared() && k.starts_with("moe_gate_up"))
+                .collect(),
         },
         ModuleSource {
             name: "moe".to_string(),

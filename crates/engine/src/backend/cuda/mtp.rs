@@ -1,5 +1,5 @@
 //! The MTP block's input on the GPU (spec §4.2): embed the tokens, RMSNorm the embeddings
-//! (`enorm`) and the hidden rows (`hnorm`), lay them side by side (embedding half first)
+//! (`enorm`) and the hidden rows (`hnorm`) side by side (embedding half first, one launch)
 //! and project with `eh_proj`. The block's decoder layer then runs through the ordinary
 //! ops as layer `n_layer`.
 //!
@@ -18,11 +18,9 @@ pub struct MtpBuffers(Option<Rows>);
 
 struct Rows {
     rows: usize,
-    /// `[rows][n_embd]` each: the embeddings and the two normed halves.
+    /// `[rows][n_embd]`: the embeddings.
     embedded: CudaSlice<f32>,
-    normed_e: CudaSlice<f32>,
-    normed_h: CudaSlice<f32>,
-    /// `[rows][2 n_embd]`: the halves side by side.
+    /// `[rows][2 n_embd]`: the two normed halves side by side.
     concat: CudaSlice<f32>,
 }
 
@@ -38,8 +36,6 @@ impl MtpBuffers {
             self.0 = Some(Rows {
                 rows,
                 embedded: device.alloc_zeros(rows * e)?,
-                normed_e: device.alloc_zeros(rows * e)?,
-                normed_h: device.alloc_zeros(rows * e)?,
                 concat: device.alloc_zeros(rows * 2 * e)?,
             });
         }
@@ -72,48 +68,16 @@ pub fn input(
         )));
     }
     let Rows {
-        embedded,
-        normed_e,
-        normed_h,
-        concat,
-        ..
+        embedded, concat, ..
     } = buffers.reserve(device, n, e)?;
     redlite_cuda::embed(device, &table.view(), ids, &mut embedded.slice_mut(..n * e))?;
-    redlite_cuda::rms_norm(
+    redlite_cuda::mtp_concat_norms(
         device,
-        &embedded.slice(..n * e),
-        &w.enorm.as_view(),
-        &mut normed_e.slice_mut(..n * e),
+        (&embedded.slice(..n * e), hidden),
+        (&w.enorm.as_view(), &w.hnorm.as_view()),
+        &mut concat.slice_mut(..n * 2 * e),
         eps,
     )?;
-    redlite_cuda::rms_norm(
-        device,
-        hidden,
-        &w.hnorm.as_view(),
-        &mut normed_h.slice_mut(..n * e),
-        eps,
-    )?;
-    for t in 0..n {
-        let row = t * 2 * e;
-        copy(
-            device,
-            &normed_e.slice(t * e..(t + 1) * e),
-            &mut concat.slice_mut(row..row + e),
-        )?;
-        copy(
-            device,
-            &normed_h.slice(t * e..(t + 1) * e),
-            &mut concat.slice_mut(row + e..row + 2 * e),
-        )?;
-    }
     redlite_cuda::matmul(device, &w.eh_proj.view(), &concat.slice(..n * 2 * e), out)?;
     Ok(())
-}
-
-/// Device-to-device copy, queued on the stream.
-fn copy(device: &Device, src: &CudaView<'_, f32>, dst: &mut CudaViewMut<'_, f32>) -> Result<()> {
-    device
-        .stream()
-        .memcpy_dtod(src, dst)
-        .map_err(|e| EngineError::Cuda(format!("MTP input copy: {e}")))
 }
