@@ -283,9 +283,12 @@ static __device__ __forceinline__ i64 deltanet_replay_row_floats(int dk, int k_h
 // rule runs row after row, the only chain between rows; then the gated norms of all its rows
 // share one barrier. Each value is the same expression on the same operands as row by row,
 // so the same bits: only the order in which independent work issues changes (an MTP
-// verification paid the whole chain of loads and barriers once a row). Groups of 3 or 4,
-// or a last group of fewer rows, spill the state column (ptxas, sm_90, DK = 128), so they
-// are not built.
+// verification paid the whole chain of loads and barriers once a row). A group of 3 or 4
+// rows is launched only for a batch of exactly that many (one group: the row count is then
+// G, known at compile time, so the conv windows die after the convs) and its delta rule
+// runs the rows in a loop with their gates from shared memory: unrolled, or with a runtime
+// count, those groups spilled the state column (ptxas, sm_90, DK = 128). No partial group
+// is built.
 // One CTA per key head, r * DK threads; the head's 2 DK q and k channels are convolved by the
 // first 2 DK threads, each conv channel read and written by one thread. (A layout of one CTA
 // per value head, a key head's value heads one thread-block cluster so that their states
@@ -319,13 +322,18 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                      float* __restrict__ state, float* __restrict__ out,
                      float* __restrict__ conv_rec, float* __restrict__ state_rec,
                      float* __restrict__ snapshot, float* __restrict__ replay_rows,
-                     float* __restrict__ od, i8* __restrict__ oq, int tokens, int k_heads,
+                     float* __restrict__ od, i8* __restrict__ oq, int row_count, int k_heads,
                      int v_heads, float eps, float q_scale) {
     PROBE_RETURN(PROBE_STEP);
+    // A group of 3 or more rows is launched for a batch of exactly that many rows (one
+    // group): the count known here, so each row's conv window dies after its conv.
+    const int tokens = G >= 3 ? G : row_count;
     __shared__ __align__(16) float qs[G][DK], ks[G][DK];
     __shared__ float4 o_stage[G][64];
     __shared__ float scale_qk[G][2];
     __shared__ float head_ss[G][32];
+    // Groups of 3 or more rows: each row's gates by value head (256 / DK a CTA at most).
+    __shared__ float gate_alpha[G >= 3 ? G : 1][256 / DK], gate_beta[G >= 3 ? G : 1][256 / DK];
     // Each row's z, conv output of the thread's value channel and delta-rule output, by
     // thread: in registers beside the state column they spill it.
     __shared__ float row_z[G][256], row_value[G][256], row_o[G][256];
@@ -417,6 +425,9 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             const float softplus = a_in > 20.0f ? a_in : log1pf(expf(a_in));
             beta[g] = sigmoidf(b_in);
             alpha[g] = expf(a_h * softplus);
+            if constexpr (G >= 3) {
+                if (j == 0) gate_beta[g][v] = beta[g], gate_alpha[g][v] = alpha[g];
+            }
             if (t < REPLAY_ROWS) replay_v[t][tid] = value;
         }
         __syncthreads();
@@ -443,9 +454,13 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
         __syncthreads();
         // The delta rule, row after row: ks and qs four at a time through shared_load4, where
         // they are used (the same operations in the same order as element by element).
-#pragma unroll
+        // Three or more rows go one after another (unrolled they spill the state column),
+        // their gates read back from shared memory.
+#pragma unroll(G >= 3 ? 1 : G)
         for (int g = 0; g < G; ++g) {
             const int t = t0 + g;
+            const float row_alpha = G >= 3 ? gate_alpha[g][v] : alpha[g];
+            const float row_beta = G >= 3 ? gate_beta[g][v] : beta[g];
             float delta = row_value[g][tid];
 #pragma unroll
             for (int i = 0; i < DK; i += 4) {
@@ -453,11 +468,11 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
                 const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    col[i + u] *= alpha[g];
+                    col[i + u] *= row_alpha;
                     delta -= col[i + u] * kv[u];
                 }
             }
-            delta *= beta[g];
+            delta *= row_beta;
             float og = 0.0f;
 #pragma unroll
             for (int i = 0; i < DK; i += 4) {

@@ -11,7 +11,7 @@ use crate::raw;
 use crate::source::{
     self, delta_chunked_shared_bytes, WeightKind, ATTENTION_HEADS_PER_CTA, ATTENTION_MIN_CHUNK,
     ATTENTION_WARPS, CONV_TOKENS_THREADS, DELTA_CHUNK_COLS, DELTA_CHUNK_THREADS, DELTA_COLS,
-    DELTA_ROW_GROUPS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
+    DELTA_ROW_GROUPS, DELTA_WHOLE_GROUPS, LAYER_WARPS, SMALL_BATCH_MAX_TOKENS,
 };
 use crate::switch::Switch;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig};
@@ -302,16 +302,25 @@ pub(crate) fn delta_rule(
 /// whose loads, convolutions, norms and gates issue together (the same bits either way).
 pub static DELTANET_ROW_GROUPS: Switch = Switch::new("REDLITE_DELTANET_ROW_GROUPS", true);
 
-/// The fused step's row group for a batch of `tokens`: the largest of `DELTA_ROW_GROUPS`
-/// that divides it (the kernel builds no partial group).
+/// `REDLITE_DELTANET_WHOLE_GROUP=0`: a batch of 3 or 4 rows takes the step's pairs and
+/// single rows, not one group of all its rows (the same bits either way).
+pub static DELTANET_WHOLE_GROUP: Switch = Switch::new("REDLITE_DELTANET_WHOLE_GROUP", true);
+
+/// The fused step's row group for a batch of `tokens`: the whole batch where a group of that
+/// size is built for it (`DELTA_WHOLE_GROUPS`), else the largest of the others that divides
+/// it (the kernel builds no partial group).
 fn deltanet_row_group(tokens: usize) -> usize {
     if !DELTANET_ROW_GROUPS.on() {
         return 1;
+    }
+    if DELTANET_WHOLE_GROUP.on() && DELTA_WHOLE_GROUPS.contains(&tokens) {
+        return tokens;
     }
     DELTA_ROW_GROUPS
         .iter()
         .rev()
         .copied()
+        .filter(|g| !DELTA_WHOLE_GROUPS.contains(g))
         .find(|&g| tokens.is_multiple_of(g))
         .unwrap_or(1)
 }

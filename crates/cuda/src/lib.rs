@@ -81,7 +81,7 @@ pub use greedy::{
     argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
 };
 pub use host_stage::{row_pieces, HostStage};
-pub use layer_launch::{COMBINE_AHEAD, DELTANET_ROW_GROUPS};
+pub use layer_launch::{COMBINE_AHEAD, DELTANET_ROW_GROUPS, DELTANET_WHOLE_GROUP};
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
     embed, gated_norm, matmul, matmul_quantized, matmul_with, mtp_concat_norms, replay_row_floats,

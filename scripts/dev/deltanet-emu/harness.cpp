@@ -99,23 +99,49 @@ void replay_case(int k_heads, int v_heads, int tokens) {
     struct Run {
         std::vector<float> conv, state, out, conv_rec, state_rec, snapshot, inputs;
     };
-    auto step = [&](bool replay) {
+    // The step's row group: 1 (row by row), or all the rows in one group (3 and 4 rows).
+    auto step = [&](bool replay, int group) {
         Run run{conv0, state0, std::vector<float>((size_t)tokens * inner),
                 std::vector<float>((size_t)rows * conv_len), std::vector<float>(rows * state_len),
                 std::vector<float>(state_len), std::vector<float>(rows * row_floats)};
-        launch({(unsigned)k_heads, 1, 0}, threads, [&] {
-            deltanet_step_kernel<DK, 4, 1>(
+        const auto body = [&]<int G>() {
+            deltanet_step_kernel<DK, 4, G>(
                 qkv.data(), z.data(), ba.data(), conv_w.data(), run.conv.data(), a.data(),
                 dt_bias.data(), norm_w.data(), run.state.data(), run.out.data(),
                 run.conv_rec.data(), replay ? nullptr : run.state_rec.data(),
                 replay ? run.snapshot.data() : nullptr, replay ? run.inputs.data() : nullptr,
                 nullptr, nullptr, tokens, k_heads, v_heads, 1e-6f, 1.0f / std::sqrt(float(DK)));
+        };
+        launch({(unsigned)k_heads, 1, 0}, threads, [&] {
+            if (group == 4) {
+                body.template operator()<4>();
+            } else if (group == 3) {
+                body.template operator()<3>();
+            } else {
+                body.template operator()<1>();
+            }
         });
         return run;
     };
-    const Run rows_run = step(false), replay_run = step(true);
+    const Run rows_run = step(false, 1), replay_run = step(true, 1);
     bool same = rows_run.out == replay_run.out && rows_run.state == replay_run.state &&
                 rows_run.conv == replay_run.conv && replay_run.snapshot == state0;
+    if (tokens >= 3) {
+        // One group of all the rows: every output, state, record and kept input the same.
+        for (bool replay : {false, true}) {
+            const Run& one = replay ? replay_run : rows_run;
+            const Run grouped = step(replay, tokens);
+            const bool group_same = grouped.out == one.out && grouped.state == one.state &&
+                                    grouped.conv == one.conv && grouped.conv_rec == one.conv_rec &&
+                                    grouped.state_rec == one.state_rec &&
+                                    grouped.snapshot == one.snapshot &&
+                                    grouped.inputs == one.inputs;
+            printf("%s group of %d rows, DK %d, %s: %s\n", group_same ? "ok  " : "FAIL", tokens,
+                   DK, replay ? "replay inputs" : "states after each row",
+                   group_same ? "the row-by-row bits" : "differs");
+            failures += !group_same;
+        }
+    }
     for (int kept = 1; kept < tokens; ++kept) {
         std::vector<float> state[2], conv[2];
         std::vector<unsigned long long> table;
