@@ -20,8 +20,12 @@ use std::time::Instant;
 /// the cached gate/up of IQ1_M, whose items loaded ahead take four registers each since
 /// 74a2525: 8 bytes spilled), and IQ2_XS's gate/up with two rows a lane group, 8 bytes since
 /// its codebook is read from shared memory (fortieth session): with 16 lanes a row (rows of
-/// at most 512 values; the 80B model's take 32) on sm_80 and sm_90, with 32 on sm_80 only.
-const KNOWN_LOCAL: [(&str, &str); 5] = [
+/// at most 512 values; the 80B model's take 32) on sm_80 and sm_90, with 32 on sm_80 only;
+/// the fused DeltaNet step's whole groups of 3 and 4 rows at DK 128 (forty-second session:
+/// 120-140 bytes of scalars around the rows' loop, the state column in registers).
+const KNOWN_LOCAL: [(&str, &str); 7] = [
+    ("deltanet_step_kernel<128, 4, ", ", 3>"),
+    ("deltanet_step_kernel<128, 4, ", ", 4>"),
     ("moe_gate_up_q8_kernel<", ", 1>"),
     ("moe_gate_up_q8_batch_kernel<", ", 1>"),
     ("moe_down_q8_kernel<", ", 4>"),
