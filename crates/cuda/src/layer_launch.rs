@@ -302,9 +302,10 @@ pub(crate) fn delta_rule(
 /// whose loads, convolutions, norms and gates issue together (the same bits either way).
 pub static DELTANET_ROW_GROUPS: Switch = Switch::new("REDLITE_DELTANET_ROW_GROUPS", true);
 
-/// `REDLITE_DELTANET_WHOLE_GROUP=0`: a batch of 3 or 4 rows takes the step's pairs and
-/// single rows, not one group of all its rows (the same bits either way).
-pub static DELTANET_WHOLE_GROUP: Switch = Switch::new("REDLITE_DELTANET_WHOLE_GROUP", true);
+/// `REDLITE_DELTANET_WHOLE_GROUP=1`: a batch of 3 or 4 rows as one group of all its rows
+/// instead of the step's pairs and single rows (the same bits on the host emulator). Off until
+/// a GPU has run it: written in the forty-second session, when no machine could be started.
+pub static DELTANET_WHOLE_GROUP: Switch = Switch::new("REDLITE_DELTANET_WHOLE_GROUP", false);
 
 /// The fused step's row group for a batch of `tokens`: the whole batch where a group of that
 /// size is built for it (`DELTA_WHOLE_GROUPS`), else the largest of the others that divides

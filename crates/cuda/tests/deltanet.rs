@@ -8,7 +8,8 @@
 use redlite_cuda::{
     delta_rule, deltanet_conv, deltanet_replay, deltanet_step, matmul, matmul_quantized,
     replay_row_floats, CudaSlice, DeltaNetParams, DeltaNetShape, Device, Q8Rows, Q8RowsMut,
-    ReplayLayer, ReplayTable, StepRecord, StepStates, TokenWalk, Q8_BLOCK_VALUES,
+    ReplayLayer, ReplayTable, StepRecord, StepStates, TokenWalk, DELTANET_WHOLE_GROUP,
+    Q8_BLOCK_VALUES,
 };
 use redlite_gguf::GgmlType;
 
@@ -194,14 +195,23 @@ fn chunked_delta_rule_matches_the_token_loop() {
 /// the states plain decoding would have reached. Where a key head's value heads hold 256
 /// values, the step also writes its output in Q8_K, and an output projection reading those
 /// codes gives the bits of one quantizing the output itself. 2, 3 and 4 rows: pairs of rows
-/// in one group, and rows one at a time.
+/// in one group, and rows one at a time; then 3 and 4 rows as one group of all the rows
+/// (`REDLITE_DELTANET_WHOLE_GROUP`).
 #[test]
 fn fused_rows_equal_one_row_launches_with_their_states() {
     let Some(device) = device("fused_rows_equal_one_row_launches_with_their_states") else {
         return;
     };
     let mut rng = Rng(33);
-    for s in [2, 3, 4].into_iter().flat_map(shapes) {
+    // Each batch with the step's pairs and single rows, then (3 and 4 rows) as one group.
+    let cases = [false, true].into_iter().flat_map(|whole| {
+        [2, 3, 4]
+            .into_iter()
+            .flat_map(shapes)
+            .map(move |s| (whole, s))
+    });
+    for (whole, s) in cases {
+        DELTANET_WHOLE_GROUP.set(whole);
         let (channels, inner, v_heads, dk) = (s.channels(), s.inner(), s.v_heads, s.head_dim);
         let t = s.tokens;
         let mut values =
@@ -312,7 +322,7 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
                 None,
             )
             .unwrap();
-            let what = format!("{v_heads} v-heads of {dk}, row {r} of {t}");
+            let what = format!("{v_heads} v-heads of {dk}, row {r} of {t} (whole group: {whole})");
             let o = device.download(&o).unwrap();
             assert!(
                 bits(&o) == bits(&all_out[r * inner..(r + 1) * inner]),

@@ -64,10 +64,11 @@ pub(crate) const LAYER_WARPS: u32 = 4;
 pub(crate) const DELTA_COLS: u32 = 32;
 /// Key dims the delta-rule kernel is built for (the state column lives in registers).
 pub(crate) const DELTA_DK: [usize; 3] = [32, 64, 128];
-/// Rows of a group in the fused DeltaNet step (`deltanet_step_kernel`'s G): a batch of 3 or 4
-/// rows (an MTP verification of 2 or 3 drafts) as one group of all its rows (the kernel then
-/// takes the rows one after another, their gates through shared memory: unrolled they spill
-/// the state column); any other even number of rows in pairs, an odd one row by row.
+/// Rows of a group in the fused DeltaNet step (`deltanet_step_kernel`'s G): an even number of
+/// rows in pairs, an odd one row by row; under `REDLITE_DELTANET_WHOLE_GROUP=1` a batch of 3
+/// or 4 rows (an MTP verification of 2 or 3 drafts) as one group of all its rows (the kernel
+/// then takes the rows one after another, their gates through shared memory: unrolled they
+/// spill the state column).
 pub(crate) const DELTA_ROW_GROUPS: [usize; 4] = [1, 2, 3, 4];
 /// The groups of [`DELTA_ROW_GROUPS`] built only for a batch of exactly that many rows.
 pub(crate) const DELTA_WHOLE_GROUPS: [usize; 2] = [3, 4];
