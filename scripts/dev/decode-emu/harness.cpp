@@ -30,7 +30,9 @@
 //      random blocks; the products and the expert down on IQ1_M blocks with their loads ahead
 //      against the forms that load as they go.
 //   8. The norms' sum of squares from the 8 warps' sums read by every thread
-//      (block_sum_of_8_warps, norm_row's on CTAs of 8 warps) against block_reduce_sum.
+//      (block_sum_of_8_warps, norm_row's on CTAs of 8 warps) against block_reduce_sum; the
+//      MTP input's two norms in one launch (mtp_concat_norms_kernel) against two norm
+//      launches and the copies of each half.
 // Every case runs; the exit status is nonzero if any failed.
 #include "emu.h"
 
@@ -816,6 +818,39 @@ void norm_sums() {
             ok);
 }
 
+// mtp_concat_norms_kernel (the MTP input's two norms side by side, one launch) against
+// rms_norm_kernel on the embeddings and on the hidden rows, then each half copied into its
+// place: every value of the concatenation bit for bit, 1 to 4 rows of the model's 2048.
+void mtp_concat_norms() {
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    bool ok = true;
+    const int cols = 2048;
+    for (int rows = 1; rows <= 4; ++rows) {
+        std::vector<float> e((size_t)rows * cols), h((size_t)rows * cols), we(cols), wh(cols);
+        for (auto* v : {&e, &h, &we, &wh})
+            for (auto& x : *v) x = normal(rng);
+        std::vector<float> ne(e.size()), nh(h.size()), expected(2 * e.size()),
+            found(2 * e.size(), NAN);
+        launch({(unsigned)rows, 1, 0}, 256,
+               [&] { el::rms_norm_kernel(e.data(), we.data(), ne.data(), cols, 1e-6f); });
+        launch({(unsigned)rows, 1, 0}, 256,
+               [&] { el::rms_norm_kernel(h.data(), wh.data(), nh.data(), cols, 1e-6f); });
+        for (int r = 0; r < rows; ++r) {
+            std::copy_n(ne.begin() + (size_t)r * cols, cols, expected.begin() + (size_t)r * 2 * cols);
+            std::copy_n(nh.begin() + (size_t)r * cols, cols,
+                        expected.begin() + (size_t)r * 2 * cols + cols);
+        }
+        launch({(unsigned)(2 * rows), 1, 0}, 256, [&] {
+            el::mtp_concat_norms_kernel(e.data(), h.data(), we.data(), wh.data(), found.data(),
+                                        rows, cols, 1e-6f);
+        });
+        ok &= same("MTP concat norms", expected, found);
+    }
+    verdict("mtp_concat_norms_kernel = two rms_norm_kernel launches and the halves' copies "
+            "(1-4 rows of 2048)",
+            ok);
+}
+
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention,
     // moe, iq1m or norm.
@@ -870,7 +905,10 @@ int main(int argc, char** argv) {
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }
-    if (group("norm")) norm_sums();
+    if (group("norm")) {
+        norm_sums();
+        mtp_concat_norms();
+    }
     printf("%s\n", failures == 0 ? "all cases passed" : "some cases failed");
     return failures == 0 ? 0 : 1;
 }
