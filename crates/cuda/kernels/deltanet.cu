@@ -286,9 +286,9 @@ static __device__ __forceinline__ i64 deltanet_replay_row_floats(int dk, int k_h
 // verification paid the whole chain of loads and barriers once a row). A group of 3 or 4
 // rows is launched only for a batch of exactly that many (one group: the row count is then
 // G, known at compile time, so the conv windows die after the convs) and its delta rule
-// runs the rows in a loop with their gates from shared memory: unrolled, or with a runtime
-// count, those groups spilled the state column (ptxas, sm_90, DK = 128). No partial group
-// is built.
+// runs the rows in a loop with their gates from shared memory, the final state stored after
+// it: unrolled, or with a runtime count, those groups spilled the state column (ptxas, sm_90,
+// DK = 128). No partial group is built.
 // One CTA per key head, r * DK threads; the head's 2 DK q and k channels are convolved by the
 // first 2 DK threads, each conv channel read and written by one thread. (A layout of one CTA
 // per value head, a key head's value heads one thread-block cluster so that their states
@@ -490,10 +490,15 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
 #pragma unroll
                 for (int i = 0; i < DK; ++i) rec[i * DK] = col[i];
             }
-            if (t + 1 == tokens) {
+            if (G < 3 && t + 1 == tokens) {
 #pragma unroll
                 for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
             }
+        }
+        if constexpr (G >= 3) {
+            // The rows' loop ended on the batch's last row (one group of all the rows).
+#pragma unroll
+            for (int i = 0; i < DK; ++i) s[i * DK] = col[i];
         }
         // Gated RMSNorm over the DK columns of head h (DK / 32 whole warps), every row's sums
         // of squares behind one barrier.
