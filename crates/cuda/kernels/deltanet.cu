@@ -227,6 +227,27 @@ static __device__ __forceinline__ float4 shared_load4(const float* p) {
     return v;
 }
 
+// The first half of a delta-rule row, shared by the step and its replay so that both run
+// the same operations in the same order: each state value decays by alpha, then the row's
+// value minus the decayed column's projection on k (k four values at a time through
+// shared_load4<AGAIN>, in order). Returns that difference; the caller scales it by beta.
+template <int DK, bool AGAIN = false>
+static __device__ __forceinline__ float decay_and_project(float (&col)[DK], const float* k,
+                                                          float alpha, float value) {
+    float delta = value;
+#pragma unroll
+    for (int i = 0; i < DK; i += 4) {
+        const float4 k4 = shared_load4<AGAIN>(k + i);
+        const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            col[i + u] *= alpha;
+            delta -= col[i + u] * kv[u];
+        }
+    }
+    return delta;
+}
+
 // A conv channel of the fused step below: its taps and the window of its last KERNEL - 1
 // raw inputs, carried in registers from row to row.
 template <int KERNEL>
@@ -461,17 +482,7 @@ deltanet_step_kernel(const float* __restrict__ qkv, const float* __restrict__ z,
             const int t = t0 + g;
             const float row_alpha = G >= 3 ? gate_alpha[g][v] : alpha[g];
             const float row_beta = G >= 3 ? gate_beta[g][v] : beta[g];
-            float delta = row_value[g][tid];
-#pragma unroll
-            for (int i = 0; i < DK; i += 4) {
-                const float4 k4 = shared_load4(ks[g] + i);
-                const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    col[i + u] *= row_alpha;
-                    delta -= col[i + u] * kv[u];
-                }
-            }
+            float delta = decay_and_project(col, ks[g], row_alpha, row_value[g][tid]);
             delta *= row_beta;
             float og = 0.0f;
 #pragma unroll

@@ -1,6 +1,6 @@
 // The MTP rollback replayed (deltanet_step_kernel keeps the state before a verification and
 // its rows' delta-rule inputs; this rebuilds the state after any kept row). Needs deltanet.cu
-// before it (shared_load4, deltanet_replay_row_floats).
+// before it (decay_and_project, shared_load4, deltanet_replay_row_floats).
 
 // blockIdx.y as read now (as fresh_block_index, deltanet.cu).
 static __device__ __forceinline__ int fresh_block_y() {
@@ -37,17 +37,7 @@ deltanet_replay_kernel(const u64* __restrict__ layers, int kept, int k_heads, in
         ks[j] = row[kh * DK + j];
         __syncthreads();
         const float alpha = row[key_dim + inner + h], beta = row[key_dim + inner + v_heads + h];
-        float delta = row[key_dim + h * DK + j];
-#pragma unroll
-        for (int i = 0; i < DK; i += 4) {
-            const float4 k4 = shared_load4<true>(ks + i);
-            const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                col[i + u] *= alpha;
-                delta -= col[i + u] * kv[u];
-            }
-        }
+        float delta = decay_and_project<DK, true>(col, ks, alpha, row[key_dim + h * DK + j]);
         delta *= beta;
 #pragma unroll
         for (int i = 0; i < DK; i += 4) {
