@@ -51,11 +51,12 @@ struct Q8Decode<IQ2XXS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u64 grid = iq2xxs_grid[(a >> (8 * l)) & 0xff];
-            const u32 signs = ksigns_iq2xs[(s >> (7 * l)) & 127];
+            u32 m_lo, m_hi;
+            iq2_sign_masks(ksigns_iq2xs, (s >> (7 * l)) & 127, m_lo, m_hi);
             e.grid[l][0] = u32(grid);
             e.grid[l][1] = u32(grid >> 32);
-            e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);
-            e.negative[l][1] = u32(grid >> 32) & sign_bytes((signs >> 4) & 0x0f);
+            e.negative[l][0] = u32(grid) & m_lo;
+            e.negative[l][1] = u32(grid >> 32) & m_hi;
         }
         e.d = f16_to_f32(r.d);
         e.scale = 2 * int(s >> 28) + 1;
@@ -96,11 +97,12 @@ struct Q8Decode<IQ2XS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u64 grid = iq2xs_grid[index[l]];
-            const u32 signs = ksigns_iq2xs[sign[l]];
+            u32 m_lo, m_hi;
+            iq2_sign_masks(ksigns_iq2xs, sign[l], m_lo, m_hi);
             e.grid[l][0] = u32(grid);
             e.grid[l][1] = u32(grid >> 32);
-            e.negative[l][0] = u32(grid) & sign_bytes(signs & 0x0f);
-            e.negative[l][1] = u32(grid >> 32) & sign_bytes((signs >> 4) & 0x0f);
+            e.negative[l][0] = u32(grid) & m_lo;
+            e.negative[l][1] = u32(grid >> 32) & m_hi;
         }
         e.d = f16_to_f32(r.d);
         e.scale_lo = int(2 * (u32(r.sc) & 0x0f) + 1);

@@ -197,33 +197,63 @@ static __device__ __forceinline__ int q8_sum16(int4 x) {
     return __dp4a(0x01010101, x.w, s);
 }
 
-// Byte masks from 4 sign bits: byte j is 0xff where bit j is set. The multiply moves bit j to
-// bit 8j + 7, the top of byte j (the shifted copies do not overlap, so no carries), and
-// PRMT's sign mode (selector nibbles 8 + j) spreads each byte's top bit over the byte: two
-// instructions where spreading bit j to bit 8j, masking and multiplying by 0xff took three.
-// REDLITE_SIGN_PRMT=0 (a compile option, for A/B) keeps those three; the same masks.
+// Byte j of x's top bit spread over byte j: PRMT's sign mode (selector nibbles 8 + j), or
+// with REDLITE_SIGN_PRMT=0 (a compile option, for A/B) a shift, a mask and a multiply by 0xff.
 #ifndef REDLITE_SIGN_PRMT
 #define REDLITE_SIGN_PRMT 1
 #endif
-static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
+static __device__ __forceinline__ u32 byte_tops_to_masks(u32 x) {
 #if REDLITE_SIGN_PRMT
     u32 masks;
-    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(masks) : "r"(bits4 * 0x10204080u));
+    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(masks) : "r"(x));
     return masks;
 #else
-    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xffu;
+    return ((x >> 7) & 0x01010101u) * 0xffu;
 #endif
 }
 
-// Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (signs: bit j negative), as two
-// sums: pos += Σ grid[j]·x[j], neg += Σ of those terms where value j is negative (the grid
-// bytes there selected by an AND with the byte masks), so the group's sum is pos − 2·neg.
+// Byte masks from 4 sign bits: byte j is 0xff where bit j is set. The multiply moves bit j to
+// bit 8j + 7, the top of byte j (the shifted copies do not overlap, so no carries).
+static __device__ __forceinline__ u32 sign_bytes(u32 bits4) {
+    return byte_tops_to_masks(bits4 * 0x10204080u);
+}
+
+// The byte masks of an IQ2 group's eight signs (bit j negative: byte j 0xff) from its 7-bit
+// sign index, without the table ksigns_iq2xs (index | parity(index) << 7: the eighth sign
+// keeps the count of negatives even). Low four values: index * 0x10204080 puts copies of the
+// 7-bit index at bits 7, 14, 21 and 28 (disjoint, so no carries; bits past 31 drop), which
+// leaves bits 0-3 at the bytes' tops. High four: copies at bits 3, 10 and 17 leave bits 4-6
+// there, and the popcount's lowest bit, shifted to bit 31, is the parity. A table lookup
+// (two 64-bit address instructions and a load) and a shift become a popcount, a multiply-add
+// and a shift; REDLITE_IQ2_SIGNS_COMPUTED=0 (a compile option, for A/B) reads the table
+// `ksigns` (global or shared, as the caller reads its codebooks). The same masks for all 128
+// indices (scripts/dev/decode-emu, group signs).
+#ifndef REDLITE_IQ2_SIGNS_COMPUTED
+#define REDLITE_IQ2_SIGNS_COMPUTED 1
+#endif
+static __device__ __forceinline__ void iq2_sign_masks(const u8* ksigns, u32 index, u32& m_lo,
+                                                      u32& m_hi) {
+#if REDLITE_IQ2_SIGNS_COMPUTED
+    m_lo = byte_tops_to_masks(index * 0x10204080u);
+    m_hi = byte_tops_to_masks(index * 0x00020408u + (u32(__popc(index)) << 31));
+#else
+    const u32 signs = ksigns[index];
+    m_lo = sign_bytes(signs & 0x0f);
+    m_hi = sign_bytes((signs >> 4) & 0x0f);
+#endif
+}
+
+// Σ_j grid[j] · (±1)_j · x[j] over one IQ2 group of 8 values (sign_index: the group's 7-bit
+// sign index, iq2_sign_masks' argument), as two sums: pos += Σ grid[j]·x[j], neg += Σ of
+// those terms where value j is negative (the grid bytes there selected by an AND with the
+// byte masks), so the group's sum is pos − 2·neg.
 // Exact in integers (the grid bytes are below 128, so the AND leaves valid signed bytes):
 // the same sums as flipping the grid bytes' signs, with a third fewer instructions (sm_80 and
 // sm_90 have no byte-wise subtraction; twelfth session: the same bits and speed).
-static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 signs, int x_lo, int x_hi,
-                                                     int& pos, int& neg) {
-    const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
+static __device__ __forceinline__ void iq2_group_dot(u64 grid, u32 sign_index, int x_lo,
+                                                     int x_hi, int& pos, int& neg) {
+    u32 m_lo, m_hi;
+    iq2_sign_masks(Q8_KSIGNS, sign_index, m_lo, m_hi);
     pos = __dp4a(int(u32(grid)), x_lo, pos);
     pos = __dp4a(int(u32(grid >> 32)), x_hi, pos);
     neg = __dp4a(int(u32(grid) & m_lo), x_lo, neg);
@@ -288,7 +318,7 @@ struct Q8Dot<IQ2XXS> {
         int neg = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff], Q8_KSIGNS[(s >> (7 * l)) & 127],
+            iq2_group_dot(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff], (s >> (7 * l)) & 127,
                           xs[2 * l], xs[2 * l + 1], sumi, neg);
         }
         sumi -= 2 * neg;
@@ -315,13 +345,13 @@ struct Q8Dot<IQ2XS> {
         const u32 sc = r.sc;
         const int4 x0 = load_q8x16(q + 32 * item), x1 = load_q8x16(q + 32 * item + 16);
         int low = 0, low_neg = 0, high = 0, high_neg = 0;
-        iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], Q8_KSIGNS[(w01 >> 9) & 127], x0.x, x0.y, low,
+        iq2_group_dot(Q8_IQ2XS_GRID[w01 & 511], (w01 >> 9) & 127, x0.x, x0.y, low,
                       low_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], Q8_KSIGNS[w01 >> 25], x0.z, x0.w, low,
+        iq2_group_dot(Q8_IQ2XS_GRID[(w01 >> 16) & 511], w01 >> 25, x0.z, x0.w, low,
                       low_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], Q8_KSIGNS[(w23 >> 9) & 127], x1.x, x1.y, high,
+        iq2_group_dot(Q8_IQ2XS_GRID[w23 & 511], (w23 >> 9) & 127, x1.x, x1.y, high,
                       high_neg);
-        iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], Q8_KSIGNS[w23 >> 25], x1.z, x1.w, high,
+        iq2_group_dot(Q8_IQ2XS_GRID[(w23 >> 16) & 511], w23 >> 25, x1.z, x1.w, high,
                       high_neg);
         low -= 2 * low_neg;
         high -= 2 * high_neg;

@@ -37,7 +37,8 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
 /// weight item again for every token (`q8decode.cuh`; the same bits),
 /// `REDLITE_SIGN_PRMT=0` the IQ2 sign masks without the byte permute (`q8dot.cuh`; the
-/// same masks), `REDLITE_GATE_UP_BATCH_BLOCKS=N` the batches' expert gate/up held to N CTAs a
+/// same masks), `REDLITE_IQ2_SIGNS_COMPUTED=0` the q8 products' IQ2 sign masks read from the
+/// sign table instead of computed from the sign index (`q8dot.cuh`; the same masks), `REDLITE_GATE_UP_BATCH_BLOCKS=N` the batches' expert gate/up held to N CTAs a
 /// multiprocessor (`moe.cu`; registers only, the same bits).
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
 /// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
@@ -51,6 +52,7 @@ fn options(arch: &str) -> Vec<String> {
     let wide_loads = std::env::var("REDLITE_ATTN_WIDE_LOADS").as_deref() != Ok("0");
     let decode_once = std::env::var("REDLITE_Q8_DECODE_ONCE").as_deref() != Ok("0");
     let sign_prmt = std::env::var("REDLITE_SIGN_PRMT").as_deref() != Ok("0");
+    let signs_computed = std::env::var("REDLITE_IQ2_SIGNS_COMPUTED").as_deref() != Ok("0");
     let batch_blocks: u32 = std::env::var("REDLITE_GATE_UP_BATCH_BLOCKS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -70,6 +72,7 @@ fn options(arch: &str) -> Vec<String> {
         format!("-DATTN_WIDE_LOADS={}", u8::from(wide_loads)),
         format!("-DREDLITE_Q8_DECODE_ONCE={}", u8::from(decode_once)),
         format!("-DREDLITE_SIGN_PRMT={}", u8::from(sign_prmt)),
+        format!("-DREDLITE_IQ2_SIGNS_COMPUTED={}", u8::from(signs_computed)),
         format!("-DREDLITE_GATE_UP_BATCH_BLOCKS={batch_blocks}"),
         // Not read by the sources: it names the expert down's instantiation (`down_warps`),
         // so it keys the cache too.

@@ -789,6 +789,29 @@ void iq1m_item_dot() {
             ok);
 }
 
+// iq2_sign_masks (the IQ2 sign masks computed from the 7-bit sign index: multiplies, a
+// popcount for the eighth sign's parity) against the sign table's byte spread over the eight
+// values, for every index: the masks the q8 products AND their grid bytes with.
+void iq2_signs() {
+    bool ok = true;
+    for (unsigned index = 0; index < 128; ++index) {
+        uint32_t lo = 0, hi = 0;
+        mm::iq2_sign_masks(mm::ksigns_iq2xs, index, lo, hi);
+        const unsigned signs = mm::ksigns_iq2xs[index];
+        uint32_t want_lo = 0, want_hi = 0;
+        for (int j = 0; j < 4; ++j) {
+            want_lo |= ((signs >> j) & 1u) * (0xffu << (8 * j));
+            want_hi |= ((signs >> (4 + j)) & 1u) * (0xffu << (8 * j));
+        }
+        if (lo != want_lo || hi != want_hi) {
+            printf("  sign index %u: masks %08x %08x, the table gives %08x %08x\n", index, lo, hi,
+                   want_lo, want_hi);
+            ok = false;
+        }
+    }
+    verdict("iq2_sign_masks = the sign table's bits spread over bytes (all 128 indices)", ok);
+}
+
 // block_sum_of_8_warps (the norms' sum of squares on CTAs of 8 warps) against
 // block_reduce_sum on the same 256 values a CTA, every thread's result bit for bit: values
 // from a normal law squared (as the norm sums them), zeros, subnormals, huge ones, a NaN.
@@ -853,7 +876,7 @@ void mtp_concat_norms() {
 
 int main(int argc, char** argv) {
     // An argument runs only the cases of that group: router, argmax, small, rows, attention,
-    // moe, iq1m or norm.
+    // moe, iq1m, signs or norm.
     const auto group = [&](const char* name) { return argc < 2 || strcmp(argv[1], name) == 0; };
     // The model's shapes: 2048 values a row, 512 experts, 10 chosen.
     const Router r = random_router(2048, 512, 10);
@@ -905,6 +928,7 @@ int main(int argc, char** argv) {
         batch_rows<mo::IQ2XXS>("IQ2_XXS");
         batch_rows<mo::Q4K>("Q4_K");
     }
+    if (group("signs")) iq2_signs();
     if (group("norm")) {
         norm_sums();
         mtp_concat_norms();

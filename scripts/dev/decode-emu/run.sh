@@ -2,12 +2,12 @@
 # Runs the decode kernels written without a GPU (the fused router, the device argmax and its
 # ids, the small-batch q8 products, two rows a warp, attention splits of 8 warps and by depth,
 # four rows a lane group in the expert gate/up, the routing's tree of picks, the expert down's
-# CTA sizes and id groups, the norms' sum of squares, the MTP input's norms in one launch) on
+# CTA sizes and id groups, the norms' sum of squares, the MTP input's norms in one launch, the IQ2 sign masks) on
 # the host: the modules' sources compiled as C++ with stand-ins for the CUDA built-ins
 # (../emu-common/shim.h, emu.h), every CUDA thread a host thread. harness.cpp checks each against the launches it replaces, bit for
 # bit (both sides compiled alike: a difference is a fault of layout, indexing or order), the
 # attention against doubles. Needs g++ with C++20 and python3. An argument (router, argmax,
-# small, rows, attention, moe, iq1m, norm) runs that group only.
+# small, rows, attention, moe, iq1m, signs, norm) runs that group only.
 #
 # EMU_DEFINES adds compiler flags (a compile option's define, e.g. -DATTN_WIDE_LOADS=0).
 #
