@@ -381,7 +381,9 @@ impl Backend for CudaBackend {
     fn take_kept_tokens(&self, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         self.kept()?
-            .take(&self.device, self.weights.output.rows, out)
+            .take(&self.device, self.weights.output.rows, out)?;
+        graph::lock(&self.graphs)?.step.clocks.picks_back();
+        Ok(())
     }
 
     fn begin_step(

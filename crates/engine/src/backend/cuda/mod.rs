@@ -29,6 +29,7 @@ mod prefetch;
 mod q8_buffers;
 mod scratch;
 mod state;
+mod step_clocks;
 mod step_graph;
 mod step_times;
 mod weights;

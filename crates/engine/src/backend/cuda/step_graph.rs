@@ -18,6 +18,7 @@ use redlite_cuda::{CudaSlice, CudaView, CudaViewMut, Device, Graph, Switch};
 
 use super::act::CudaAct;
 use super::graph::{self, Gate, OpKey};
+use super::step_clocks::StepClocks;
 use super::{CudaBackend, CudaState, ExpertResidency};
 use crate::backend::StepPlan;
 use crate::error::{EngineError, Result};
@@ -70,6 +71,8 @@ pub struct StepGraphs {
     scope: Option<Scope>,
     /// Steps recorded and steps replayed so far.
     pub counts: StepGraphCounts,
+    /// Host clocks of replayed steps (`REDLITE_STEP_TIMES=1`).
+    pub clocks: StepClocks,
 }
 
 /// How many chained steps ran as a recorded graph.
@@ -121,10 +124,15 @@ impl StepGraphs {
             self.seen.push(key);
             return Ok(Begun::Off);
         }
+        if found.is_some() {
+            self.clocks.begin();
+        }
         device.copy_to_device(&values, &mut self.inputs_mut()?.slice_mut(..values.len()))?;
         let mode = match found {
             Some(graph) => {
+                self.clocks.uploaded();
                 self.recorded[graph].graph.launch()?;
+                self.clocks.launched();
                 self.counts.replayed += 1;
                 Mode::Replay { graph, next: 0 }
             }
@@ -271,6 +279,7 @@ impl StepGraphs {
                         "step graph: the replayed step's recording was dropped".into(),
                     ));
                 }
+                self.clocks.ended();
                 let recorded = self.recorded.remove(graph);
                 let ops = recorded.ops.len();
                 self.recorded.push(recorded);
