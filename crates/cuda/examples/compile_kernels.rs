@@ -21,9 +21,11 @@ use std::time::Instant;
 /// 74a2525: 8 bytes spilled), and IQ2_XS's gate/up with two rows a lane group, 8 bytes since
 /// its codebook is read from shared memory (fortieth session): with 16 lanes a row (rows of
 /// at most 512 values; the 80B model's take 32) on sm_80 and sm_90, with 32 on sm_80 only;
+/// the same in the batches' gate/up since it reads the codebooks from shared memory too
+/// (`moe_batch_gate_up`, forty-third session);
 /// the fused DeltaNet step's whole groups of 3 and 4 rows at DK 128 (forty-second session:
 /// 112-152 bytes of scalars around the rows' loop, the state column in registers).
-const KNOWN_LOCAL: [(&str, &str); 7] = [
+const KNOWN_LOCAL: [(&str, &str); 8] = [
     ("deltanet_step_kernel<128, 4, ", ", 3>"),
     ("deltanet_step_kernel<128, 4, ", ", 4>"),
     ("moe_gate_up_q8_kernel<", ", 1>"),
@@ -31,6 +33,7 @@ const KNOWN_LOCAL: [(&str, &str); 7] = [
     ("moe_down_q8_kernel<", ", 4>"),
     ("moe_gate_up_q8_cached_kernel<IQ1M, ", ", 4>"),
     ("moe_gate_up_q8_kernel<IQ2XS, 4, ", ", 2>"),
+    ("moe_gate_up_q8_batch_kernel<IQ2XS, 4, ", ", 2>"),
 ];
 
 fn local_memory_refused(kernel: &KernelResources) -> bool {
