@@ -8,14 +8,16 @@
 //
 // `codes` is 4-byte aligned shared memory for 8 words; `ds` / `dm` are the row's 16-entry
 // scale arrays (sub-block index within the block). Needs common.cuh, the tables and
-// q8dot.cuh (sign_bytes, scale_min_k4_int) before it.
+// q8dot.cuh (iq2_sign_masks, scale_min_k4_int) before it.
 
 template <class B>
 struct MmaDecode;
 
-// Grid values times signs, kept as bytes: each byte negated where its sign bit is set.
-static __device__ __forceinline__ void mma_iq2_group(u64 grid, u32 signs, u32* codes) {
-    const u32 m_lo = sign_bytes(signs & 0x0f), m_hi = sign_bytes((signs >> 4) & 0x0f);
+// Grid values times signs, kept as bytes: each byte negated where its sign is (sign_index:
+// the group's 7-bit sign index, iq2_sign_masks' argument).
+static __device__ __forceinline__ void mma_iq2_group(u64 grid, u32 sign_index, u32* codes) {
+    u32 m_lo, m_hi;
+    iq2_sign_masks(Q8_KSIGNS, sign_index, m_lo, m_hi);
     codes[0] = __vsub4(u32(grid) ^ m_lo, m_lo);
     codes[1] = __vsub4(u32(grid >> 32) ^ m_hi, m_hi);
 }
@@ -31,7 +33,7 @@ struct MmaDecode<IQ2XXS> {
         const u32 a = load_u32_a2(b + 2 + 8 * item), s = load_u32_a2(b + 6 + 8 * item);
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            mma_iq2_group(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff], Q8_KSIGNS[(s >> (7 * l)) & 127],
+            mma_iq2_group(Q8_IQ2XXS_GRID[(a >> (8 * l)) & 0xff], (s >> (7 * l)) & 127,
                           codes + 2 * l);
         }
         ds[item] = 0.125f * d * float(2 * int(s >> 28) + 1);
@@ -49,7 +51,7 @@ struct MmaDecode<IQ2XS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 word = load_u16(b + 2 + 8 * item + 2 * l);
-            mma_iq2_group(Q8_IQ2XS_GRID[word & 511], Q8_KSIGNS[word >> 9], codes + 2 * l);
+            mma_iq2_group(Q8_IQ2XS_GRID[word & 511], word >> 9, codes + 2 * l);
         }
         const u32 sc = b[66 + item];
         ds[2 * item] = 0.125f * d * float(2 * int(sc & 0x0f) + 1);
