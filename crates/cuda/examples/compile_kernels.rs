@@ -22,7 +22,7 @@ use std::time::Instant;
 /// its codebook is read from shared memory (fortieth session): with 16 lanes a row (rows of
 /// at most 512 values; the 80B model's take 32) on sm_80 and sm_90, with 32 on sm_80 only;
 /// the same in the batches' gate/up since it reads the codebooks from shared memory too
-/// (`moe_batch_gate_up`, forty-third session);
+/// (`moe_batch_shared`, forty-third session);
 /// the fused DeltaNet step's whole groups of 3 and 4 rows at DK 128 (forty-second session:
 /// 112-152 bytes of scalars around the rows' loop, the state column in registers).
 const KNOWN_LOCAL: [(&str, &str); 8] = [
