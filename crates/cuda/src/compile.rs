@@ -37,9 +37,10 @@ pub fn check_arch(arch: &str) -> Result<(), CudaError> {
 /// sums, `attention.cu`), `REDLITE_Q8_DECODE_ONCE=0` the token-tile products decoding each
 /// weight item again for every token (`q8decode.cuh`; the same bits),
 /// `REDLITE_SIGN_PRMT=0` the IQ2 sign masks without the byte permute (`q8dot.cuh`; the
-/// same masks), `REDLITE_IQ2_SIGNS_COMPUTED=0` the q8 products' IQ2 sign masks read from the
-/// sign table instead of computed from the sign index (`q8dot.cuh`; the same masks), `REDLITE_GATE_UP_BATCH_BLOCKS=N` the batches' expert gate/up held to N CTAs a
-/// multiprocessor (`moe.cu`; registers only, the same bits).
+/// same masks), `REDLITE_IQ2_SIGNS_COMPUTED=0` the IQ2 sign masks of the q8 and tensor-core
+/// products read from the sign table instead of computed from the sign index (`q8dot.cuh`;
+/// the same masks), `REDLITE_GATE_UP_BATCH_BLOCKS=N` the batches' expert gate/up held to N
+/// CTAs a multiprocessor (`moe.cu`; registers only, the same bits).
 /// `REDLITE_NVRTC_VERBOSE=1` asks ptxas for each kernel's registers and local memory
 /// ([`ModuleCompiled::kernels`]). The options are part of the cache key.
 fn options(arch: &str) -> Vec<String> {

@@ -44,9 +44,15 @@ impl Default for StepClocks {
 }
 
 impl StepClocks {
-    /// A chained step begins (its graph found; its inputs about to be uploaded).
-    pub fn begin(&mut self) {
+    /// A chained step begins, `replayed` when its graph was found (its inputs about to be
+    /// uploaded); a step that runs otherwise is not clocked, nor the gap before it.
+    pub fn begin(&mut self, replayed: bool) {
         if !self.on {
+            return;
+        }
+        if !replayed {
+            self.back = None;
+            self.begun = None;
             return;
         }
         let now = Instant::now();
@@ -114,5 +120,44 @@ impl Drop for StepClocks {
             per(self.between, self.gaps),
             self.gaps
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on() -> StepClocks {
+        StepClocks {
+            on: true,
+            ..StepClocks::default()
+        }
+    }
+
+    fn replayed_step(c: &mut StepClocks) {
+        c.begin(true);
+        c.uploaded();
+        c.launched();
+        c.ended();
+        c.picks_back();
+    }
+
+    #[test]
+    fn a_replayed_step_is_counted_and_the_gap_after_it_too() {
+        let mut c = on();
+        replayed_step(&mut c);
+        replayed_step(&mut c);
+        assert_eq!((c.steps, c.gaps), (2, 1));
+    }
+
+    #[test]
+    fn a_step_that_is_not_replayed_breaks_the_gap_and_is_not_counted() {
+        let mut c = on();
+        replayed_step(&mut c);
+        // Recorded (or run eagerly): its picks come back without a replay's clocks.
+        c.begin(false);
+        c.picks_back();
+        replayed_step(&mut c);
+        assert_eq!((c.steps, c.gaps), (2, 0));
     }
 }

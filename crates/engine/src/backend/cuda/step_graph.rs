@@ -117,15 +117,13 @@ impl StepGraphs {
     ) -> Result<Begun> {
         self.scope = None;
         let found = self.recorded.iter().position(|r| r.key == key);
+        self.clocks.begin(found.is_some());
         if found.is_none() && !self.seen.contains(&key) {
             if self.seen.len() == MAX_STEP_GRAPHS {
                 self.seen.remove(0);
             }
             self.seen.push(key);
             return Ok(Begun::Off);
-        }
-        if found.is_some() {
-            self.clocks.begin();
         }
         device.copy_to_device(&values, &mut self.inputs_mut()?.slice_mut(..values.len()))?;
         let mode = match found {
