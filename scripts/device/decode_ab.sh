@@ -14,6 +14,10 @@
 #      step (REDLITE_STEP_TIMES), with the early graph launch (the default) and without;
 #   4. MTP: `bench --mtp --draft K --mtp-accept 0.7,1` for each K of MTP_DRAFTS (1 3), with the
 #      defaults and each setting of MTP_AB;
+#   4a. (stage clocks, not by default) the host clocks of chained MTP steps (REDLITE_STEP_TIMES)
+#      for each K of MTP_DRAFTS;
+#   4b. (stage pp, not by default) prompts of PP_SIZES (512,2048) under the defaults and each of
+#      PP_AB, the defaults again last;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
 #   6. (stage profile, not by default) Nsight Compute's duration of every kernel of ~2.5
@@ -38,8 +42,8 @@
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); STALL_KERNELS (regexes of
 # kernel names), STALL_CHUNK, STALL_TOKENS; TIMELINE_DEPTHS; STAGES (bits tests decode mtp
-# small; also probes profile timeline stalls rows replay); ROWS_CHUNKS, ROWS_BATCHES, ROWS_SKIP
-# (stage rows); OUT.
+# small; also clocks pp probes profile timeline stalls rows replay); ROWS_CHUNKS, ROWS_BATCHES, ROWS_SKIP
+# (stage rows); PP_AB, PP_SIZES (stage pp); OUT.
 # This build against an earlier one: scripts/device/vs_base.sh.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -157,6 +161,27 @@ if stage mtp; then
         --mtp-accept 0.7,1 > "$OUT/bench-$name.txt" 2>&1
       note "$v, draft $k: $(grep -E '^\| tg|verify' "$OUT/bench-$name.txt" | tr -s ' ' | tr '\n' ' ')"
     done
+  done
+fi
+if stage clocks; then
+  # The host's side of chained MTP steps (REDLITE_STEP_TIMES=1, step_clocks.rs): each replayed
+  # step's upload, launch, walk and wait, and the gap from its picks to the next step's start,
+  # for each K of MTP_DRAFTS at acceptance 0.7 and 1.
+  stamp "MTP step clocks"
+  for k in ${MTP_DRAFTS:-1 3}; do
+    note "clocks, draft $k: $(REDLITE_STEP_TIMES=1 "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 \
+      --mtp --draft "$k" --mtp-accept 0.7,1 2>&1 | grep -E '^\| tg|step times|step graphs' \
+      | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+if stage pp; then
+  # Prompt ingestion (the int8 tensor-core products) under the defaults and each of PP_AB,
+  # then the defaults again.
+  stamp "prompts"
+  for v in REDLITE_UNUSED=0 ${PP_AB:-} REDLITE_UNUSED=0; do
+    # shellcheck disable=SC2086
+    note "pp $v: $(env ${v//+/ } "$R" bench -m "$M" --device cuda -p "${PP_SIZES:-512,2048}" -n 0 \
+      -r 3 2>&1 | grep -E '^\| pp' | tr -s ' ' | tr '\n' ' ')"
   done
 fi
 if stage small; then
