@@ -303,8 +303,8 @@ pub(crate) fn delta_rule(
 pub static DELTANET_ROW_GROUPS: Switch = Switch::new("REDLITE_DELTANET_ROW_GROUPS", true);
 
 /// `REDLITE_DELTANET_WHOLE_GROUP=1`: a batch of 3 or 4 rows as one group of all its rows
-/// instead of the step's pairs and single rows (the same bits on the host emulator). Off until
-/// a GPU has run it: written in the forty-second session, when no machine could be started.
+/// instead of the step's pairs and single rows (the same bits; GPU test and host emulator).
+/// Off: no faster on an H100 (forty-third session, MTP at 0.7: two drafts +0.2 %, three ±0).
 pub static DELTANET_WHOLE_GROUP: Switch = Switch::new("REDLITE_DELTANET_WHOLE_GROUP", false);
 
 /// The fused step's row group for a batch of `tokens`: the whole batch where a group of that

@@ -351,6 +351,8 @@ fn fused_rows_equal_one_row_launches_with_their_states() {
             }
         }
     }
+    // Back to the default for the tests after this one in the process.
+    DELTANET_WHOLE_GROUP.set(false);
 }
 
 /// One layer's verification of `s.tokens` rows on random inputs, run twice from the same

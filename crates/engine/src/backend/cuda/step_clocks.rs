@@ -8,19 +8,31 @@
 
 use std::time::{Duration, Instant};
 
+/// The marks of a replayed step, in order; each ends the phase of the same index (`Begun`
+/// ends the gap from the previous step's picks).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Begun,
+    Uploaded,
+    Launched,
+    Ended,
+    PicksBack,
+}
+
+const PHASES: [&str; 5] = [
+    "from the picks to the next step",
+    "upload",
+    "launch",
+    "walk",
+    "wait for the picks",
+];
+
 pub struct StepClocks {
     on: bool,
-    begun: Option<Instant>,
-    launched: Option<Instant>,
-    ended: Option<Instant>,
-    back: Option<Instant>,
-    upload: Duration,
-    launch: Duration,
-    walk: Duration,
-    wait: Duration,
-    between: Duration,
-    steps: u32,
-    gaps: u32,
+    /// The last mark of the step in progress and when it was made.
+    last: Option<(Mark, Instant)>,
+    /// Each phase's total and how many times it ended.
+    sums: [(Duration, u32); 5],
 }
 
 impl Default for StepClocks {
@@ -28,97 +40,89 @@ impl Default for StepClocks {
     fn default() -> StepClocks {
         StepClocks {
             on: std::env::var("REDLITE_STEP_TIMES").as_deref() == Ok("1"),
-            begun: None,
-            launched: None,
-            ended: None,
-            back: None,
-            upload: Duration::ZERO,
-            launch: Duration::ZERO,
-            walk: Duration::ZERO,
-            wait: Duration::ZERO,
-            between: Duration::ZERO,
-            steps: 0,
-            gaps: 0,
+            last: None,
+            sums: [(Duration::ZERO, 0); 5],
         }
     }
 }
 
 impl StepClocks {
-    /// A chained step begins, `replayed` when its graph was found (its inputs about to be
-    /// uploaded); a step that runs otherwise is not clocked, nor the gap before it.
-    pub fn begin(&mut self, replayed: bool) {
+    /// `to` made now: the phase it ends is counted where the mark before it was `from`; a
+    /// mark out of order ends nothing and starts the step over from `to`.
+    fn mark(&mut self, from: Mark, to: Mark) {
         if !self.on {
             return;
         }
-        if !replayed {
-            self.back = None;
-            self.begun = None;
-            return;
-        }
         let now = Instant::now();
-        if let Some(back) = self.back.take() {
-            self.between += now - back;
-            self.gaps += 1;
+        if let Some((mark, at)) = self.last {
+            if mark == from {
+                let sum = &mut self.sums[to as usize];
+                sum.0 += now - at;
+                sum.1 += 1;
+            }
         }
-        self.begun = Some(now);
-        self.launched = None;
-        self.ended = None;
+        self.last = Some((to, now));
+    }
+
+    /// A chained step begins, `replayed` when its graph was found (its inputs about to be
+    /// uploaded); a step that runs otherwise is not clocked, nor the gap before it.
+    pub fn begin(&mut self, replayed: bool) {
+        match replayed {
+            true => self.mark(Mark::PicksBack, Mark::Begun),
+            false => self.last = None,
+        }
     }
 
     /// Its inputs are uploaded (the launch follows).
     pub fn uploaded(&mut self) {
-        if let Some(begun) = self.begun {
-            let now = Instant::now();
-            self.upload += now - begun;
-            self.begun = Some(now);
-        }
+        self.mark(Mark::Begun, Mark::Uploaded);
     }
 
     /// Its graph was launched.
     pub fn launched(&mut self) {
-        if let Some(uploaded) = self.begun.take() {
-            let now = Instant::now();
-            self.launch += now - uploaded;
-            self.launched = Some(now);
-        }
+        self.mark(Mark::Uploaded, Mark::Launched);
     }
 
     /// The host walked the whole step.
     pub fn ended(&mut self) {
-        if let Some(launched) = self.launched.take() {
-            let now = Instant::now();
-            self.walk += now - launched;
-            self.ended = Some(now);
+        self.mark(Mark::Launched, Mark::Ended);
+    }
+
+    /// The step's picks are on the host (after a step that was not clocked: nothing).
+    pub fn picks_back(&mut self) {
+        match self.last {
+            Some((Mark::Ended, _)) => self.mark(Mark::Ended, Mark::PicksBack),
+            _ => self.last = None,
         }
     }
 
-    /// The step's picks are on the host.
-    pub fn picks_back(&mut self) {
-        if let Some(ended) = self.ended.take() {
-            let now = Instant::now();
-            self.wait += now - ended;
-            self.steps += 1;
-            self.back = Some(now);
-        }
+    fn steps(&self) -> u32 {
+        self.sums[Mark::PicksBack as usize].1
+    }
+
+    fn gaps(&self) -> u32 {
+        self.sums[Mark::Begun as usize].1
     }
 }
 
 impl Drop for StepClocks {
     fn drop(&mut self) {
-        if !self.on || self.steps == 0 {
+        if !self.on || self.steps() == 0 {
             return;
         }
-        let per = |d: Duration, n: u32| d.as_secs_f64() * 1e6 / f64::from(n.max(1));
+        let phases: Vec<String> = PHASES
+            .iter()
+            .zip(&self.sums)
+            .map(|(name, (total, n))| {
+                let us = total.as_secs_f64() * 1e6 / f64::from((*n).max(1));
+                format!("{name} {us:.1} us")
+            })
+            .collect();
         eprintln!(
-            "chained step times ({} replayed steps): upload {:.1} us, launch {:.1} us, walk {:.1} \
-             us, wait for the picks {:.1} us; from the picks to the next step {:.1} us ({} gaps)",
-            self.steps,
-            per(self.upload, self.steps),
-            per(self.launch, self.steps),
-            per(self.walk, self.steps),
-            per(self.wait, self.steps),
-            per(self.between, self.gaps),
-            self.gaps
+            "chained step times ({} replayed steps, {} gaps between them): {}",
+            self.steps(),
+            self.gaps(),
+            phases.join(", ")
         );
     }
 }
@@ -147,7 +151,7 @@ mod tests {
         let mut c = on();
         replayed_step(&mut c);
         replayed_step(&mut c);
-        assert_eq!((c.steps, c.gaps), (2, 1));
+        assert_eq!((c.steps(), c.gaps()), (2, 1));
     }
 
     #[test]
@@ -158,6 +162,6 @@ mod tests {
         c.begin(false);
         c.picks_back();
         replayed_step(&mut c);
-        assert_eq!((c.steps, c.gaps), (2, 0));
+        assert_eq!((c.steps(), c.gaps()), (2, 0));
     }
 }
