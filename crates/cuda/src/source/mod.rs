@@ -63,7 +63,7 @@ fn with_q8_dots(body: &str) -> String {
 /// 2-4 tokens 5-7 % slower: a batch's expert launches are several waves of CTAs, each paying
 /// the copy and its barrier.
 /// `shared`: the codebooks left where `REDLITE_Q8_SHARED_TABLES` puts them (the kernels of
-/// `moe_batch_shared`: [`batch_gate_up_shared`], [`batch_down_shared`]).
+/// `moe_batch_shared`: [`batch_gate_up_shared`]).
 fn batch_tables_prefix(shared: bool) -> String {
     let tables = if shared {
         ""
@@ -90,23 +90,11 @@ fn batch_gate_up_shared() -> bool {
     std::env::var("REDLITE_BATCH_GATE_UP_SHARED").as_deref() != Ok("0")
 }
 
-/// `REDLITE_BATCH_DOWN_SHARED=1` (an A/B, off until measured): the batches' preloading expert
-/// down in `moe_batch_shared` too, on the codebooks in shared memory. A folded down of a 3-4 row
-/// verification is 192-256 CTAs of 8 warps, each summing many items, so one copy and barrier a
-/// CTA is a small share of its work (the gate/up's CTAs are 2,000-2,800 short ones, and gained).
-/// The fortieth session measured both batch kernels 4-7 % slower on shared tables, the sign
-/// table then among them. The same bits either way.
-fn batch_down_shared() -> bool {
-    std::env::var("REDLITE_BATCH_DOWN_SHARED").as_deref() == Ok("1")
-}
-
 /// Whether batch kernel `name` (of `moe_q8_kernels(true)`) reads the codebooks from shared
 /// memory, so is built in `moe_batch_shared` rather than `moe_batch`.
 fn batch_kernel_shared(name: &str) -> bool {
-    match name.starts_with("moe_gate_up") {
-        true => batch_gate_up_shared(),
-        false => batch_down_shared(),
-    }
+    // The down on shared codebooks measured 5 % slower (forty-fourth session, docs/CUDA.md).
+    name.starts_with("moe_gate_up") && batch_gate_up_shared()
 }
 
 /// The q8 expert gate/up and preloading down instances of the `moe` module (`batch`: false)

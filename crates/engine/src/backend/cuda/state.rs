@@ -349,7 +349,11 @@ impl SeqState for CudaState {
     fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
         self.recording.armed = false;
-        let finished = graph::lock(&self.graphs).and_then(|mut g| g.finish());
+        let finished = graph::lock(&self.graphs).and_then(|mut g| {
+            // After a chained step's picks: the session's accept begins here.
+            g.step.clocks.accepting();
+            g.finish()
+        });
         if let Err(e) = finished {
             self.step_error = Some(e.to_string());
         }
@@ -489,6 +493,7 @@ impl SeqState for CudaState {
             false => copy_row(&device, kept - 1, layers, copy_table)?,
         }
         self.pos = pos0 + kept;
+        graph::lock(&self.graphs)?.step.clocks.rolled_back();
         Ok(())
     }
 }

@@ -2,14 +2,14 @@
 //! printed to stderr when the backend is dropped. A replayed step uploads its inputs and
 //! launches its graph as it begins, the host then walks the step's ops (each checked against
 //! the recording) while the GPU runs it, waits for the picks, and decides what to keep (the
-//! rollback, the tokens, the next step's plan) before the next step begins: the GPU idles
+//! tokens, the rollback, the next step's plan) before the next step begins: the GPU idles
 //! from the step's last kernel to the next step's first one for the wait's wake-up, the host's
-//! decision, the upload and the launch. Five clocks a step say which of them the gap is.
+//! decision, the upload and the launch. Clocks at each of those say which of them the gap is.
 
 use std::time::{Duration, Instant};
 
-/// The marks of a replayed step, in order; each ends the phase of the same index (`Begun`
-/// ends the gap from the previous step's picks).
+/// The marks of a replayed step, in order; each ends the phase of the same index. `Begun`
+/// ends the gap's last part (from the accept, or from the picks where no accept came).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mark {
     Begun,
@@ -17,22 +17,32 @@ enum Mark {
     Launched,
     Ended,
     PicksBack,
+    /// The session's accept began (its first position set after the picks).
+    Accepting,
+    /// The accept's rollback launched (steps that rejected a draft).
+    RolledBack,
 }
 
-const PHASES: [&str; 5] = [
-    "from the picks to the next step",
+const PHASES: [&str; 7] = [
+    "from the accept to the next step",
     "upload",
     "launch",
     "walk",
     "wait for the picks",
+    "from the picks to the accept",
+    "rollback",
 ];
 
 pub struct StepClocks {
     on: bool,
     /// The last mark of the step in progress and when it was made.
     last: Option<(Mark, Instant)>,
+    /// When the last step's picks came back (the gap's start).
+    picks_at: Option<Instant>,
     /// Each phase's total and how many times it ended.
-    sums: [(Duration, u32); 5],
+    sums: [(Duration, u32); 7],
+    /// The whole gap from a step's picks to the next step's start, and how many.
+    gap: (Duration, u32),
 }
 
 impl Default for StepClocks {
@@ -41,21 +51,23 @@ impl Default for StepClocks {
         StepClocks {
             on: std::env::var("REDLITE_STEP_TIMES").as_deref() == Ok("1"),
             last: None,
-            sums: [(Duration::ZERO, 0); 5],
+            picks_at: None,
+            sums: [(Duration::ZERO, 0); 7],
+            gap: (Duration::ZERO, 0),
         }
     }
 }
 
 impl StepClocks {
-    /// `to` made now: the phase it ends is counted where the mark before it was `from`; a
-    /// mark out of order ends nothing and starts the step over from `to`.
-    fn mark(&mut self, from: Mark, to: Mark) {
+    /// `to` made now: the phase it ends is counted where the mark before it was one of
+    /// `from`; a mark out of order ends nothing and starts the step over from `to`.
+    fn mark(&mut self, from: &[Mark], to: Mark) {
         if !self.on {
             return;
         }
         let now = Instant::now();
         if let Some((mark, at)) = self.last {
-            if mark == from {
+            if from.contains(&mark) {
                 let sum = &mut self.sums[to as usize];
                 sum.0 += now - at;
                 sum.1 += 1;
@@ -64,36 +76,68 @@ impl StepClocks {
         self.last = Some((to, now));
     }
 
+    /// A mark within the gap: made only right after one of `from` (a position set or a
+    /// rollback elsewhere in a step changes nothing).
+    fn mark_in_gap(&mut self, from: &[Mark], to: Mark) {
+        if self.last.is_some_and(|(mark, _)| from.contains(&mark)) {
+            self.mark(from, to);
+        }
+    }
+
     /// A chained step begins, `replayed` when its graph was found (its inputs about to be
     /// uploaded); a step that runs otherwise is not clocked, nor the gap before it.
     pub fn begin(&mut self, replayed: bool) {
         match replayed {
-            true => self.mark(Mark::PicksBack, Mark::Begun),
+            true => {
+                let gap_from = [Mark::PicksBack, Mark::Accepting, Mark::RolledBack];
+                if let (true, Some(at)) = (
+                    self.last.is_some_and(|(m, _)| gap_from.contains(&m)),
+                    self.picks_at,
+                ) {
+                    self.gap.0 += at.elapsed();
+                    self.gap.1 += 1;
+                }
+                self.mark(&gap_from, Mark::Begun);
+            }
             false => self.last = None,
         }
+        self.picks_at = None;
     }
 
     /// Its inputs are uploaded (the launch follows).
     pub fn uploaded(&mut self) {
-        self.mark(Mark::Begun, Mark::Uploaded);
+        self.mark(&[Mark::Begun], Mark::Uploaded);
     }
 
     /// Its graph was launched.
     pub fn launched(&mut self) {
-        self.mark(Mark::Uploaded, Mark::Launched);
+        self.mark(&[Mark::Uploaded], Mark::Launched);
     }
 
     /// The host walked the whole step.
     pub fn ended(&mut self) {
-        self.mark(Mark::Launched, Mark::Ended);
+        self.mark(&[Mark::Launched], Mark::Ended);
     }
 
     /// The step's picks are on the host (after a step that was not clocked: nothing).
     pub fn picks_back(&mut self) {
         match self.last {
-            Some((Mark::Ended, _)) => self.mark(Mark::Ended, Mark::PicksBack),
+            Some((Mark::Ended, _)) => {
+                self.mark(&[Mark::Ended], Mark::PicksBack);
+                self.picks_at = self.last.map(|(_, at)| at);
+            }
             _ => self.last = None,
         }
+    }
+
+    /// The session's accept sets its first position after the picks.
+    pub fn accepting(&mut self) {
+        self.mark_in_gap(&[Mark::PicksBack], Mark::Accepting);
+    }
+
+    /// The accept's rollback is launched.
+    pub fn rolled_back(&mut self) {
+        self.mark_in_gap(&[Mark::Accepting], Mark::RolledBack);
     }
 
     fn steps(&self) -> u32 {
@@ -101,7 +145,7 @@ impl StepClocks {
     }
 
     fn gaps(&self) -> u32 {
-        self.sums[Mark::Begun as usize].1
+        self.gap.1
     }
 }
 
@@ -118,10 +162,13 @@ impl Drop for StepClocks {
                 format!("{name} {us:.1} us")
             })
             .collect();
+        let gap_us = self.gap.0.as_secs_f64() * 1e6 / f64::from(self.gap.1.max(1));
         eprintln!(
-            "chained step times ({} replayed steps, {} gaps between them): {}",
+            "chained step times ({} replayed steps, {} gaps between them, {} rollbacks): \
+             from the picks to the next step {gap_us:.1} us; {}",
             self.steps(),
             self.gaps(),
+            self.sums[Mark::RolledBack as usize].1,
             phases.join(", ")
         );
     }
@@ -144,6 +191,30 @@ mod tests {
         c.launched();
         c.ended();
         c.picks_back();
+    }
+
+    #[test]
+    fn the_accept_and_its_rollback_split_the_gap_and_marks_within_a_step_change_nothing() {
+        let mut c = on();
+        replayed_step(&mut c);
+        c.accepting();
+        c.rolled_back();
+        replayed_step(&mut c);
+        c.accepting();
+        // Position sets and rollbacks within a step are not the accept's.
+        c.begin(true);
+        c.accepting();
+        c.uploaded();
+        c.launched();
+        c.ended();
+        c.rolled_back();
+        c.picks_back();
+        let n = |m: Mark| c.sums[m as usize].1;
+        assert_eq!((c.steps(), c.gaps()), (3, 2));
+        assert_eq!(
+            (n(Mark::Accepting), n(Mark::RolledBack), n(Mark::Begun)),
+            (2, 1, 2)
+        );
     }
 
     #[test]
