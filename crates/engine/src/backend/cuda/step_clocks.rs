@@ -9,7 +9,8 @@
 use std::time::{Duration, Instant};
 
 /// The marks of a replayed step, in order; each ends the phase of the same index. `Begun`
-/// ends the gap's last part (from the accept, or from the picks where no accept came).
+/// ends the gap's last part (from the next step's planning; from the accept or the picks
+/// where that mark was not made).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mark {
     Begun,
@@ -21,16 +22,19 @@ enum Mark {
     Accepting,
     /// The accept's rollback launched (steps that rejected a draft).
     RolledBack,
+    /// The backend began to plan the next step (its bounds, identity and graph lookup).
+    Planning,
 }
 
-const PHASES: [&str; 7] = [
-    "from the accept to the next step",
+const PHASES: [&str; 8] = [
+    "the plan's lookup",
     "upload",
     "launch",
     "walk",
     "wait for the picks",
     "from the picks to the accept",
     "rollback",
+    "from the accept to the plan",
 ];
 
 pub struct StepClocks {
@@ -40,7 +44,7 @@ pub struct StepClocks {
     /// When the last step's picks came back (the gap's start).
     picks_at: Option<Instant>,
     /// Each phase's total and how many times it ended.
-    sums: [(Duration, u32); 7],
+    sums: [(Duration, u32); 8],
     /// The whole gap from a step's picks to the next step's start, and how many.
     gap: (Duration, u32),
 }
@@ -52,7 +56,7 @@ impl Default for StepClocks {
             on: std::env::var("REDLITE_STEP_TIMES").as_deref() == Ok("1"),
             last: None,
             picks_at: None,
-            sums: [(Duration::ZERO, 0); 7],
+            sums: [(Duration::ZERO, 0); 8],
             gap: (Duration::ZERO, 0),
         }
     }
@@ -89,7 +93,12 @@ impl StepClocks {
     pub fn begin(&mut self, replayed: bool) {
         match replayed {
             true => {
-                let gap_from = [Mark::PicksBack, Mark::Accepting, Mark::RolledBack];
+                let gap_from = [
+                    Mark::PicksBack,
+                    Mark::Accepting,
+                    Mark::RolledBack,
+                    Mark::Planning,
+                ];
                 if let (true, Some(at)) = (
                     self.last.is_some_and(|(m, _)| gap_from.contains(&m)),
                     self.picks_at,
@@ -138,6 +147,14 @@ impl StepClocks {
     /// The accept's rollback is launched.
     pub fn rolled_back(&mut self) {
         self.mark_in_gap(&[Mark::Accepting], Mark::RolledBack);
+    }
+
+    /// The backend begins to plan the next step.
+    pub fn planning(&mut self) {
+        self.mark_in_gap(
+            &[Mark::PicksBack, Mark::Accepting, Mark::RolledBack],
+            Mark::Planning,
+        );
     }
 
     fn steps(&self) -> u32 {
@@ -199,6 +216,7 @@ mod tests {
         replayed_step(&mut c);
         c.accepting();
         c.rolled_back();
+        c.planning();
         replayed_step(&mut c);
         c.accepting();
         // Position sets and rollbacks within a step are not the accept's.

@@ -376,6 +376,7 @@ impl CudaBackend {
         states: [&CudaState; 2],
         acts: [&CudaAct; 6],
     ) -> Result<()> {
+        graph::lock(&self.graphs)?.step.clocks.planning();
         let small = |n: usize| (1..=redlite_cuda::SMALL_BATCH_MAX_TOKENS).contains(&n);
         if !STEP_GRAPH.on()
             || self.residency != ExpertResidency::Resident
