@@ -414,7 +414,12 @@ impl CudaBackend {
             true => graphs.arm(),
             false => graphs.abandon(),
         }
-        Ok(graphs.step.in_step())
+        let in_step = graphs.step.in_step();
+        if !in_step {
+            // A forward of its own (a plain step, a prompt) is not part of a step boundary.
+            graphs.step.clocks.interrupt();
+        }
+        Ok(in_step)
     }
 
     /// Within a whole-step graph: the embedding op `op`'s gate and its ids, which are the

@@ -45,8 +45,8 @@ pub struct StepClocks {
     picks_at: Option<Instant>,
     /// Each phase's total and how many times it ended.
     sums: [(Duration, u32); 8],
-    /// The whole gap from a step's picks to the next step's start, and how many.
-    gap: (Duration, u32),
+    /// Each whole gap from a step's picks to the next step's start.
+    gaps: Vec<Duration>,
 }
 
 impl Default for StepClocks {
@@ -57,7 +57,7 @@ impl Default for StepClocks {
             last: None,
             picks_at: None,
             sums: [(Duration::ZERO, 0); 8],
-            gap: (Duration::ZERO, 0),
+            gaps: Vec::new(),
         }
     }
 }
@@ -103,8 +103,7 @@ impl StepClocks {
                     self.last.is_some_and(|(m, _)| gap_from.contains(&m)),
                     self.picks_at,
                 ) {
-                    self.gap.0 += at.elapsed();
-                    self.gap.1 += 1;
+                    self.gaps.push(at.elapsed());
                 }
                 self.mark(&gap_from, Mark::Begun);
             }
@@ -162,7 +161,14 @@ impl StepClocks {
     }
 
     fn gaps(&self) -> u32 {
-        self.gap.1
+        self.gaps.len() as u32
+    }
+
+    /// Anything else ran (a forward outside a chained step): the gap in progress, if any, is
+    /// not a step boundary's.
+    pub fn interrupt(&mut self) {
+        self.last = None;
+        self.picks_at = None;
     }
 }
 
@@ -179,10 +185,14 @@ impl Drop for StepClocks {
                 format!("{name} {us:.1} us")
             })
             .collect();
-        let gap_us = self.gap.0.as_secs_f64() * 1e6 / f64::from(self.gap.1.max(1));
+        let mut gaps = self.gaps.clone();
+        gaps.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let mean = us(gaps.iter().sum()) / gaps.len().max(1) as f64;
+        let median = gaps.get(gaps.len() / 2).map_or(0.0, |&d| us(d));
         eprintln!(
             "chained step times ({} replayed steps, {} gaps between them, {} rollbacks): \
-             from the picks to the next step {gap_us:.1} us; {}",
+             from the picks to the next step {mean:.1} us (median {median:.1}); {}",
             self.steps(),
             self.gaps(),
             self.sums[Mark::RolledBack as usize].1,
@@ -196,10 +206,9 @@ mod tests {
     use super::*;
 
     fn on() -> StepClocks {
-        StepClocks {
-            on: true,
-            ..StepClocks::default()
-        }
+        let mut c = StepClocks::default();
+        c.on = true;
+        c
     }
 
     fn replayed_step(c: &mut StepClocks) {
@@ -233,6 +242,19 @@ mod tests {
             (n(Mark::Accepting), n(Mark::RolledBack), n(Mark::Begun)),
             (2, 1, 2)
         );
+    }
+
+    #[test]
+    fn a_forward_between_steps_is_not_a_gap() {
+        let mut c = on();
+        replayed_step(&mut c);
+        c.accepting();
+        // A plain step or a prompt between them.
+        c.interrupt();
+        c.accepting();
+        replayed_step(&mut c);
+        assert_eq!((c.steps(), c.gaps()), (2, 0));
+        assert_eq!(c.sums[Mark::Accepting as usize].1, 1);
     }
 
     #[test]
