@@ -296,8 +296,9 @@ moe_down_v3_kernel(const u8* __restrict__ down, const int* __restrict__ ids,
 // the same body from a ticket, so both give the same bits.
 // AHEAD_LOADS: the loads-ahead items of q8dot.cuh where REDLITE_Q8_LOADS_AHEAD is on (the
 // cache's kernel passes false: with its copy CTAs' code beside, the extra registers spilled
-// on sm_80); the same sums either way.
-template <class B, int WARPS, int LANES, int ROWS, bool AHEAD_LOADS = true>
+// on sm_80); the same sums either way. PREPARED: the caller copied the codebooks already
+// (`q8_prepare`, before its PDL wait).
+template <class B, int WARPS, int LANES, int ROWS, bool AHEAD_LOADS = true, bool PREPARED = false>
 static __device__ __forceinline__ void moe_gate_up_q8_body(
     uint3 cta, const u8* __restrict__ gate, const u8* __restrict__ up,
     const int* __restrict__ ids, const float* __restrict__ x, const float* __restrict__ gd,
@@ -305,10 +306,13 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
     int n_expert, const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
     float* __restrict__ act_shared, int shared_ff) {
     const bool fixed = (REDLITE_PROBE_EXIT & PROBE_FIXED_EXPERTS) != 0;
-    if (!fixed && skipped_pair(ids, cta.z, cta.y, used)) return;
-    q8_prepare<B>();
-    extern __shared__ float4 q8_shared[];
     const int k = cta.y, t = cta.z;
+    // The pair's expert id, loaded once for the skip check and the rows (`skipped_pair`'s
+    // test; the compiler reloaded it behind the branch).
+    const int id = k < used ? ids[i64(t) * used + k] : 0;
+    if (!fixed && k < used && id == SKIP_PAIR) return;
+    if constexpr (!PREPARED) q8_prepare<B>();
+    extern __shared__ float4 q8_shared[];
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int member = lane % LANES;
     // This lane group's ROWS consecutive rows.
@@ -326,7 +330,7 @@ static __device__ __forceinline__ void moe_gate_up_q8_body(
         out = act_shared + i64(t) * shared_ff + row0;
     } else {
         n_rows = ff;
-        const i64 expert = fixed ? k : ids[t * used + k];
+        const i64 expert = fixed ? k : id;
         valid = expert >= 0 && expert < n_expert;
         const i64 at = ((valid ? expert : 0) * ff + row0) * row_bytes;
         g_rows = gate + at;
@@ -444,11 +448,14 @@ moe_gate_up_q8_kernel(const u8* __restrict__ gate, const u8* __restrict__ up,
                       float* __restrict__ act, int ff, int cols, int used, int n_expert,
                       const u8* __restrict__ shared_gate, const u8* __restrict__ shared_up,
                       float* __restrict__ act_shared, int shared_ff) {
+    // The codebooks are constant: copied before the wait, while the routing still runs (the
+    // CTAs resident early under PDL), not between the ids and the weight loads. The same bits.
+    q8_prepare<B>();
     pdl_begin();
     PROBE_RETURN(PROBE_GATE_UP);
-    moe_gate_up_q8_body<B, WARPS, LANES, ROWS>(blockIdx, gate, up, ids, x, gd, gq, act, ff,
-                                               cols, used, n_expert, shared_gate, shared_up,
-                                               act_shared, shared_ff);
+    moe_gate_up_q8_body<B, WARPS, LANES, ROWS, true, true>(
+        blockIdx, gate, up, ids, x, gd, gq, act, ff, cols, used, n_expert, shared_gate, shared_up,
+        act_shared, shared_ff);
 }
 
 // Grouped gate/up for prompts (several tokens per call): the (token, slot) pairs routed to
