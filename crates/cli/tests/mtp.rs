@@ -1,6 +1,7 @@
 //! `--mtp` end to end through the binary: greedy `generate` prints the same text with and
 //! without speculative decoding and reports its acceptance counts; `bench --mtp` reports
-//! them too; a file without the MTP block is refused with a message that says so.
+//! them too, and samples at a temperature when asked; a file without the MTP block is refused
+//! with a message that says so.
 
 use common::{redlite, text, TinyFile};
 use redlite_engine::synth::Recipe;
@@ -61,6 +62,31 @@ fn bench_reports_acceptance() {
     assert_eq!(mtp["draft"], 2);
     assert_eq!(mtp["acceptance_rate"], 1.0);
     assert!(mtp["stats"]["drafted"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bench_samples_at_a_temperature_and_names_the_tests_so() {
+    let file = tiny_file("bench-temp", true);
+    let args = [
+        "-p", "0", "-n", "12", "-r", "1", "--mtp", "--draft", "2", "--temp", "0.8", "--json",
+    ];
+    let out = redlite(&file.0, "bench", &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tests: Vec<&str> = json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(tests, ["tg12 t0.8", "tg12 mtp2 t0.8"]);
+    let bad = redlite(&file.0, "bench", &["-p", "0", "-n", "4", "--temp=-1"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("temperature"),
+        "{}",
+        text(&bad.stderr)
+    );
 }
 
 #[test]

@@ -199,12 +199,15 @@ pub fn bench_prompt(session: &mut dyn Runner, n_prompt: usize, reps: usize) -> R
     Ok(result)
 }
 
-/// Generation of `n_gen` tokens after `depth` tokens of context.
+/// Generation of `n_gen` tokens after `depth` tokens of context: llama-bench's fixed tokens,
+/// or with `sampling` each next token drawn from the last one's logits as `generate` and
+/// `chat` draw it (the logits read on the host every token; the test named `… t<temp>`).
 pub fn bench_gen(
     session: &mut dyn Runner,
     n_gen: usize,
     depth: usize,
     reps: usize,
+    sampling: Option<&SamplingParams>,
 ) -> Result<BenchResult> {
     let mut samples = Vec::with_capacity(reps);
     let mut cache = CacheTally::default();
@@ -215,10 +218,22 @@ pub fn bench_gen(
         if depth > 0 {
             session.feed(&context, false, false)?;
         }
+        let mut sampler = sampling.cloned().map(Sampler::new).transpose()?;
         cache.start(session)?;
         let start = Instant::now();
-        for &t in &gen {
-            session.step(t)?;
+        match sampler.as_mut() {
+            None => {
+                for &t in &gen {
+                    session.step(t)?;
+                }
+            }
+            Some(sampler) => {
+                let mut token = gen.first().copied().unwrap_or(0);
+                for _ in 0..n_gen {
+                    token = sampler.sample(session.step(token)?)?;
+                    sampler.accept(token);
+                }
+            }
         }
         let seconds = start.elapsed().as_secs_f64();
         if rep > 0 {
@@ -232,6 +247,7 @@ pub fn bench_gen(
     } else {
         format!("tg{n_gen}")
     };
+    let name = name + &sampled_suffix(sampling);
     let mut result = summarize(name, 0, n_gen, depth, samples);
     result.expert_cache = cache.summary(n_gen * reps);
     Ok(result)
@@ -245,16 +261,16 @@ pub fn bench_gen(
 /// the plain `tg` test measures after its one warm-up (its decode graph recorded).
 pub const MTP_WARMUP_RUNS: usize = 2;
 
-/// Generation of `n_gen` tokens with speculative decoding (greedy, `draft` drafts per step,
-/// optionally a forced acceptance rate) after `depth` tokens of context (at least one: the
-/// first token is sampled from the context's logits). Tokens are the model's own.
+/// Generation of `n_gen` tokens with speculative decoding (greedy, or drawn with `sampling`
+/// through the acceptance rule; `draft` drafts per step, optionally a forced acceptance rate)
+/// after `depth` tokens of context (at least one: the first token is sampled from the
+/// context's logits). Tokens are the model's own.
 pub fn bench_gen_mtp(
     session: &mut dyn Runner,
     n_gen: usize,
-    depth: usize,
-    reps: usize,
-    draft: usize,
-    force_accept: Option<f64>,
+    (depth, reps): (usize, usize),
+    (draft, force_accept): (usize, Option<f64>),
+    sampling: Option<&SamplingParams>,
 ) -> Result<BenchResult> {
     let context = bench_tokens(depth.max(1), session.n_vocab(), 2);
     let mut samples = Vec::with_capacity(reps);
@@ -264,7 +280,7 @@ pub fn bench_gen_mtp(
     for rep in 0..reps + MTP_WARMUP_RUNS {
         session.reset();
         let logits = session.feed(&context, false, false)?.logits;
-        let mut sampler = Sampler::new(SamplingParams::greedy())?;
+        let mut sampler = Sampler::new(sampling.cloned().unwrap_or_else(SamplingParams::greedy))?;
         let mut spec = Speculator::new(draft, force_accept)?;
         force = spec.force_accept;
         session.take_mtp_timings();
@@ -311,7 +327,7 @@ pub fn bench_gen_mtp(
         (0, Some(r)) => format!("tg{n_gen} mtp{draft} a{r}"),
         (d, None) => format!("tg{n_gen} mtp{draft} @ d{d}"),
         (d, Some(r)) => format!("tg{n_gen} mtp{draft} a{r} @ d{d}"),
-    };
+    } + &sampled_suffix(sampling);
     let per_step = |seconds: f64| 1e3 * seconds / timings.steps.max(1) as f64;
     let mut result = summarize(name, 0, n_gen, depth, samples);
     result.mtp = Some(BenchMtp {
@@ -326,6 +342,11 @@ pub fn bench_gen_mtp(
         rollback_ms: per_step(timings.accept_seconds),
     });
     Ok(result)
+}
+
+/// The test name's mark of sampled tokens: ` t<temperature>`, none for llama-bench's.
+fn sampled_suffix(sampling: Option<&SamplingParams>) -> String {
+    sampling.map_or(String::new(), |p| format!(" t{}", p.temperature))
 }
 
 #[cfg(test)]

@@ -376,7 +376,8 @@ fn forced_acceptance_sets_the_rate() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = tiny_model(dir.path(), true);
     let mut s = session(&gguf, true, 16);
-    let r = redlite_engine::bench::bench_gen_mtp(&mut s, 120, 4, 1, 1, Some(0.7)).unwrap();
+    let r =
+        redlite_engine::bench::bench_gen_mtp(&mut s, 120, (4, 1), (1, Some(0.7)), None).unwrap();
     let m = r.mtp.unwrap();
     assert!(m.stats.drafted > 40);
     assert!(
@@ -384,7 +385,7 @@ fn forced_acceptance_sets_the_rate() {
         "{}",
         m.acceptance_rate
     );
-    let r = redlite_engine::bench::bench_gen_mtp(&mut s, 30, 0, 1, 3, Some(1.0)).unwrap();
+    let r = redlite_engine::bench::bench_gen_mtp(&mut s, 30, (0, 1), (3, Some(1.0)), None).unwrap();
     let m = r.mtp.unwrap();
     assert_eq!(m.stats.accepted, m.stats.drafted);
 }

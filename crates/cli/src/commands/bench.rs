@@ -1,6 +1,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use redlite_engine::bench::{bench_gen, bench_gen_mtp, bench_prompt, BenchResult};
+use redlite_engine::sampling::SamplingParams;
 
 use crate::loader::{load, ModelArgs};
 use crate::profile;
@@ -43,6 +44,13 @@ pub struct BenchArgs {
     /// model's). Empty: real acceptance.
     #[arg(long = "mtp-accept", value_delimiter = ',', value_name = "RATES")]
     mtp_accept: Vec<f64>,
+    /// Sample the tg tests' tokens at this temperature, with the other sampling defaults of
+    /// generate and chat (top-k 40, top-p 0.95, min-p 0.05), each from the last token's logits
+    /// read on the host, as a chat decodes (tests named `... t<temp>`); with --mtp the drafts
+    /// and the verification go through the sampled acceptance rule. Default: llama-bench's
+    /// fixed tokens (greedy drafts and verification with --mtp).
+    #[arg(long = "temp", value_name = "T")]
+    temp: Option<f32>,
     /// With --device cuda: after each test, where the GPU's time went per model component
     /// (CUDA events, mean over the warm-up and timed runs; a tg test at a depth includes the
     /// context's prefill). The decode graph is off meanwhile, so tg figures are eager ones.
@@ -67,6 +75,16 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     if let Some(r) = args.mtp_accept.iter().find(|r| !(0.0..=1.0).contains(*r)) {
         anyhow::bail!("--mtp-accept {r} is outside [0, 1]");
     }
+    let sampling = args
+        .temp
+        .map(|temperature| {
+            let params = SamplingParams {
+                temperature,
+                ..SamplingParams::default()
+            };
+            params.validate().map(|()| params)
+        })
+        .transpose()?;
     let longest_pp = args.n_prompt.iter().copied().max().unwrap_or(0);
     let longest_tg = args.depth.iter().copied().max().unwrap_or(0) + args.n_gen;
     args.model.ctx = args.model.ctx.max(longest_pp).max(longest_tg);
@@ -93,6 +111,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 args.n_gen,
                 d,
                 args.repetitions,
+                sampling.as_ref(),
             )?);
             report(results.last(), args.json);
             let test = results.last().map_or(String::new(), |r| r.test.clone());
@@ -111,10 +130,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                     results.push(bench_gen_mtp(
                         loaded.session.as_mut(),
                         args.n_gen,
-                        d,
-                        args.repetitions,
-                        args.model.draft,
-                        rate,
+                        (d, args.repetitions),
+                        (args.model.draft, rate),
+                        sampling.as_ref(),
                     )?);
                     report(results.last(), args.json);
                 }

@@ -5,6 +5,7 @@
 
 mod rng;
 mod stop;
+mod top_k;
 
 pub use rng::Rng;
 pub use stop::{StopMatcher, StopOutput};
@@ -73,7 +74,8 @@ impl SamplingParams {
         }
     }
 
-    fn validate(&self) -> Result<(), SamplingError> {
+    /// Checks every setting; the error names the first one out of its range.
+    pub fn validate(&self) -> Result<(), SamplingError> {
         let checks: [(&'static str, f32, bool, &'static str); 6] = [
             (
                 "temperature",
@@ -258,6 +260,26 @@ impl Sampler {
             return Err(SamplingError::EmptyLogits);
         }
         let p = &self.params;
+        let penalized = !self.penalties_off() && !self.counts.is_empty();
+        if p.temperature > 0.0 && p.top_k > 0 && !top_k::whole_row_selection() {
+            // The same candidates as below in one pass over the row (`top_k.rs`).
+            top_k::top_k_of_row(
+                logits,
+                p.top_k,
+                &self.counts,
+                penalized,
+                p,
+                &mut self.candidates,
+            );
+            if self.candidates.is_empty() {
+                return Err(SamplingError::NoFiniteLogit {
+                    count: logits.len(),
+                });
+            }
+            top_p(&mut self.candidates, p.top_p);
+            min_p(&mut self.candidates, p.min_p);
+            return Ok(());
+        }
         self.candidates.clear();
         self.candidates.extend(
             logits
@@ -292,16 +314,19 @@ fn apply_penalties(candidates: &mut [(u32, f32)], counts: &HashMap<u32, u32>, p:
         return;
     }
     for (id, logit) in candidates.iter_mut() {
-        let Some(&count) = counts.get(id) else {
-            continue;
-        };
-        if *logit <= 0.0 {
-            *logit *= p.repeat_penalty;
-        } else {
-            *logit /= p.repeat_penalty;
+        if let Some(&count) = counts.get(id) {
+            *logit = apply_penalty(*logit, count, p);
         }
-        *logit -= count as f32 * p.frequency_penalty + p.presence_penalty;
     }
+}
+
+/// One recent token's logit (`count` occurrences) under the penalties.
+fn apply_penalty(logit: f32, count: u32, p: &SamplingParams) -> f32 {
+    let repeated = match logit <= 0.0 {
+        true => logit * p.repeat_penalty,
+        false => logit / p.repeat_penalty,
+    };
+    repeated - (count as f32 * p.frequency_penalty + p.presence_penalty)
 }
 
 /// The greedy token of `logits`: the largest finite logit, the lower id on ties (NaN and

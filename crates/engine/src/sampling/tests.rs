@@ -199,3 +199,79 @@ fn greedy_fast_path_equals_the_candidate_path() {
         );
     }
 }
+
+/// The candidates before top-k's one-pass form (`top_k.rs`): every non-NaN logit, penalized,
+/// the finite ones, then the k best by selection over all of them, top-p and min-p.
+fn reference_candidates(logits: &[f32], s: &Sampler) -> Vec<(u32, f32)> {
+    let p = &s.params;
+    let mut c: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(id, &l)| (id as u32, l))
+        .collect();
+    apply_penalties(&mut c, &s.counts, p);
+    c.retain(|(_, l)| l.is_finite());
+    top_k(&mut c, p.top_k);
+    top_p(&mut c, p.top_p);
+    min_p(&mut c, p.min_p);
+    c
+}
+
+#[test]
+fn one_pass_top_k_keeps_the_candidates_of_the_whole_row_selection() {
+    let mut rng = Rng::new(7);
+    for case in 0..300 {
+        let n = [1, 5, 40, 41, 200, 4096][case % 6];
+        // Few distinct values (ties), zeros of both signs, NaN and infinities among them.
+        let logits: Vec<f32> = (0..n)
+            .map(|_| match (rng.next_f64() * 20.0) as u32 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                3 => -0.0,
+                4 => 0.0,
+                v => ((rng.next_f64() * 8.0).floor() as f32 - 4.0) * (v as f32 / 10.0),
+            })
+            .collect();
+        let params = SamplingParams {
+            top_k: [1, 3, 40, 64][case % 4],
+            top_p: [1.0, 0.95, 0.5][case % 3],
+            min_p: [0.0, 0.05][case % 2],
+            repeat_penalty: [1.0, 1.3][(case / 2) % 2],
+            presence_penalty: [0.0, 0.5][(case / 3) % 2],
+            penalty_last_n: 8,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(params).expect("sampler");
+        for _ in 0..6 {
+            s.accept((rng.next_f64() * (n as f64 + 3.0)) as u32);
+        }
+        let expected = reference_candidates(&logits, &s);
+        match s.prepare(&logits) {
+            Ok(()) => assert_eq!(s.candidates, expected, "case {case}: {logits:?}"),
+            Err(SamplingError::NoFiniteLogit { count }) => {
+                assert!(expected.is_empty() && count == n, "case {case}")
+            }
+            Err(e) => panic!("case {case}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn one_pass_top_k_orders_zeros_by_sign_and_ties_by_id() {
+    // +0 ranks before -0 (`total_cmp`), so the +0s after the first trim's bar of -0 get in.
+    let mut logits = vec![-0.0f32; 10];
+    logits.extend([0.0f32; 10]);
+    let params = SamplingParams {
+        top_k: 3,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..SamplingParams::default()
+    };
+    let mut s = Sampler::new(params).expect("sampler");
+    s.prepare(&logits).expect("prepare");
+    let ids: Vec<u32> = s.candidates.iter().map(|c| c.0).collect();
+    assert_eq!(ids, [10, 11, 12]);
+    assert_eq!(s.candidates, reference_candidates(&logits, &s));
+}
