@@ -16,7 +16,10 @@
 #      defaults and each setting of MTP_AB;
 #   4a. (stage clocks, not by default) the host clocks of chained MTP steps (REDLITE_STEP_TIMES)
 #      for each K of MTP_DRAFTS;
-#   4b. (stage pp, not by default) prompts of PP_SIZES (512,2048) under the defaults and each of
+#   4b. (stage temp, not by default) tg128 with tokens sampled at temperature 0.8 (`bench --temp`),
+#      plain and with two MTP drafts at 0.7, under the sampler's one-pass top-k and the whole-row
+#      selection (REDLITE_SAMPLER_WHOLE_ROW=1);
+#   4c. (stage pp, not by default) prompts of PP_SIZES (512,2048) under the defaults and each of
 #      PP_AB, the defaults again last;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
 #   5a. (stage probes, not by default) tg128 under each REDLITE_PROBE_EXIT mask of PROBES;
@@ -42,7 +45,7 @@
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
 # for the verification's kernels); STALL_KERNELS (regexes of
 # kernel names), STALL_CHUNK, STALL_TOKENS; TIMELINE_DEPTHS; STAGES (bits tests decode mtp
-# small; also clocks pp probes profile timeline stalls rows replay); ROWS_CHUNKS, ROWS_BATCHES, ROWS_SKIP
+# small; also clocks temp pp probes profile timeline stalls rows replay); ROWS_CHUNKS, ROWS_BATCHES, ROWS_SKIP
 # (stage rows); PP_AB, PP_SIZES (stage pp); OUT.
 # This build against an earlier one: scripts/device/vs_base.sh.
 set -u
@@ -172,6 +175,19 @@ if stage clocks; then
     note "clocks, draft $k: $(REDLITE_STEP_TIMES=1 "$R" bench -m "$M" --device cuda -p 0 -n 128 -r 2 \
       --mtp --draft "$k" --mtp-accept 0.7,1 2>&1 | grep -E '^\| tg|step times|step graphs' \
       | tr -s ' ' | tr '\n' ' ')"
+  done
+fi
+if stage temp; then
+  # Tokens sampled as a chat samples them (`bench --temp 0.8`: the logits read every token, top-k
+  # 40, top-p, min-p), with the sampler's one-pass top-k (the default) and the whole-row
+  # selection (REDLITE_SAMPLER_WHOLE_ROW=1), plain and with two MTP drafts at 0.7; the fixed
+  # tokens' tg128 first for the comparison.
+  stamp "sampled tokens"
+  note "fixed tokens: $("$R" bench -m "$M" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ')"
+  for v in 0 1; do
+    note "temp 0.8, REDLITE_SAMPLER_WHOLE_ROW=$v: $(REDLITE_SAMPLER_WHOLE_ROW=$v "$R" bench -m "$M" \
+      --device cuda -p 0 -n 128 -r 3 --temp 0.8 --mtp --draft 2 --mtp-accept 0.7 2>&1 \
+      | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
   done
 fi
 if stage pp; then
