@@ -260,9 +260,9 @@ impl Sampler {
             return Err(SamplingError::EmptyLogits);
         }
         let p = &self.params;
-        let penalized = !self.penalties_off() && !self.counts.is_empty();
         if p.temperature > 0.0 && p.top_k > 0 && !top_k::whole_row_selection() {
             // The same candidates as below in one pass over the row (`top_k.rs`).
+            let penalized = !self.penalties_off() && !self.counts.is_empty();
             top_k::top_k_of_row(
                 logits,
                 p.top_k,

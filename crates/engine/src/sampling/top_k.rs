@@ -28,7 +28,7 @@ pub(super) fn top_k_of_row(
     params: &SamplingParams,
     out: &mut Vec<(u32, f32)>,
 ) {
-    let mut best = Best::new(k, out);
+    let mut best = Best::new(k, logits.len(), out);
     // The penalized tokens (at most the penalty window) are offered apart, after the scan
     // skips them, so the scan itself looks nothing up.
     let mut skipped: Vec<u32> = match penalized {
@@ -68,23 +68,32 @@ pub(super) fn top_k_of_row(
     best.finish();
 }
 
-/// Logits a chunk of the scan: its maximum is the test that skips it.
+/// Logits a chunk of the scan, skipped whole where none reaches the bar.
 const CHUNK: usize = 64;
 
 /// A buffer of at least the `k` best offers so far: once it holds `4k` it keeps the best `k`
 /// and their worst becomes the bar that later offers must pass.
 struct Best<'a> {
     k: usize,
+    /// Offers held before a trim (`4k`).
+    room: usize,
     kept: &'a mut Vec<(u32, f32)>,
     /// The worst of the `k` kept at the last trim.
     bar: Option<(u32, f32)>,
 }
 
 impl<'a> Best<'a> {
-    fn new(k: usize, kept: &'a mut Vec<(u32, f32)>) -> Best<'a> {
+    /// For `k` of a row of `len` logits (`k` as large as the caller likes).
+    fn new(k: usize, len: usize, kept: &'a mut Vec<(u32, f32)>) -> Best<'a> {
+        let room = k.saturating_mul(4);
         kept.clear();
-        kept.reserve(4 * k);
-        Best { k, kept, bar: None }
+        kept.reserve(room.min(len));
+        Best {
+            k,
+            room,
+            kept,
+            bar: None,
+        }
     }
 
     fn offer(&mut self, id: u32, logit: f32) {
@@ -98,7 +107,7 @@ impl<'a> Best<'a> {
             }
         }
         self.kept.push((id, logit));
-        if self.kept.len() == 4 * self.k {
+        if self.kept.len() == self.room {
             self.trim();
         }
     }
