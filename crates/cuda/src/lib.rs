@@ -29,6 +29,7 @@ mod cache;
 mod compile;
 mod copies;
 mod cublas;
+mod deltanet_launch;
 mod deltanet_replay;
 mod device;
 mod error;
@@ -69,6 +70,7 @@ pub use compile::{check_arch, compile_all, nvrtc_version, KernelResources, Modul
 pub use copies::copy_spans;
 pub use cublas::{cublas_min_tokens, cublas_takes, matmul_cublas};
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+pub use deltanet_launch::{DELTANET_ROW_GROUPS, DELTANET_WHOLE_GROUP};
 pub use deltanet_replay::{deltanet_replay, ReplayLayer, ReplayTable};
 pub use device::Device;
 pub use error::{CudaError, CudaOp};
@@ -81,7 +83,7 @@ pub use greedy::{
     argmax, argmax_rows, argmax_rows_queued, ids_of_keys, token_of_key, MAX_ARGMAX_ROWS,
 };
 pub use host_stage::{row_pieces, HostStage};
-pub use layer_launch::{COMBINE_AHEAD, DELTANET_ROW_GROUPS, DELTANET_WHOLE_GROUP};
+pub use layer_launch::COMBINE_AHEAD;
 pub use layer_ops::{
     add, add_rms_norm, delta_rule, deltanet_conv, deltanet_prep, deltanet_split, deltanet_step,
     embed, gated_norm, matmul, matmul_quantized, matmul_with, mtp_concat_norms, replay_row_floats,

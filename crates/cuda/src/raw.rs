@@ -257,6 +257,7 @@ pub(crate) fn launch_matvec(
 mod attention_prefill;
 mod copies;
 mod cublas;
+mod deltanet;
 mod deltanet_replay;
 mod expert_cache;
 mod greedy;
@@ -268,6 +269,7 @@ mod moe;
 pub(crate) use attention_prefill::*;
 pub(crate) use copies::*;
 pub(crate) use cublas::*;
+pub(crate) use deltanet::*;
 pub(crate) use deltanet_replay::*;
 pub(crate) use expert_cache::*;
 pub(crate) use greedy::*;
