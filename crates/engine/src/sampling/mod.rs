@@ -335,10 +335,19 @@ pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
     if logits.is_empty() {
         return Err(SamplingError::EmptyLogits);
     }
+    // Chunks of 64 with no logit above the best so far are skipped after one vectorized test
+    // (only a larger logit replaces it); the others are walked as one loop would.
     let mut best: Option<(u32, f32)> = None;
-    for (id, &l) in logits.iter().enumerate() {
-        if l.is_finite() && best.is_none_or(|b| l > b.1) {
-            best = Some((id as u32, l));
+    for (c, chunk) in logits.chunks(64).enumerate() {
+        if let Some((_, b)) = best {
+            if !chunk.iter().fold(false, |any, &l| any | (l > b)) {
+                continue;
+            }
+        }
+        for (i, &l) in chunk.iter().enumerate() {
+            if l.is_finite() && best.is_none_or(|b| l > b.1) {
+                best = Some(((c * 64 + i) as u32, l));
+            }
         }
     }
     match best {

@@ -275,3 +275,31 @@ fn one_pass_top_k_orders_zeros_by_sign_and_ties_by_id() {
     assert_eq!(ids, [10, 11, 12]);
     assert_eq!(s.candidates, reference_candidates(&logits, &s));
 }
+
+#[test]
+fn greedy_argmax_skipping_chunks_is_the_first_largest_finite_logit() {
+    let mut rng = Rng::new(11);
+    for case in 0..200 {
+        let n = [1, 63, 64, 65, 500, 5000][case % 6];
+        let logits: Vec<f32> = (0..n)
+            .map(|_| match (rng.next_f64() * 12.0) as u32 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                3 => -0.0,
+                _ => (rng.next_f64() * 6.0).floor() as f32,
+            })
+            .collect();
+        let mut expected: Option<(u32, f32)> = None;
+        for (id, &l) in logits.iter().enumerate() {
+            if l.is_finite() && expected.is_none_or(|b| l > b.1) {
+                expected = Some((id as u32, l));
+            }
+        }
+        match (greedy_argmax(&logits), expected) {
+            (Ok(token), Some((id, _))) => assert_eq!(token, id, "case {case}"),
+            (Err(SamplingError::NoFiniteLogit { .. }), None) => {}
+            (got, want) => panic!("case {case}: {got:?} against {want:?}"),
+        }
+    }
+}
