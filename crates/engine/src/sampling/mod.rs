@@ -4,6 +4,7 @@
 //! (`Tokenizer::is_eog`).
 
 mod rng;
+mod sort;
 mod stop;
 mod top_k;
 
@@ -371,13 +372,16 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
-/// Keeps the `k` highest logits, sorted descending (all, sorted, when `k` is 0 or too big).
+/// Keeps the `k` highest logits, sorted descending (all, sorted, when `k` is 0 or too big;
+/// `candidates` in ascending id order).
 fn top_k(candidates: &mut Vec<(u32, f32)>, k: usize) {
     if k > 0 && k < candidates.len() {
         candidates.select_nth_unstable_by(k - 1, by_logit_desc);
         candidates.truncate(k);
+        candidates.sort_unstable_by(by_logit_desc);
+    } else {
+        sort::sort_by_logit_desc(candidates);
     }
-    candidates.sort_unstable_by(by_logit_desc);
 }
 
 /// Softmax of sorted logits at temperature 1.

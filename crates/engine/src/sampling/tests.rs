@@ -303,3 +303,33 @@ fn greedy_argmax_skipping_chunks_is_the_first_largest_finite_logit() {
         }
     }
 }
+
+#[test]
+fn the_radix_sort_of_a_whole_row_is_the_comparison_sort() {
+    let mut rng = Rng::new(13);
+    for case in 0..12 {
+        let n = [4096, 5000, 151_936][case % 3];
+        // Few distinct values (long runs of ties), both zeros, infinities and NaNs of both signs.
+        let row: Vec<(u32, f32)> = (0..n as u32)
+            .map(|id| {
+                let l = match (rng.next_f64() * 40.0) as u32 {
+                    0 => f32::NAN,
+                    1 => -f32::NAN,
+                    2 => f32::INFINITY,
+                    3 => f32::NEG_INFINITY,
+                    4 => -0.0,
+                    5 => 0.0,
+                    v if case % 2 == 0 => (v % 7) as f32 - 3.0,
+                    _ => (rng.next_f64() * 200.0 - 100.0) as f32,
+                };
+                (id, l)
+            })
+            .collect();
+        let mut expected = row.clone();
+        expected.sort_unstable_by(by_logit_desc);
+        let mut sorted = row;
+        sort::sort_by_logit_desc(&mut sorted);
+        let bits = |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
+        assert_eq!(bits(&sorted), bits(&expected), "case {case}");
+    }
+}
