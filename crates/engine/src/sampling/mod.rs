@@ -130,6 +130,8 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     /// (token, logit) candidates of the current call.
     candidates: Vec<(u32, f32)>,
+    /// The radix sort's second buffer for a whole row (`sort.rs`), kept across calls.
+    spare: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -140,6 +142,7 @@ impl Sampler {
             recent: VecDeque::with_capacity(params.penalty_last_n),
             counts: HashMap::new(),
             candidates: Vec::new(),
+            spare: Vec::new(),
             params,
         })
     }
@@ -299,7 +302,7 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return Ok(());
         }
-        top_k(&mut self.candidates, p.top_k);
+        top_k(&mut self.candidates, p.top_k, &mut self.spare);
         top_p(&mut self.candidates, p.top_p);
         min_p(&mut self.candidates, p.min_p);
         Ok(())
@@ -330,16 +333,20 @@ fn apply_penalty(logit: f32, count: u32, p: &SamplingParams) -> f32 {
     repeated - (count as f32 * p.frequency_penalty + p.presence_penalty)
 }
 
+/// Logits a chunk of the row scans (`greedy_argmax`, `top_k.rs`), skipped whole where none
+/// can change the result.
+const SCAN_CHUNK: usize = 64;
+
 /// The greedy token of `logits`: the largest finite logit, the lower id on ties (NaN and
 /// infinities never chosen); an error where none is finite.
 pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
     if logits.is_empty() {
         return Err(SamplingError::EmptyLogits);
     }
-    // Chunks of 64 with no logit above the best so far are skipped after one vectorized test
-    // (only a larger logit replaces it); the others are walked as one loop would.
+    // Chunks with no logit above the best so far are skipped after one vectorized test (only
+    // a larger logit replaces it); the others are walked as one loop would.
     let mut best: Option<(u32, f32)> = None;
-    for (c, chunk) in logits.chunks(64).enumerate() {
+    for (c, chunk) in logits.chunks(SCAN_CHUNK).enumerate() {
         if let Some((_, b)) = best {
             if !chunk.iter().fold(false, |any, &l| any | (l > b)) {
                 continue;
@@ -347,7 +354,7 @@ pub fn greedy_argmax(logits: &[f32]) -> Result<u32, SamplingError> {
         }
         for (i, &l) in chunk.iter().enumerate() {
             if l.is_finite() && best.is_none_or(|b| l > b.1) {
-                best = Some(((c * 64 + i) as u32, l));
+                best = Some(((c * SCAN_CHUNK + i) as u32, l));
             }
         }
     }
@@ -373,14 +380,14 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 }
 
 /// Keeps the `k` highest logits, sorted descending (all, sorted, when `k` is 0 or too big;
-/// `candidates` in ascending id order).
-fn top_k(candidates: &mut Vec<(u32, f32)>, k: usize) {
+/// `candidates` in ascending id order; `spare`: the whole row's sort buffer).
+fn top_k(candidates: &mut Vec<(u32, f32)>, k: usize, spare: &mut Vec<(u32, f32)>) {
     if k > 0 && k < candidates.len() {
         candidates.select_nth_unstable_by(k - 1, by_logit_desc);
         candidates.truncate(k);
         candidates.sort_unstable_by(by_logit_desc);
     } else {
-        sort::sort_by_logit_desc(candidates);
+        sort::sort_by_logit_desc(candidates, spare);
     }
 }
 

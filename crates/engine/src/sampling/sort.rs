@@ -11,17 +11,19 @@ const RADIX_FROM: usize = 4096;
 /// Bits of the key a pass sorts by (three passes cover 32).
 const DIGIT_BITS: u32 = 11;
 
-/// Sorts `candidates` (ids ascending) by descending logit, ties by ascending id.
-pub(super) fn sort_by_logit_desc(candidates: &mut Vec<(u32, f32)>) {
+/// Sorts `candidates` (ids ascending) by descending logit, ties by ascending id; `spare` is
+/// the passes' second buffer (kept by the caller, so a row's sort allocates nothing).
+pub(super) fn sort_by_logit_desc(candidates: &mut Vec<(u32, f32)>, spare: &mut Vec<(u32, f32)>) {
     if candidates.len() < RADIX_FROM {
         candidates.sort_unstable_by(by_logit_desc);
         return;
     }
-    let mut spare = vec![(0u32, 0.0f32); candidates.len()];
+    spare.clear();
+    spare.resize(candidates.len(), (0, 0.0));
     let mask = (1u32 << DIGIT_BITS) - 1;
     for shift in (0..32).step_by(DIGIT_BITS as usize) {
         let digit = |c: &(u32, f32)| ((descending_key(c.1) >> shift) & mask) as usize;
-        let mut starts = vec![0usize; 1 << DIGIT_BITS];
+        let mut starts = [0usize; 1 << DIGIT_BITS];
         for c in candidates.iter() {
             starts[digit(c)] += 1;
         }
@@ -36,7 +38,7 @@ pub(super) fn sort_by_logit_desc(candidates: &mut Vec<(u32, f32)>) {
             spare[starts[d]] = *c;
             starts[d] += 1;
         }
-        std::mem::swap(candidates, &mut spare);
+        std::mem::swap(candidates, spare);
     }
 }
 

@@ -212,7 +212,7 @@ fn reference_candidates(logits: &[f32], s: &Sampler) -> Vec<(u32, f32)> {
         .collect();
     apply_penalties(&mut c, &s.counts, p);
     c.retain(|(_, l)| l.is_finite());
-    top_k(&mut c, p.top_k);
+    top_k(&mut c, p.top_k, &mut Vec::new());
     top_p(&mut c, p.top_p);
     min_p(&mut c, p.min_p);
     c
@@ -307,6 +307,8 @@ fn greedy_argmax_skipping_chunks_is_the_first_largest_finite_logit() {
 #[test]
 fn the_radix_sort_of_a_whole_row_is_the_comparison_sort() {
     let mut rng = Rng::new(13);
+    // One second buffer for every row, as a sampler keeps it.
+    let mut spare = Vec::new();
     for case in 0..12 {
         let n = [4096, 5000, 151_936][case % 3];
         // Few distinct values (long runs of ties), both zeros, infinities and NaNs of both signs.
@@ -328,7 +330,7 @@ fn the_radix_sort_of_a_whole_row_is_the_comparison_sort() {
         let mut expected = row.clone();
         expected.sort_unstable_by(by_logit_desc);
         let mut sorted = row;
-        sort::sort_by_logit_desc(&mut sorted);
+        sort::sort_by_logit_desc(&mut sorted, &mut spare);
         let bits = |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
         assert_eq!(bits(&sorted), bits(&expected), "case {case}");
     }

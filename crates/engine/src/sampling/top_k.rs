@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::{apply_penalty, by_logit_desc, SamplingParams};
+use super::{apply_penalty, by_logit_desc, SamplingParams, SCAN_CHUNK as CHUNK};
 
 /// `REDLITE_SAMPLER_WHOLE_ROW=1` (an A/B of this file's speed): the selection over the whole
 /// row's candidates instead; the same candidates either way.
@@ -67,9 +67,6 @@ pub(super) fn top_k_of_row(
     }
     best.finish();
 }
-
-/// Logits a chunk of the scan, skipped whole where none reaches the bar.
-const CHUNK: usize = 64;
 
 /// A buffer of at least the `k` best offers so far: once it holds `4k` it keeps the best `k`
 /// and their worst becomes the bar that later offers must pass.
