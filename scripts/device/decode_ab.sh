@@ -17,8 +17,8 @@
 #   4a. (stage clocks, not by default) the host clocks of chained MTP steps (REDLITE_STEP_TIMES)
 #      for each K of MTP_DRAFTS;
 #   4b. (stage temp, not by default) tg128 with tokens sampled at temperature 0.8 (`bench --temp`),
-#      plain and with two MTP drafts at 0.7, under the sampler's one-pass top-k and the whole-row
-#      selection (REDLITE_SAMPLER_WHOLE_ROW=1);
+#      plain and with each K of MTP_DRAFTS at 0.7 and 1, under the defaults and each setting of
+#      TEMP_AB (default: REDLITE_MTP_ARGMAX_DRAFTS=1);
 #   4c. (stage pp, not by default) prompts of PP_SIZES (512,2048) under the defaults and each of
 #      PP_AB, the defaults again last;
 #   5. batches of 1 to 4 tokens (`bench -p 1,2,3,4`) with the defaults and each of SMALL_AB;
@@ -39,7 +39,7 @@
 #
 # Env: the settings BITS_AB, TEST_AB, DECODE_AB, MTP_AB, SMALL_AB, PROFILE_AB (space-separated, each
 # VAR=value or several joined by +: A=1+B=1); AB_DEPTHS (the depths of DECODE_AB's settings after
-# the first, default 0); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
+# the first, default 0); TEMP_AB (stage temp); PROBES; PROFILE_DEPTH, PROFILE_KERNELS (a regex), PROFILE_SKIP,
 # PROFILE_COUNT (the profile at a depth, of some kernels); BENCH_EXTRA (more arguments of the
 # decode stage's benches, e.g. `--kv f16`); PROFILE_ARGS (the profiled bench's
 # arguments instead of `-p 0 -n 16 -d PROFILE_DEPTH -r 1`, e.g. `--mtp --draft 1 --mtp-accept 1`
@@ -179,15 +179,19 @@ if stage clocks; then
 fi
 if stage temp; then
   # Tokens sampled as a chat samples them (`bench --temp 0.8`: the logits read every token, top-k
-  # 40, top-p, min-p), with the sampler's one-pass top-k (the default) and the whole-row
-  # selection (REDLITE_SAMPLER_WHOLE_ROW=1), plain and with two MTP drafts at 0.7; the fixed
-  # tokens' tg128 first for the comparison.
+  # 40, top-p, min-p), plain and with each K of MTP_DRAFTS at 0.7 and 1, under the defaults and
+  # each setting of TEMP_AB (default: REDLITE_MTP_ARGMAX_DRAFTS=1, the drafts the block's
+  # largest logits inside the chained step instead of sampled on the host between the drafts);
+  # the fixed tokens' tg128 first for the comparison.
   stamp "sampled tokens"
   note "fixed tokens: $("$R" bench -m "$M" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg' | tr -s ' ')"
-  for v in 0 1; do
-    note "temp 0.8, REDLITE_SAMPLER_WHOLE_ROW=$v: $(REDLITE_SAMPLER_WHOLE_ROW=$v "$R" bench -m "$M" \
-      --device cuda -p 0 -n 128 -r 3 --temp 0.8 --mtp --draft 2 --mtp-accept 0.7 2>&1 \
-      | grep -E '^\| tg' | tr -s ' ' | tr '\n' ' ')"
+  for v in REDLITE_UNUSED=0 ${TEMP_AB:-REDLITE_MTP_ARGMAX_DRAFTS=1}; do
+    for k in ${MTP_DRAFTS:-1 3}; do
+      # shellcheck disable=SC2086
+      note "temp 0.8, $v, draft $k: $(env ${v//+/ } "$R" bench -m "$M" --device cuda -p 0 -n 128 \
+        -r 3 --temp 0.8 --mtp --draft "$k" --mtp-accept 0.7,1 2>&1 | grep -E '^\| tg' | tr -s ' ' \
+        | tr '\n' ' ')"
+    done
   done
 fi
 if stage pp; then

@@ -11,6 +11,17 @@
 //! and `q` one-hot, so the rule is "keep while the draft equals the trunk's argmax" and the
 //! output is token for token the plain greedy output.
 //!
+//! With a sampler that is not greedy each draft is drawn from the sampler's distribution
+//! over the block's logits, on the host, between the drafts. `REDLITE_MTP_ARGMAX_DRAFTS=1`
+//! takes the block's largest logit instead: a draft that is a function of the context has a
+//! one-hot `q`, so the rule keeps draft `d` with probability `p(d)` and otherwise draws from
+//! `p` without `d`, which is drawing the row's token as plain sampling does and keeping the
+//! draft where the two agree. Those drafts need no logits on the host (on the GPU the step's
+//! drafts and verification run as one chained step, as greedy ones do, and only the
+//! verification's rows come back), but they are kept less often where `p` is spread: the
+//! demo model at the default sampling keeps 35-45 % of single argmax drafts against 60-64 % of
+//! sampled ones (docs/MTP.md).
+//!
 //! `REDLITE_MTP_FORCE_ACCEPT=R` (benchmarks only) keeps each draft with probability `R`
 //! whatever the trunk says, to time the speed-up as a function of the acceptance rate.
 
@@ -23,6 +34,15 @@ use crate::session::{GreedyStep, Runner, MAX_DRAFT};
 
 /// Environment variable of the forced acceptance rate (benchmarks only).
 pub const FORCE_ACCEPT_ENV: &str = "REDLITE_MTP_FORCE_ACCEPT";
+
+/// Environment variable that makes a sampler's drafts the block's largest logits.
+pub const ARGMAX_DRAFTS_ENV: &str = "REDLITE_MTP_ARGMAX_DRAFTS";
+
+/// Whether drafts for a sampler that is not greedy are the block's largest logits
+/// (`REDLITE_MTP_ARGMAX_DRAFTS=1`) rather than drawn from the sampler's distribution.
+pub fn argmax_drafts() -> bool {
+    std::env::var(ARGMAX_DRAFTS_ENV).is_ok_and(|v| v.trim() == "1")
+}
 
 /// Counts over a generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -69,6 +89,9 @@ pub struct Speculator {
     /// Benchmark-only forced acceptance rate.
     pub force_accept: Option<f64>,
     force_rng: Rng,
+    /// Drafts of a sampler that is not greedy are the block's largest logits, not drawn
+    /// from the sampler's distribution.
+    pub argmax_drafts: bool,
     pub stats: MtpStats,
 }
 
@@ -103,6 +126,7 @@ impl Speculator {
             draft,
             force_accept,
             force_rng: Rng::new(0x5eed_acce_97ed),
+            argmax_drafts: argmax_drafts(),
             stats: MtpStats::default(),
         })
     }
@@ -122,6 +146,9 @@ impl Speculator {
     ) -> Result<Step> {
         if sampler.always_greedy() {
             return self.greedy_step(session, sampler, token, n, on_token);
+        }
+        if self.argmax_drafts {
+            return self.argmax_draft_step(session, sampler, token, n, on_token);
         }
         let mut q: Vec<Vec<(u32, f64)>> = Vec::with_capacity(n);
         let drafts = session.mtp_draft(token, n, &mut |logits| {
@@ -218,6 +245,66 @@ impl Speculator {
         session.mtp_accept(n)?;
         self.stats.accepted += n;
         Ok(Step::Next(picks[n]))
+    }
+}
+
+impl Speculator {
+    /// [`Speculator::step`] with the block's largest logit as each draft (a one-hot `q`): a
+    /// draft is kept where the token drawn from its row as plain sampling draws it equals
+    /// the draft, and otherwise that token replaces it, which keeps `d` with probability
+    /// `p(d)` and draws the replacement from `p` without `d`, the acceptance rule's two
+    /// parts for a one-hot `q`.
+    fn argmax_draft_step(
+        &mut self,
+        session: &mut dyn Runner,
+        sampler: &mut Sampler,
+        token: u32,
+        n: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
+    ) -> Result<Step> {
+        let (drafts, logits) = session.mtp_argmax_step(token, n)?;
+        let vocab = logits.len() / (n + 1);
+        if drafts.len() != n || vocab == 0 || logits.len() != (n + 1) * vocab {
+            return Err(EngineError::BadConfig(format!(
+                "a step of {n} argmax drafts gave {} drafts and {} logits",
+                drafts.len(),
+                logits.len()
+            )));
+        }
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+        self.stats.steps += 1;
+        self.stats.drafted += n;
+        for (i, &d) in drafts.iter().enumerate() {
+            let keep = match self.force_accept {
+                Some(rate) => self.force_rng.next_f64() < rate,
+                None => {
+                    let t = sampler.sample(row(i))?;
+                    if t != d {
+                        session.mtp_accept(i)?;
+                        self.stats.accepted += i;
+                        return Ok(Step::Next(t));
+                    }
+                    true
+                }
+            };
+            if !keep {
+                // Forced rejection: the trunk's own token at this row.
+                let correction = sampler.sample(row(i))?;
+                session.mtp_accept(i)?;
+                self.stats.accepted += i;
+                return Ok(Step::Next(correction));
+            }
+            if let Some(reason) = on_token(d)? {
+                session.mtp_accept(i)?;
+                self.stats.accepted += i + 1;
+                return Ok(Step::Stop(reason));
+            }
+            sampler.accept(d);
+        }
+        let bonus = sampler.sample(row(n))?;
+        session.mtp_accept(n)?;
+        self.stats.accepted += n;
+        Ok(Step::Next(bonus))
     }
 }
 

@@ -387,3 +387,85 @@ fn step_graphs_give_the_picks_of_separate_graphs() {
     STEP_GRAPH.set(true);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The argmax step of a sampler that is not greedy (`mtp_argmax_step`: the chained step,
+/// recorded and replayed as one graph, then its verification rows' logits read from the
+/// device) against the logits API (each draft the host's argmax of its logits, then
+/// `mtp_verify`): the same drafts and the same logits bit for bit over rounds keeping all,
+/// some and none of 1 and 3 drafts, then the same next logits; and replays did happen.
+#[test]
+fn argmax_steps_give_the_rows_of_the_logits_api() {
+    let Some(device) = device("argmax_steps_give_the_rows_of_the_logits_api") else {
+        return;
+    };
+    redlite_engine::backend::cuda::switches::DEVICE_GREEDY.set(true);
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let bits = |logits: &[f32]| logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let rounds: Vec<(usize, usize)> = [(1, 1), (1, 0), (1, 1), (1, 0), (1, 1), (1, 1)]
+        .into_iter()
+        .chain([(3, 3), (3, 0), (3, 1), (3, 2), (3, 0), (3, 3), (3, 1)])
+        .collect();
+    for recipe in RECIPES {
+        let gguf = mtp_model(dir.path(), recipe);
+        let mut by_logits = gpu_session(&device, &gguf, Precision::Ggml);
+        let mut stepped = gpu_session(&device, &gguf, Precision::Ggml);
+        let p = prompt(20);
+        let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
+        stepped.feed(&p, false, false).unwrap();
+        for (round, &(draft, keep)) in rounds.iter().enumerate() {
+            let case = format!(
+                "{} round {round} ({draft} drafts, {keep} kept)",
+                recipe.name()
+            );
+            let want = by_logits
+                .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
+                .unwrap();
+            let mut batch = vec![next];
+            batch.extend_from_slice(&want);
+            let rows = by_logits.mtp_verify(&batch).unwrap();
+            let (drafts, got) = match stepped.mtp_argmax_step(next, draft) {
+                Ok(step) => step,
+                Err(e) => {
+                    failures.push(format!("{case}: {e}"));
+                    break;
+                }
+            };
+            if drafts != want {
+                failures.push(format!("{case}: drafts {drafts:?}, the host's {want:?}"));
+                break;
+            }
+            if bits(&got) != bits(&rows) {
+                let vocab = rows.len() / batch.len();
+                let row = (0..batch.len()).find(|&r| {
+                    bits(&got[r * vocab..(r + 1) * vocab])
+                        != bits(&rows[r * vocab..(r + 1) * vocab])
+                });
+                failures.push(format!(
+                    "{case}: verification logits differ ({} against {} values; first row {row:?})",
+                    got.len(),
+                    rows.len()
+                ));
+                break;
+            }
+            by_logits.mtp_accept(keep).unwrap();
+            stepped.mtp_accept(keep).unwrap();
+            let vocab = rows.len() / batch.len();
+            next = argmax(&rows[keep * vocab..(keep + 1) * vocab]);
+        }
+        if bits(stepped.step(next).unwrap()) != bits(by_logits.step(next).unwrap()) {
+            failures.push(format!("{}: the next logits differ", recipe.name()));
+        }
+        let counts = stepped.backend().step_graph_counts().unwrap();
+        println!("{:<10} step graphs {counts:?}", recipe.name());
+        if counts.replayed < 4 {
+            failures.push(format!(
+                "{}: only {} steps replayed a step graph",
+                recipe.name(),
+                counts.replayed
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

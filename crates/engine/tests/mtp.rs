@@ -282,24 +282,42 @@ fn acceptance_rule_samples_the_target_distribution() {
 }
 
 /// End to end on the model: after a fixed first token, the next emitted token (a kept
-/// draft or the replacement) over many seeds follows the trunk's exact distribution.
+/// draft or the replacement) over many seeds follows the trunk's exact distribution, with
+/// the block's largest logits as drafts (the default) and with sampled drafts.
+/// A random block's largest logit is rarely a token the random trunk samples: the argmax
+/// drafts run on the model whose trunk tells only a few tokens apart, after a token where
+/// the first draft has ~10 % of the trunk's probability.
 #[test]
-fn temperature_sampling_keeps_the_distribution_with_mtp() {
+fn temperature_sampling_keeps_the_distribution_with_argmax_drafts() {
     let dir = tempfile::tempdir().unwrap();
-    let gguf = tiny_model(dir.path(), true);
+    let gguf = Arc::new(GgufModel::open(mtp_support::agreeing_model(dir.path())).unwrap());
+    sampling_keeps_the_distribution(&gguf, (10, 2.0), false);
+}
+
+/// Hot enough that the random trunk and MTP block overlap: drafts are kept and rejected.
+#[test]
+fn temperature_sampling_keeps_the_distribution_with_sampled_drafts() {
+    let dir = tempfile::tempdir().unwrap();
+    sampling_keeps_the_distribution(&tiny_model(dir.path(), true), (17, 4.0), true);
+}
+
+/// The token after the prompt and `first`, sampled at `temperature` with two drafts.
+fn sampling_keeps_the_distribution(
+    gguf: &Arc<GgufModel>,
+    (first, temperature): (u32, f32),
+    sampled_drafts: bool,
+) {
     let p_tokens = prompt(5);
-    // Hot enough that the random trunk and MTP block overlap: drafts are kept and rejected.
     let params = |seed| SamplingParams {
-        temperature: 4.0,
+        temperature,
         top_k: 0,
         top_p: 1.0,
         min_p: 0.0,
         seed,
         ..SamplingParams::default()
     };
-    let first = 17u32;
     // The exact target distribution of the token after `first`.
-    let mut plain = session(&gguf, false, 16);
+    let mut plain = session(gguf, false, 16);
     let mut with_first = p_tokens.clone();
     with_first.push(first);
     let logits = plain.feed(&with_first, false, false).unwrap().logits;
@@ -309,7 +327,7 @@ fn temperature_sampling_keeps_the_distribution_with_mtp() {
     }
     let target = s0.distribution(&logits).unwrap();
 
-    let mut s = session(&gguf, true, 16);
+    let mut s = session(gguf, true, 16);
     let n = 1500;
     let mut counts = std::collections::HashMap::new();
     let mut kept = 0;
@@ -321,6 +339,7 @@ fn temperature_sampling_keeps_the_distribution_with_mtp() {
             sampler.accept(t);
         }
         let mut spec = Speculator::new(2, None).unwrap();
+        spec.argmax_drafts = !sampled_drafts;
         let mut emitted = None;
         let step = spec
             .step(&mut s, &mut sampler, first, 2, &mut |d| {
@@ -340,10 +359,13 @@ fn temperature_sampling_keeps_the_distribution_with_mtp() {
     }
     assert!(
         kept > n / 20 && kept < n - n / 20,
-        "both paths must be exercised: {kept} of {n} drafts kept"
+        "both paths must be exercised: {kept} of {n} drafts kept (sampled drafts: {sampled_drafts})"
     );
     let (chi, df) = chi_square(&counts, &target, n);
-    assert!(chi < chi_bound(df), "chi-square {chi:.1} with {df} df");
+    assert!(
+        chi < chi_bound(df),
+        "chi-square {chi:.1} with {df} df (sampled drafts: {sampled_drafts})"
+    );
 }
 
 #[test]
@@ -438,4 +460,36 @@ fn greedy_drafts_and_picks_equal_the_logits_api() {
     assert!(chained.mtp_greedy_step(next, 4).is_err());
     let step = chained.mtp_greedy_step(argmax(&want), 1).unwrap();
     assert_eq!((step.drafts.len(), step.picks.len()), (1, 2));
+}
+
+/// The argmax step (`mtp_argmax_step`: the chained step, then its verification's logits)
+/// against the logits API (drafts picked on the host, then `mtp_verify`): the same drafts
+/// and the same logits, over rounds keeping all, some and none of 1 to 3 drafts.
+#[test]
+fn argmax_drafts_and_their_rows_equal_the_logits_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = tiny_model(dir.path(), true);
+    let p = prompt(12);
+    let (mut by_logits, mut stepped) = (session(&gguf, true, 16), session(&gguf, true, 16));
+    let argmax = |row: &[f32]| redlite_engine::sampling::greedy_argmax(row).unwrap();
+    let mut next = argmax(&by_logits.feed(&p, false, false).unwrap().logits);
+    stepped.feed(&p, false, false).unwrap();
+    for (round, draft) in [2usize, 1, 3, 3, 2].into_iter().enumerate() {
+        let want = by_logits
+            .mtp_draft(next, draft, &mut |logits| Ok(argmax(logits)))
+            .unwrap();
+        let mut batch = vec![next];
+        batch.extend_from_slice(&want);
+        let rows = by_logits.mtp_verify(&batch).unwrap();
+        let (drafts, got) = stepped.mtp_argmax_step(next, draft).unwrap();
+        assert_eq!(drafts, want, "round {round}: drafts");
+        assert_eq!(got, rows, "round {round}: the verification's logits");
+        let keep = [draft, 0, 1, 2, 0][round].min(draft);
+        by_logits.mtp_accept(keep).unwrap();
+        stepped.mtp_accept(keep).unwrap();
+        let vocab = rows.len() / batch.len();
+        next = argmax(&rows[keep * vocab..(keep + 1) * vocab]);
+    }
+    let want = by_logits.step(next).unwrap().to_vec();
+    assert_eq!(stepped.step(next).unwrap(), &want[..], "the next logits");
 }

@@ -240,6 +240,15 @@ pub trait Backend {
         Ok(())
     }
 
+    /// The first `rows` rows of logits of the last LM head product (after the work queued
+    /// before it), appended to `out`: a chained step's verification rows, whose picks were
+    /// taken on the device, for a sampler that is not greedy. Backends that do not keep
+    /// them (those that do not chain steps) refuse.
+    fn last_head_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let _ = (rows, out);
+        Err(no_kept_picks())
+    }
+
     /// A chained greedy step about to run every forward call of `plan`, in order, on
     /// `states` (the trunk's, the MTP block's) and `acts` (both workspaces' buffers): a
     /// backend may record the whole step once and replay it (the CUDA backend: one graph for

@@ -207,6 +207,8 @@ pub trait Runner {
     fn mtp_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
     /// See [`Session::mtp_greedy_step`].
     fn mtp_greedy_step(&mut self, next: u32, n: usize) -> Result<GreedyStep>;
+    /// See [`Session::mtp_argmax_step`].
+    fn mtp_argmax_step(&mut self, next: u32, n: usize) -> Result<(Vec<u32>, Vec<f32>)>;
     /// See [`Session::mtp_accept`].
     fn mtp_accept(&mut self, accepted: usize) -> Result<()>;
     /// See [`Session::take_mtp_timings`].
@@ -259,6 +261,9 @@ impl<B: Backend> Runner for Session<B> {
     }
     fn mtp_greedy_step(&mut self, next: u32, n: usize) -> Result<GreedyStep> {
         Session::mtp_greedy_step(self, next, n)
+    }
+    fn mtp_argmax_step(&mut self, next: u32, n: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+        Session::mtp_argmax_step(self, next, n)
     }
     fn mtp_accept(&mut self, accepted: usize) -> Result<()> {
         Session::mtp_accept(self, accepted)

@@ -240,6 +240,30 @@ impl<B: Backend> Session<B> {
         step
     }
 
+    /// Drafts `n` tokens by the MTP block's largest logit and verifies `[next, drafts...]`:
+    /// the drafts and every verification row's logits (`[n + 1][vocab]`), for a sampler
+    /// that is not greedy (the drafts are a function of the context, so the acceptance rule
+    /// sees a one-hot draft distribution). On a backend that chains greedy steps the drafts
+    /// and the verification run as that one step (no host round trip between the drafts) and
+    /// then the rows' logits are read; [`Session::mtp_accept`] keeps a prefix.
+    pub fn mtp_argmax_step(&mut self, next: u32, n: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+        if !self.backend.keeps_greedy_tokens() {
+            let drafts = self.mtp_draft_greedy(next, n)?;
+            let mut batch = Vec::with_capacity(n + 1);
+            batch.push(next);
+            batch.extend_from_slice(&drafts);
+            let logits = self.mtp_verify(&batch)?;
+            return Ok((drafts, logits));
+        }
+        let GreedyStep { drafts, .. } = self.mtp_greedy_step(next, n)?;
+        let start = Instant::now();
+        let mut logits = Vec::new();
+        let read = self.backend.last_head_logits(n + 1, &mut logits);
+        self.timings.verify_seconds += start.elapsed().as_secs_f64();
+        read?;
+        Ok((drafts, logits))
+    }
+
     /// Tells the backend every forward call of the chained step about to run (the block's
     /// catch-up over the pending rows, its chained drafts, the verification), so that it may
     /// run the step as one recorded unit (`Backend::begin_step`).

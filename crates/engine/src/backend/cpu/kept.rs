@@ -22,6 +22,8 @@ pub struct KeptPicks {
     next: NextEmbedding,
     /// The plan of the chained step in progress and the calls embedded so far.
     plan: Option<(StepPlan, usize)>,
+    /// The logits of the last picks' rows (`Backend::last_head_logits`).
+    last_logits: Vec<f32>,
 }
 
 impl KeptPicks {
@@ -104,6 +106,21 @@ impl CpuBackend {
         for row in logits.chunks(head.rows.max(1)) {
             kept.picks.push(greedy_argmax(row)?);
         }
+        kept.last_logits = logits;
+        Ok(())
+    }
+
+    /// `Backend::last_head_logits`: the first `rows` rows of the last picks' logits.
+    pub(super) fn last_head_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let kept = self.kept()?;
+        let values = rows * self.weights.model.output.rows;
+        let Some(logits) = kept.last_logits.get(..values) else {
+            return Err(EngineError::BadConfig(format!(
+                "the last picks kept {} logits, asked for {rows} rows",
+                kept.last_logits.len()
+            )));
+        };
+        out.extend_from_slice(logits);
         Ok(())
     }
 

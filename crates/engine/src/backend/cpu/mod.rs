@@ -294,6 +294,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn last_head_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        CpuBackend::last_head_logits(self, rows, out)
+    }
+
     /// Nothing is recorded on the CPU; the plan is checked against the step's embeddings
     /// (`kept.rs`).
     fn begin_step(

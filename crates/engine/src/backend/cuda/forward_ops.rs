@@ -386,6 +386,10 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn last_head_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        CudaBackend::last_head_logits(self, rows, out)
+    }
+
     fn begin_step(
         &self,
         plan: StepPlan,

@@ -26,19 +26,38 @@ impl CudaBackend {
             return self.head_logits_in_pieces(head, row, x, pieces, out);
         }
         self.head_runs(head, rows, x, usize::MAX, |scratch, n| {
-            let logits = scratch.logits.slice(..n * head.rows);
-            if pinned_logits() {
-                self.logits_stage
-                    .lock()
-                    .map_err(|_| EngineError::Cuda("logits stage lock poisoned by a panic".into()))?
-                    .append_to_host(&self.device, &logits, out)?;
-            } else {
-                let start = out.len();
-                out.resize(start + n * head.rows, 0.0);
-                self.device.copy_to_host(&logits, &mut out[start..])?;
-            }
-            Ok(())
+            self.append_logits(scratch, n * head.rows, out)
         })
+    }
+
+    /// `Backend::last_head_logits`: the first `rows` rows of the scratch's logits, as the
+    /// last LM head product queued left them (a chained step's verification, whose argmax
+    /// read them on the device), appended to `out` after the work queued before.
+    pub(super) fn last_head_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let scratch = self.scratch(1)?;
+        if rows > scratch.logit_rows {
+            return Err(EngineError::BadConfig(format!(
+                "the LM head's last product kept {} rows of logits, asked for {rows}",
+                scratch.logit_rows
+            )));
+        }
+        self.append_logits(&scratch, rows * self.weights.output.rows, out)
+    }
+
+    /// The scratch's first `values` logits appended to `out`.
+    fn append_logits(&self, scratch: &Scratch, values: usize, out: &mut Vec<f32>) -> Result<()> {
+        let logits = scratch.logits.slice(..values);
+        if pinned_logits() {
+            self.logits_stage
+                .lock()
+                .map_err(|_| EngineError::Cuda("logits stage lock poisoned by a panic".into()))?
+                .append_to_host(&self.device, &logits, out)?;
+        } else {
+            let start = out.len();
+            out.resize(start + values, 0.0);
+            self.device.copy_to_host(&logits, &mut out[start..])?;
+        }
+        Ok(())
     }
 
     /// One row's logits in `pieces` of the vocabulary (`logits_pieces`): each piece's
