@@ -162,30 +162,49 @@ impl Speculator {
         batch.extend_from_slice(&drafts);
         let logits = session.mtp_verify(&batch)?;
         let vocab = logits.len() / batch.len();
+        let judge_row = |sampler: &mut Sampler, i: usize, row: &[f32], d: u32| {
+            let q = q.get(i).ok_or_else(|| {
+                EngineError::BadConfig(format!("draft {i} has no draft distribution"))
+            })?;
+            let p = sampler.distribution(row)?;
+            Ok(judge(sampler, &p, q, d))
+        };
+        self.keep_prefix(
+            session,
+            sampler,
+            (&drafts, &logits, vocab),
+            on_token,
+            judge_row,
+        )
+    }
+
+    /// The verification of `drafts` against its rows (`logits`, `vocab` a row): each draft
+    /// judged by `judge_row` (`None` keeps it, `Some(t)` replaces it by `t`; the forced rate
+    /// instead where set) and emitted through `on_token` while kept, then the bonus token
+    /// from the last row; the session keeps the prefix.
+    fn keep_prefix(
+        &mut self,
+        session: &mut dyn Runner,
+        sampler: &mut Sampler,
+        (drafts, logits, vocab): (&[u32], &[f32], usize),
+        on_token: &mut dyn FnMut(u32) -> Result<Option<StopReason>>,
+        mut judge_row: impl FnMut(&mut Sampler, usize, &[f32], u32) -> Result<Option<u32>>,
+    ) -> Result<Step> {
+        let n = drafts.len();
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
         self.stats.steps += 1;
         self.stats.drafted += n;
-        for (i, (&d, q)) in drafts.iter().zip(&q).enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let keep = match self.force_accept {
-                Some(rate) => self.force_rng.next_f64() < rate,
-                None => {
-                    let p = sampler.distribution(row)?;
-                    match judge(sampler, &p, q, d) {
-                        None => true,
-                        Some(correction) => {
-                            session.mtp_accept(i)?;
-                            self.stats.accepted += i;
-                            return Ok(Step::Next(correction));
-                        }
-                    }
-                }
-            };
-            if !keep {
+        for (i, &d) in drafts.iter().enumerate() {
+            let verdict = match self.force_accept {
+                Some(rate) if self.force_rng.next_f64() < rate => None,
                 // Forced rejection: the trunk's own token at this row.
-                let correction = sampler.sample(row)?;
+                Some(_) => Some(sampler.sample(row(i))?),
+                None => judge_row(sampler, i, row(i), d)?,
+            };
+            if let Some(replacement) = verdict {
                 session.mtp_accept(i)?;
                 self.stats.accepted += i;
-                return Ok(Step::Next(correction));
+                return Ok(Step::Next(replacement));
             }
             if let Some(reason) = on_token(d)? {
                 session.mtp_accept(i)?;
@@ -194,7 +213,7 @@ impl Speculator {
             }
             sampler.accept(d);
         }
-        let bonus = sampler.sample(&logits[n * vocab..(n + 1) * vocab])?;
+        let bonus = sampler.sample(row(n))?;
         session.mtp_accept(n)?;
         self.stats.accepted += n;
         Ok(Step::Next(bonus))
@@ -271,40 +290,17 @@ impl Speculator {
                 logits.len()
             )));
         }
-        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-        self.stats.steps += 1;
-        self.stats.drafted += n;
-        for (i, &d) in drafts.iter().enumerate() {
-            let keep = match self.force_accept {
-                Some(rate) => self.force_rng.next_f64() < rate,
-                None => {
-                    let t = sampler.sample(row(i))?;
-                    if t != d {
-                        session.mtp_accept(i)?;
-                        self.stats.accepted += i;
-                        return Ok(Step::Next(t));
-                    }
-                    true
-                }
-            };
-            if !keep {
-                // Forced rejection: the trunk's own token at this row.
-                let correction = sampler.sample(row(i))?;
-                session.mtp_accept(i)?;
-                self.stats.accepted += i;
-                return Ok(Step::Next(correction));
-            }
-            if let Some(reason) = on_token(d)? {
-                session.mtp_accept(i)?;
-                self.stats.accepted += i + 1;
-                return Ok(Step::Stop(reason));
-            }
-            sampler.accept(d);
-        }
-        let bonus = sampler.sample(row(n))?;
-        session.mtp_accept(n)?;
-        self.stats.accepted += n;
-        Ok(Step::Next(bonus))
+        let judge_row = |sampler: &mut Sampler, _: usize, row: &[f32], d: u32| {
+            let t = sampler.sample(row)?;
+            Ok((t != d).then_some(t))
+        };
+        self.keep_prefix(
+            session,
+            sampler,
+            (&drafts, &logits, vocab),
+            on_token,
+            judge_row,
+        )
     }
 }
 
