@@ -275,6 +275,19 @@ fn acceptance_rule_samples_the_target_distribution() {
     }
     let (chi, df) = chi_square(&counts, &p, n);
     assert!(chi < chi_bound(df), "chi-square {chi:.1} with {df} df");
+    // An argmax draft (`serve` with REDLITE_MTP_ARGMAX_DRAFTS=1): a one-hot q at a token p
+    // does not favour; the output still follows p.
+    let mut counts = std::collections::HashMap::new();
+    let one_hot = vec![(2u32, 1.0)];
+    for _ in 0..n {
+        let t = judge(&mut sampler, &p, &one_hot, 2).unwrap_or(2);
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    let (chi, df) = chi_square(&counts, &p, n);
+    assert!(
+        chi < chi_bound(df),
+        "one-hot q: chi-square {chi:.1} with {df} df"
+    );
     // Greedy: one-hot p and q keep a draft only when it is the argmax.
     let one = |t| vec![(t, 1.0)];
     assert_eq!(judge(&mut sampler, &one(5), &one(5), 5), None);

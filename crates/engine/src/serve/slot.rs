@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::backend::SeqState;
 use crate::generate::StopReason;
-use crate::sampling::{Sampler, StopMatcher};
+use crate::sampling::{greedy_argmax, Sampler, StopMatcher};
 use crate::serve::prefix::PrefixCache;
 use crate::serve::{Event, Finish, Job, TokenLogprobs};
 use crate::speculative::judge;
@@ -30,6 +30,9 @@ pub struct Active<'t> {
     /// each was drawn from.
     pub drafts: Vec<u32>,
     draft_dists: Vec<Vec<(u32, f64)>>,
+    /// Drafts of a sampler that is not greedy are the block's largest logits
+    /// (`REDLITE_MTP_ARGMAX_DRAFTS=1`, speculative.rs), not drawn from the sampler.
+    argmax_drafts: bool,
     /// `[pending, drafts...]`: the rows of the next step when drafts exist.
     pub verify: Vec<u32>,
     queued_at: Instant,
@@ -98,6 +101,7 @@ impl<'t> Active<'t> {
             ready: None,
             drafts: Vec::new(),
             draft_dists: Vec::new(),
+            argmax_drafts: crate::speculative::argmax_drafts(),
             verify: Vec::new(),
             queued_at,
             admitted_at: Instant::now(),
@@ -141,14 +145,20 @@ impl<'t> Active<'t> {
         self.job.max_tokens.saturating_sub(self.generated)
     }
 
-    /// Draws an MTP draft from its logits with the job's sampling settings, and keeps the
-    /// distribution for the acceptance rule.
+    /// Draws an MTP draft from its logits with the job's sampling settings (or takes their
+    /// largest, with argmax drafts), and keeps its distribution for the acceptance rule.
     pub fn pick_draft(&mut self, logits: &[f32]) -> Result<u32, String> {
-        let dist = self
-            .sampler
-            .distribution(logits)
-            .map_err(|e| e.to_string())?;
-        let d = self.sampler.draw_from(&dist);
+        let (d, dist) = if self.argmax_drafts {
+            // A one-hot draft distribution: the rule keeps `d` with probability p(d).
+            let d = greedy_argmax(logits).map_err(|e| e.to_string())?;
+            (d, vec![(d, 1.0)])
+        } else {
+            let dist = self
+                .sampler
+                .distribution(logits)
+                .map_err(|e| e.to_string())?;
+            (self.sampler.draw_from(&dist), dist)
+        };
         self.draft_dists.push(dist);
         self.drafts.push(d);
         Ok(d)
