@@ -374,15 +374,7 @@ fn step_graphs_give_the_picks_of_separate_graphs() {
         if bits(whole.step(next).unwrap()) != bits(separate.step(next).unwrap()) {
             failures.push(format!("{}: the next logits differ", recipe.name()));
         }
-        let counts = whole.backend().step_graph_counts().unwrap();
-        println!("{:<10} step graphs {counts:?}", recipe.name());
-        if counts.replayed < 4 {
-            failures.push(format!(
-                "{}: only {} steps replayed a step graph",
-                recipe.name(),
-                counts.replayed
-            ));
-        }
+        check_replays(&whole, recipe, &mut failures);
     }
     STEP_GRAPH.set(true);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -457,15 +449,20 @@ fn argmax_steps_give_the_rows_of_the_logits_api() {
         if bits(stepped.step(next).unwrap()) != bits(by_logits.step(next).unwrap()) {
             failures.push(format!("{}: the next logits differ", recipe.name()));
         }
-        let counts = stepped.backend().step_graph_counts().unwrap();
-        println!("{:<10} step graphs {counts:?}", recipe.name());
-        if counts.replayed < 4 {
-            failures.push(format!(
-                "{}: only {} steps replayed a step graph",
-                recipe.name(),
-                counts.replayed
-            ));
-        }
+        check_replays(&stepped, recipe, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// At least 4 steps of `s` replayed a recorded step graph (else a failure for `recipe`).
+fn check_replays(s: &Session<CudaBackend>, recipe: Recipe, failures: &mut Vec<String>) {
+    let counts = s.backend().step_graph_counts().unwrap();
+    println!("{:<10} step graphs {counts:?}", recipe.name());
+    if counts.replayed < 4 {
+        failures.push(format!(
+            "{}: only {} steps replayed a step graph",
+            recipe.name(),
+            counts.replayed
+        ));
+    }
 }

@@ -132,6 +132,8 @@ pub struct Sampler {
     candidates: Vec<(u32, f32)>,
     /// The radix sort's second buffer for a whole row (`sort.rs`), kept across calls.
     spare: Vec<(u32, f32)>,
+    /// The one-pass top-k's penalized ids (`top_k.rs`), kept across calls.
+    penalized_ids: Vec<u32>,
 }
 
 impl Sampler {
@@ -143,6 +145,7 @@ impl Sampler {
             counts: HashMap::new(),
             candidates: Vec::new(),
             spare: Vec::new(),
+            penalized_ids: Vec::new(),
             params,
         })
     }
@@ -269,10 +272,9 @@ impl Sampler {
             let penalized = !self.penalties_off() && !self.counts.is_empty();
             top_k::top_k_of_row(
                 logits,
-                p.top_k,
-                &self.counts,
-                penalized,
-                p,
+                (p.top_k, p),
+                (&self.counts, penalized),
+                &mut self.penalized_ids,
                 &mut self.candidates,
             );
             if self.candidates.is_empty() {

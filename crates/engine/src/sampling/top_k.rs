@@ -19,22 +19,22 @@ pub(super) fn whole_row_selection() -> bool {
 }
 
 /// The `k` best finite candidates of `logits` (0 < `k`), sorted best first; the tokens of
-/// `counts` penalized as `apply_penalties` does when `penalized`. Written into `out`.
+/// `counts` penalized as `apply_penalties` does when `penalized`. Written into `out`;
+/// `skipped` is the penalized ids' buffer (kept by the caller: no allocation a token).
 pub(super) fn top_k_of_row(
     logits: &[f32],
-    k: usize,
-    counts: &HashMap<u32, u32>,
-    penalized: bool,
-    params: &SamplingParams,
+    (k, params): (usize, &SamplingParams),
+    (counts, penalized): (&HashMap<u32, u32>, bool),
+    skipped: &mut Vec<u32>,
     out: &mut Vec<(u32, f32)>,
 ) {
     let mut best = Best::new(k, logits.len(), out);
     // The penalized tokens (at most the penalty window) are offered apart, after the scan
     // skips them, so the scan itself looks nothing up.
-    let mut skipped: Vec<u32> = match penalized {
-        true => counts.keys().copied().collect(),
-        false => Vec::new(),
-    };
+    skipped.clear();
+    if penalized {
+        skipped.extend(counts.keys().copied());
+    }
     skipped.sort_unstable();
     let mut next_skip = skipped.iter().copied().peekable();
     for (c, chunk) in logits.chunks(CHUNK).enumerate() {
@@ -58,7 +58,7 @@ pub(super) fn top_k_of_row(
             best.offer(id, logit);
         }
     }
-    for id in skipped {
+    for &id in skipped.iter() {
         if let (Some(&logit), Some(&count)) = (logits.get(id as usize), counts.get(&id)) {
             if !logit.is_nan() {
                 best.offer(id, apply_penalty(logit, count, params));
